@@ -1,0 +1,20 @@
+"""What every face shares: user errors become one clear line and a non-zero exit, not a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from dit.errors import UserError
+
+
+def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Call ``main(argv)``; a UserError prints ``error: <message>`` to stderr and returns exit code 2."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,58 @@
+"""Gaussian diffusion for DiT: ``create_diffusion`` takes the official arguments."""
+
+from dit.diffusion import gaussian_diffusion as gd
+from dit.diffusion.gaussian_diffusion import (
+    GaussianDiffusion,
+    LossType,
+    ModelMeanType,
+    ModelVarType,
+    get_named_beta_schedule,
+)
+from dit.diffusion.respace import SpacedDiffusion, space_timesteps
+
+__all__ = [
+    "GaussianDiffusion",
+    "LossType",
+    "ModelMeanType",
+    "ModelVarType",
+    "SpacedDiffusion",
+    "create_diffusion",
+    "get_named_beta_schedule",
+    "space_timesteps",
+]
+
+
+def create_diffusion(
+    timestep_respacing,
+    noise_schedule="linear",
+    use_kl=False,
+    sigma_small=False,
+    predict_xstart=False,
+    learn_sigma=True,
+    rescale_learned_sigmas=False,
+    diffusion_steps=1000,
+) -> SpacedDiffusion:
+    """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance.
+
+    ``timestep_respacing`` "" or None keeps every step; "250" or "ddim50" respaces for sampling.
+    """
+    betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
+    if use_kl:
+        loss_type = gd.LossType.RESCALED_KL
+    elif rescale_learned_sigmas:
+        loss_type = gd.LossType.RESCALED_MSE
+    else:
+        loss_type = gd.LossType.MSE
+    if timestep_respacing is None or timestep_respacing == "":
+        timestep_respacing = [diffusion_steps]
+    if learn_sigma:
+        var_type = gd.ModelVarType.LEARNED_RANGE
+    else:
+        var_type = gd.ModelVarType.FIXED_SMALL if sigma_small else gd.ModelVarType.FIXED_LARGE
+    return SpacedDiffusion(
+        use_timesteps=space_timesteps(diffusion_steps, timestep_respacing),
+        betas=betas,
+        model_mean_type=gd.ModelMeanType.START_X if predict_xstart else gd.ModelMeanType.EPSILON,
+        model_var_type=var_type,
+        loss_type=loss_type,
+    )

@@ -1,0 +1,451 @@
+"""Gaussian diffusion with the semantics DiT inherits from IDDPM/ADM.
+
+Schedules are float64 numpy arrays under the official names (``betas``, ``alphas_cumprod``,
+``posterior_variance``, ...). Unlike the original, every table is also kept as a float64 tensor on each
+device it is used on (uploaded once), so a training step makes no host-to-device copies; values are cast
+to float32 after indexing, exactly as the original does.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from dit.diffusion.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
+
+
+class ModelMeanType(enum.Enum):
+    PREVIOUS_X = enum.auto()  # the model predicts x_{t-1}
+    START_X = enum.auto()  # the model predicts x_0
+    EPSILON = enum.auto()  # the model predicts the noise
+
+
+class ModelVarType(enum.Enum):
+    LEARNED = enum.auto()  # the model outputs log sigma^2
+    FIXED_SMALL = enum.auto()  # posterior variance
+    FIXED_LARGE = enum.auto()  # beta_t
+    LEARNED_RANGE = enum.auto()  # the model interpolates between the two in log space
+
+
+class LossType(enum.Enum):
+    MSE = enum.auto()  # MSE, plus the VB term when the variance is learned
+    RESCALED_MSE = enum.auto()  # the same, with the VB term scaled by num_timesteps / 1000
+    KL = enum.auto()  # the variational bound
+    RESCALED_KL = enum.auto()  # the bound times num_timesteps
+
+    def is_vb(self) -> bool:
+        return self in (LossType.KL, LossType.RESCALED_KL)
+
+
+def get_named_beta_schedule(schedule_name: str, num_diffusion_timesteps: int) -> np.ndarray:
+    """ "linear" (1e-4..0.02 at 1000 steps, scaled for other counts) or "squaredcos_cap_v2" (cosine)."""
+    if schedule_name == "linear":
+        scale = 1000 / num_diffusion_timesteps
+        return np.linspace(scale * 0.0001, scale * 0.02, num_diffusion_timesteps, dtype=np.float64)
+    if schedule_name in ("squaredcos_cap_v2", "cosine"):
+        return betas_for_alpha_bar(
+            num_diffusion_timesteps, lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+        )
+    raise ValueError(f"unknown beta schedule {schedule_name!r}; use 'linear' or 'squaredcos_cap_v2'.")
+
+
+def betas_for_alpha_bar(num_diffusion_timesteps: int, alpha_bar, max_beta: float = 0.999) -> np.ndarray:
+    """Betas that discretise a cumulative alpha_bar(t), t in [0, 1], capped at max_beta."""
+    betas = []
+    for i in range(num_diffusion_timesteps):
+        t1, t2 = i / num_diffusion_timesteps, (i + 1) / num_diffusion_timesteps
+        betas.append(min(1 - alpha_bar(t2) / alpha_bar(t1), max_beta))
+    return np.array(betas, dtype=np.float64)
+
+
+class GaussianDiffusion:
+    """Forward process, losses and samplers for a model that outputs (N, C or 2C, H, W).
+
+    ``timestep_map`` (set by respacing) gives, for each of this diffusion's steps, the original integer
+    timestep that the model is conditioned on.
+    """
+
+    def __init__(
+        self,
+        *,
+        betas,
+        model_mean_type: ModelMeanType,
+        model_var_type: ModelVarType,
+        loss_type: LossType,
+        timestep_map=None,
+    ):
+        self.model_mean_type = model_mean_type
+        self.model_var_type = model_var_type
+        self.loss_type = loss_type
+
+        betas = np.asarray(betas, dtype=np.float64)
+        if betas.ndim != 1 or not ((betas > 0).all() and (betas <= 1).all()):
+            raise ValueError("betas must be a 1-D array in (0, 1].")
+        self.betas = betas
+        self.num_timesteps = int(betas.shape[0])
+        self.timestep_map = np.arange(self.num_timesteps) if timestep_map is None else np.asarray(timestep_map)
+
+        alphas = 1.0 - betas
+        self.alphas_cumprod = np.cumprod(alphas, axis=0)
+        self.alphas_cumprod_prev = np.append(1.0, self.alphas_cumprod[:-1])
+        self.alphas_cumprod_next = np.append(self.alphas_cumprod[1:], 0.0)
+        self.sqrt_alphas_cumprod = np.sqrt(self.alphas_cumprod)
+        self.sqrt_one_minus_alphas_cumprod = np.sqrt(1.0 - self.alphas_cumprod)
+        self.log_one_minus_alphas_cumprod = np.log(1.0 - self.alphas_cumprod)
+        self.sqrt_recip_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod)
+        self.sqrt_recipm1_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod - 1)
+        self.posterior_variance = betas * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
+        # The posterior variance is 0 at t = 0; its log takes the t = 1 value there.
+        self.posterior_log_variance_clipped = (
+            np.log(np.append(self.posterior_variance[1], self.posterior_variance[1:]))
+            if self.num_timesteps > 1
+            else np.array([], dtype=np.float64)
+        )
+        self.posterior_mean_coef1 = betas * np.sqrt(self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
+        self.posterior_mean_coef2 = (
+            (1.0 - self.alphas_cumprod_prev) * np.sqrt(alphas) / (1.0 - self.alphas_cumprod)
+        )
+        self.log_betas = np.log(betas)
+        fixed_large = np.append(self.posterior_variance[1], betas[1:])
+        self.fixed_large_variance, self.fixed_large_log_variance = fixed_large, np.log(fixed_large)
+        self._device_tables: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+    # ---- tables on the device ---------------------------------------------------------------------------
+
+    _TABLES = (
+        "sqrt_alphas_cumprod",
+        "sqrt_one_minus_alphas_cumprod",
+        "log_one_minus_alphas_cumprod",
+        "sqrt_recip_alphas_cumprod",
+        "sqrt_recipm1_alphas_cumprod",
+        "posterior_variance",
+        "posterior_log_variance_clipped",
+        "posterior_mean_coef1",
+        "posterior_mean_coef2",
+        "alphas_cumprod",
+        "alphas_cumprod_prev",
+        "alphas_cumprod_next",
+        "log_betas",
+        "fixed_large_variance",
+        "fixed_large_log_variance",
+    )
+
+    def tables(self, device) -> dict[str, torch.Tensor]:
+        """Every schedule table (and the timestep map) on ``device``, uploaded once and cached."""
+        device = torch.device(device)
+        if device not in self._device_tables:
+            # float64 where the device has it (the original's precision); MPS has no float64.
+            dtype = torch.float32 if device.type == "mps" else torch.float64
+            tabs = {n: torch.as_tensor(getattr(self, n), dtype=dtype, device=device) for n in self._TABLES}
+            tabs["timestep_map"] = torch.as_tensor(self.timestep_map, dtype=torch.long, device=device)
+            self._device_tables[device] = tabs
+        return self._device_tables[device]
+
+    def _extract(self, name: str, t: torch.Tensor, broadcast_shape) -> torch.Tensor:
+        """Table ``name`` at timesteps t, as float32 shaped (N, 1, 1, ...) to broadcast over a batch."""
+        values = self.tables(t.device)[name][t].float()
+        return values.view(-1, *([1] * (len(broadcast_shape) - 1)))
+
+    def model_timesteps(self, t: torch.Tensor) -> torch.Tensor:
+        """The original integer timesteps that the model sees for this diffusion's step indices."""
+        return self.tables(t.device)["timestep_map"][t]
+
+    # ---- forward process --------------------------------------------------------------------------------
+
+    def q_mean_variance(self, x_start, t):
+        mean = self._extract("sqrt_alphas_cumprod", t, x_start.shape) * x_start
+        variance = (1.0 - self._extract("alphas_cumprod", t, x_start.shape)).expand_as(x_start)
+        log_variance = self._extract("log_one_minus_alphas_cumprod", t, x_start.shape).expand_as(x_start)
+        return mean, variance, log_variance
+
+    def q_sample(self, x_start, t, noise=None):
+        """Sample x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I)."""
+        if noise is None:
+            noise = torch.randn_like(x_start)
+        return (
+            self._extract("sqrt_alphas_cumprod", t, x_start.shape) * x_start
+            + self._extract("sqrt_one_minus_alphas_cumprod", t, x_start.shape) * noise
+        )
+
+    def q_posterior_mean_variance(self, x_start, x_t, t):
+        """Mean, variance and clipped log-variance of q(x_{t-1} | x_t, x_0)."""
+        mean = (
+            self._extract("posterior_mean_coef1", t, x_t.shape) * x_start
+            + self._extract("posterior_mean_coef2", t, x_t.shape) * x_t
+        )
+        variance = self._extract("posterior_variance", t, x_t.shape).expand_as(x_t)
+        log_variance = self._extract("posterior_log_variance_clipped", t, x_t.shape).expand_as(x_t)
+        return mean, variance, log_variance
+
+    # ---- the model's distribution -----------------------------------------------------------------------
+
+    def p_mean_variance(self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None):
+        """p(x_{t-1} | x_t) and the model's x_0 prediction; ``model`` is called with the original timesteps."""
+        model_kwargs = model_kwargs or {}
+        n, c = x.shape[:2]
+        model_output = model(x, self.model_timesteps(t), **model_kwargs)
+        extra = None
+
+        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+            if model_output.shape[:2] != (n, c * 2):
+                raise ValueError(
+                    f"a learned-variance model must output {2 * c} channels, got {model_output.shape}"
+                )
+            model_output, model_var_values = model_output.split(c, dim=1)
+            if self.model_var_type == ModelVarType.LEARNED:
+                model_log_variance = model_var_values
+            else:
+                min_log = self._extract("posterior_log_variance_clipped", t, x.shape)
+                max_log = self._extract("log_betas", t, x.shape)
+                frac = (model_var_values + 1) / 2  # the model outputs v in [-1, 1]
+                model_log_variance = frac * max_log + (1 - frac) * min_log
+            model_variance = torch.exp(model_log_variance)
+        else:
+            if self.model_var_type == ModelVarType.FIXED_LARGE:
+                var_name, log_name = "fixed_large_variance", "fixed_large_log_variance"
+            else:
+                var_name, log_name = "posterior_variance", "posterior_log_variance_clipped"
+            model_variance = self._extract(var_name, t, x.shape).expand_as(x)
+            model_log_variance = self._extract(log_name, t, x.shape).expand_as(x)
+            if model_output.shape[1] == 2 * c:  # a learned-sigma model sampled with a fixed variance
+                model_output, extra = model_output.split(c, dim=1)
+
+        def process_xstart(x0):
+            if denoised_fn is not None:
+                x0 = denoised_fn(x0)
+            return x0.clamp(-1, 1) if clip_denoised else x0
+
+        if self.model_mean_type == ModelMeanType.START_X:
+            pred_xstart = process_xstart(model_output)
+        elif self.model_mean_type == ModelMeanType.EPSILON:
+            pred_xstart = process_xstart(self._predict_xstart_from_eps(x, t, model_output))
+        else:
+            pred_xstart = process_xstart(self._predict_xstart_from_xprev(x, t, model_output))
+        model_mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)
+        return {
+            "mean": model_mean,
+            "variance": model_variance,
+            "log_variance": model_log_variance,
+            "pred_xstart": pred_xstart,
+            "extra": extra,
+        }
+
+    def _predict_xstart_from_eps(self, x_t, t, eps):
+        return (
+            self._extract("sqrt_recip_alphas_cumprod", t, x_t.shape) * x_t
+            - self._extract("sqrt_recipm1_alphas_cumprod", t, x_t.shape) * eps
+        )
+
+    def _predict_xstart_from_xprev(self, x_t, t, xprev):
+        coef1 = self._extract("posterior_mean_coef1", t, x_t.shape)
+        coef2 = self._extract("posterior_mean_coef2", t, x_t.shape)
+        return (xprev - coef2 * x_t) / coef1
+
+    def _predict_eps_from_xstart(self, x_t, t, pred_xstart):
+        return (self._extract("sqrt_recip_alphas_cumprod", t, x_t.shape) * x_t - pred_xstart) / self._extract(
+            "sqrt_recipm1_alphas_cumprod", t, x_t.shape
+        )
+
+    def condition_mean(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
+        """Shift the mean by variance x grad log p(y | x) (Dhariwal & Nichol 2021)."""
+        gradient = cond_fn(x, self.model_timesteps(t), **(model_kwargs or {}))
+        return p_mean_var["mean"].float() + p_mean_var["variance"] * gradient.float()
+
+    def condition_score(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
+        """Score-based conditioning for DDIM (Song et al. 2020)."""
+        alpha_bar = self._extract("alphas_cumprod", t, x.shape)
+        eps = self._predict_eps_from_xstart(x, t, p_mean_var["pred_xstart"])
+        eps = eps - (1 - alpha_bar).sqrt() * cond_fn(x, self.model_timesteps(t), **(model_kwargs or {}))
+        out = dict(p_mean_var)
+        out["pred_xstart"] = self._predict_xstart_from_eps(x, t, eps)
+        out["mean"], _, _ = self.q_posterior_mean_variance(out["pred_xstart"], x, t)
+        return out
+
+    # ---- ancestral sampling -----------------------------------------------------------------------------
+
+    def p_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None):
+        out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
+        noise = torch.randn_like(x)
+        nonzero_mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))  # no noise at t = 0
+        if cond_fn is not None:
+            out["mean"] = self.condition_mean(cond_fn, out, x, t, model_kwargs)
+        sample = out["mean"] + nonzero_mask * torch.exp(0.5 * out["log_variance"]) * noise
+        return {"sample": sample, "pred_xstart": out["pred_xstart"]}
+
+    def _timesteps(self, n, device, progress, reverse=True):
+        indices = list(range(self.num_timesteps))[:: -1 if reverse else 1]
+        for i in tqdm(indices, disable=not progress, leave=False, desc="sampling"):
+            yield torch.full((n,), i, dtype=torch.long, device=device)
+
+    def _initial_noise(self, model, shape, noise, device):
+        if device is None:
+            device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
+        return (noise if noise is not None else torch.randn(*shape, device=device)), device
+
+    def p_sample_loop_progressive(
+        self,
+        model,
+        shape,
+        noise=None,
+        clip_denoised=True,
+        denoised_fn=None,
+        cond_fn=None,
+        model_kwargs=None,
+        device=None,
+        progress=False,
+    ):
+        img, device = self._initial_noise(model, shape, noise, device)
+        for t in self._timesteps(shape[0], device, progress):
+            with torch.no_grad():
+                out = self.p_sample(model, img, t, clip_denoised, denoised_fn, cond_fn, model_kwargs)
+            yield out
+            img = out["sample"]
+
+    def p_sample_loop(
+        self,
+        model,
+        shape,
+        noise=None,
+        clip_denoised=True,
+        denoised_fn=None,
+        cond_fn=None,
+        model_kwargs=None,
+        device=None,
+        progress=False,
+    ):
+        """Ancestral sampling from x_T to x_0; DiT's scripts pass clip_denoised=False."""
+        steps = self.p_sample_loop_progressive(
+            model, shape, noise, clip_denoised, denoised_fn, cond_fn, model_kwargs, device, progress
+        )
+        return deque(steps, maxlen=1)[0]["sample"]
+
+    # ---- DDIM ---------------------------------------------------------------------------------------------
+
+    def ddim_sample(
+        self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None, eta=0.0
+    ):
+        out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
+        if cond_fn is not None:
+            out = self.condition_score(cond_fn, out, x, t, model_kwargs)
+        eps = self._predict_eps_from_xstart(x, t, out["pred_xstart"])
+        alpha_bar = self._extract("alphas_cumprod", t, x.shape)
+        alpha_bar_prev = self._extract("alphas_cumprod_prev", t, x.shape)
+        sigma = (
+            eta * torch.sqrt((1 - alpha_bar_prev) / (1 - alpha_bar)) * torch.sqrt(1 - alpha_bar / alpha_bar_prev)
+        )
+        noise = torch.randn_like(x)
+        mean_pred = (
+            out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma**2) * eps
+        )
+        nonzero_mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))
+        return {"sample": mean_pred + nonzero_mask * sigma * noise, "pred_xstart": out["pred_xstart"]}
+
+    def ddim_reverse_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None, eta=0.0):
+        """x_{t+1} from x_t by the deterministic (eta = 0) ODE, for inversion."""
+        if eta != 0.0:
+            raise ValueError("reverse DDIM is deterministic: eta must be 0.")
+        out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
+        eps = (self._extract("sqrt_recip_alphas_cumprod", t, x.shape) * x - out["pred_xstart"]) / self._extract(
+            "sqrt_recipm1_alphas_cumprod", t, x.shape
+        )
+        alpha_bar_next = self._extract("alphas_cumprod_next", t, x.shape)
+        sample = out["pred_xstart"] * torch.sqrt(alpha_bar_next) + torch.sqrt(1 - alpha_bar_next) * eps
+        return {"sample": sample, "pred_xstart": out["pred_xstart"]}
+
+    def ddim_sample_loop_progressive(
+        self,
+        model,
+        shape,
+        noise=None,
+        clip_denoised=True,
+        denoised_fn=None,
+        cond_fn=None,
+        model_kwargs=None,
+        device=None,
+        progress=False,
+        eta=0.0,
+    ):
+        img, device = self._initial_noise(model, shape, noise, device)
+        for t in self._timesteps(shape[0], device, progress):
+            with torch.no_grad():
+                out = self.ddim_sample(model, img, t, clip_denoised, denoised_fn, cond_fn, model_kwargs, eta)
+            yield out
+            img = out["sample"]
+
+    def ddim_sample_loop(
+        self,
+        model,
+        shape,
+        noise=None,
+        clip_denoised=True,
+        denoised_fn=None,
+        cond_fn=None,
+        model_kwargs=None,
+        device=None,
+        progress=False,
+        eta=0.0,
+    ):
+        """DDIM sampling (eta = 0: deterministic); it ignores the learned variance."""
+        steps = self.ddim_sample_loop_progressive(
+            model, shape, noise, clip_denoised, denoised_fn, cond_fn, model_kwargs, device, progress, eta
+        )
+        return deque(steps, maxlen=1)[0]["sample"]
+
+    # ---- losses -------------------------------------------------------------------------------------------
+
+    def _vb_terms_bpd(self, model, x_start, x_t, t, clip_denoised=True, model_kwargs=None):
+        """Per-sample VB term in bits per dim: KL(q || p) for t > 0, the decoder NLL at t = 0."""
+        true_mean, _, true_log_variance = self.q_posterior_mean_variance(x_start, x_t, t)
+        out = self.p_mean_variance(model, x_t, t, clip_denoised=clip_denoised, model_kwargs=model_kwargs)
+        kl = mean_flat(normal_kl(true_mean, true_log_variance, out["mean"], out["log_variance"])) / math.log(2.0)
+        decoder_nll = -discretized_gaussian_log_likelihood(
+            x_start, means=out["mean"], log_scales=0.5 * out["log_variance"]
+        )
+        decoder_nll = mean_flat(decoder_nll) / math.log(2.0)
+        return {"output": torch.where(t == 0, decoder_nll, kl), "pred_xstart": out["pred_xstart"]}
+
+    def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):
+        """Per-sample losses: a dict with ``loss`` and, for MSE losses, ``mse`` (and ``vb`` if learned).
+
+        With a learned variance the VB term sees the mean's prediction detached, so it trains the variance
+        channels only (the IDDPM hybrid objective).
+        """
+        model_kwargs = model_kwargs or {}
+        if noise is None:
+            noise = torch.randn_like(x_start)
+        x_t = self.q_sample(x_start, t, noise=noise)
+        terms = {}
+
+        if self.loss_type.is_vb():
+            terms["loss"] = self._vb_terms_bpd(model, x_start, x_t, t, False, model_kwargs)["output"]
+            if self.loss_type == LossType.RESCALED_KL:
+                terms["loss"] = terms["loss"] * self.num_timesteps
+            return terms
+
+        model_output = model(x_t, self.model_timesteps(t), **model_kwargs)
+        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+            c = x_t.shape[1]
+            if model_output.shape[:2] != (x_t.shape[0], 2 * c):
+                raise ValueError(
+                    f"a learned-variance model must output {2 * c} channels, got {model_output.shape}"
+                )
+            model_output, model_var_values = model_output.split(c, dim=1)
+            frozen_out = torch.cat([model_output.detach(), model_var_values], dim=1)
+            terms["vb"] = self._vb_terms_bpd(lambda *_, **__: frozen_out, x_start, x_t, t, False)["output"]
+            if self.loss_type == LossType.RESCALED_MSE:
+                terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
+
+        if self.model_mean_type == ModelMeanType.EPSILON:
+            target = noise
+        elif self.model_mean_type == ModelMeanType.START_X:
+            target = x_start
+        else:
+            target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
+        terms["mse"] = mean_flat((target - model_output) ** 2)
+        terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
+        return terms

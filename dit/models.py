@@ -1,0 +1,473 @@
+"""The Diffusion Transformer (Peebles & Xie 2022), reimplemented from the paper.
+
+The module tree and parameter names reproduce the official release's state dict exactly, so its
+checkpoints load with ``strict=True``; the numerics (adaLN-Zero, sin-cos tables, tanh GELU, eps 1e-6)
+follow the official semantics. Attention goes through ``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dit.errors import UserError
+
+# --------------------------------------------------------------------------------------------------------
+# Configuration and registry
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Everything that fixes a DiT's shapes and compute; the cost package reads only this."""
+
+    depth: int = 28
+    hidden_size: int = 1152
+    num_heads: int = 16
+    patch_size: int = 2
+    input_size: int = 32
+    in_channels: int = 4
+    num_classes: int = 1000
+    learn_sigma: bool = True
+    class_dropout_prob: float = 0.1
+    mlp_ratio: float = 4.0
+    frequency_embedding_size: int = 256
+
+    def __post_init__(self):
+        for name in ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels"):
+            if int(getattr(self, name)) <= 0:
+                raise UserError(f"DiT {name} must be positive, got {getattr(self, name)}.")
+        if self.num_classes < 0:
+            raise UserError(f"num_classes must be >= 0, got {self.num_classes}.")
+        if self.input_size % self.patch_size:
+            raise UserError(
+                f"input size {self.input_size} is not divisible by patch size {self.patch_size}: "
+                f"choose an input size that is a multiple of {self.patch_size} (for a VAE, image size / 8)."
+            )
+        if self.hidden_size % self.num_heads:
+            raise UserError(
+                f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads: "
+                "pick a head count that divides it."
+            )
+        if self.hidden_size % 4:
+            raise UserError(
+                f"hidden size {self.hidden_size} must be a multiple of 4 for the 2-D sin-cos embedding."
+            )
+
+    @property
+    def out_channels(self) -> int:
+        return self.in_channels * 2 if self.learn_sigma else self.in_channels
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_size // self.patch_size) ** 2
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.hidden_size * self.mlp_ratio)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# (depth, hidden size, heads) per size; the patch size is the number after the slash.
+_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+MODEL_NAMES = tuple(f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8))
+
+
+def model_config(name: str, **overrides) -> DiTConfig:
+    """The registry config called ``name`` ("DiT-XL/2"), with any field overridden."""
+    try:
+        size, patch = name.removeprefix("DiT-").split("/")
+        depth, hidden, heads = _SIZES[size]
+        if int(patch) not in (2, 4, 8):
+            raise KeyError(name)
+    except (KeyError, ValueError):
+        raise UserError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}.") from None
+    base = dict(depth=depth, hidden_size=hidden, num_heads=heads, patch_size=int(patch))
+    return DiTConfig(**{**base, **overrides})
+
+
+def _registry_entry(name: str):
+    def build(**kwargs) -> DiT:
+        return DiT(**model_config(name, **kwargs).to_dict())
+
+    build.__name__ = name.replace("-", "_").replace("/", "_")
+    return build
+
+
+# The official drop-in: DiT_models["DiT-XL/2"](input_size=32, num_classes=1000).
+DiT_models = {name: _registry_entry(name) for name in MODEL_NAMES}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Embedding tables
+# --------------------------------------------------------------------------------------------------------
+
+
+def sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
+    """[sin | cos] of positions times dim/2 frequencies 1/10000^(i/(dim/2)), in float64."""
+    omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
+    out = np.outer(positions.reshape(-1).astype(np.float64), omega)
+    return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+
+def sincos_2d(dim: int, grid_size: int) -> np.ndarray:
+    """(grid_size**2, dim) table in row-major token order; first half encodes the column, second the row.
+
+    That column-first order is what the official checkpoints were trained with (MAE's helper names its
+    variables the other way round).
+    """
+    rows, cols = np.meshgrid(np.arange(grid_size), np.arange(grid_size), indexing="ij")
+    return np.concatenate([sincos_1d(dim // 2, cols), sincos_1d(dim // 2, rows)], axis=1)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """[cos | sin] of the raw timestep times dim/2 frequencies exp(-ln(max_period) i / (dim/2))."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t[:, None].float() * freqs[None]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
+    return emb
+
+
+# --------------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------------
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.addcmul(shift.unsqueeze(1), x, 1 + scale.unsqueeze(1))
+
+
+class PatchEmbed(nn.Module):
+    """Strided-conv patchify to (N, T, D).
+
+    timm's PatchEmbed does the same with more options; this keeps the ``proj`` key without timm's strict
+    size assertion, and the input checks live in ``DiT.forward`` where they can name the fix.
+    """
+
+    def __init__(self, patch_size: int, in_channels: int, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class TimestepEmbedder(nn.Module):
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256):
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_embedding_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+        )
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.mlp(timestep_embedding(t, self.frequency_embedding_size).to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Class table with one extra row, index ``num_classes``, for the unconditional (CFG) label."""
+
+    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
+        super().__init__()
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), hidden_size)
+
+    def forward(self, labels: torch.Tensor, train: bool, force_drop_ids: torch.Tensor | None = None):
+        if (train and self.dropout_prob > 0) or force_drop_ids is not None:
+            if force_drop_ids is None:
+                drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+            else:
+                drop = force_drop_ids == 1
+            labels = torch.where(drop, self.num_classes, labels)
+        return self.embedding_table(labels)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv and SDPA.
+
+    Same keys as timm's Attention (``qkv``, ``proj``); written out so that the SDPA call and the head
+    layout are in one place we control for compile and backend choice.
+    """
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.proj = nn.Linear(dim, dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(n, t, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class DiTBlock(nn.Module):
+    """adaLN-Zero block: (shift, scale, gate) for attention, then for the MLP, from one Linear on c."""
+
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, 1)
+        x = torch.addcmul(x, gate_msa.unsqueeze(1), self.attn(modulate(self.norm1(x), shift_msa, scale_msa)))
+        x = torch.addcmul(x, gate_mlp.unsqueeze(1), self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
+        return x
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------------
+
+
+class DiT(nn.Module):
+    """Class-conditional latent (or pixel) diffusion transformer.
+
+    Takes the official constructor arguments; any combination of sizes builds, so custom small models
+    for pixel-space data need no registry entry.
+    """
+
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        frequency_embedding_size: int = 256,
+    ):
+        super().__init__()
+        cfg = DiTConfig(
+            depth=depth,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            patch_size=patch_size,
+            input_size=input_size,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            learn_sigma=learn_sigma,
+            class_dropout_prob=class_dropout_prob,
+            mlp_ratio=mlp_ratio,
+            frequency_embedding_size=frequency_embedding_size,
+        )
+        self.config = cfg
+        self.in_channels = in_channels
+        self.out_channels = cfg.out_channels
+        self.patch_size = patch_size
+        self.num_heads = num_heads
+        self.input_size = input_size
+        self.num_classes = num_classes
+
+        self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, frequency_embedding_size)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        # Frozen, but a Parameter (not a buffer) so that it is in the state dict as in the official release.
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.tokens, hidden_size), requires_grad=False)
+        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.checkpoint_mask = [False] * depth
+        self.initialize_weights()
+
+    @classmethod
+    def from_config(cls, cfg: DiTConfig) -> DiT:
+        return cls(**cfg.to_dict())
+
+    def initialize_weights(self):
+        """Xavier linears, fixed sin-cos positions, N(0, 0.02) embedders, and zeroed adaLN and output."""
+        if self.pos_embed.is_meta:
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        grid = int(self.config.tokens**0.5)
+        table = sincos_2d(self.config.hidden_size, grid)
+        self.pos_embed.data.copy_(torch.from_numpy(table).float().unsqueeze(0))
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        for layer in [b.adaLN_modulation[-1] for b in self.blocks] + [
+            self.final_layer.adaLN_modulation[-1],
+            self.final_layer.linear,
+        ]:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    # ---- activation checkpointing ---------------------------------------------------------------------
+
+    def set_checkpointing(self, blocks: str | int | bool | Iterable[int] | None = "all"):
+        """Recompute the forward of some blocks in backward to save activation memory.
+
+        ``"all"``/True: every block; ``"none"``/False/None/0: none; an int k > 0: every k-th block
+        (0, k, 2k, ...); an iterable of indices: exactly those. Works on a built (even wrapped) model.
+        """
+        depth = len(self.blocks)
+        if blocks is True or blocks == "all":
+            chosen = set(range(depth))
+        elif blocks in (None, False, "none", 0):
+            chosen = set()
+        elif isinstance(blocks, int):
+            if blocks < 0:
+                raise UserError(f"checkpoint every k-th block needs k >= 1, got {blocks}.")
+            chosen = set(range(0, depth, blocks))
+        else:
+            chosen = {int(i) for i in blocks}
+            bad = sorted(i for i in chosen if not 0 <= i < depth)
+            if bad:
+                raise UserError(f"checkpoint block indices {bad} are outside 0..{depth - 1}.")
+        self.checkpoint_mask = [i in chosen for i in range(depth)]
+        return self
+
+    @property
+    def num_checkpointed_blocks(self) -> int:
+        return sum(self.checkpoint_mask)
+
+    # ---- forward --------------------------------------------------------------------------------------
+
+    def _check_input(self, x: torch.Tensor):
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise UserError(
+                f"DiT expects input of shape (N, {self.in_channels}, {self.input_size}, {self.input_size}), "
+                f"got {tuple(x.shape)}: check the model's in_channels and the data (latents have 4 channels)."
+            )
+        if x.shape[-2:] != (self.input_size, self.input_size):
+            raise UserError(
+                f"DiT was built for {self.input_size}x{self.input_size} inputs, got "
+                f"{x.shape[-2]}x{x.shape[-1]}: build the model with input_size={x.shape[-1]} "
+                "(image size / 8 for VAE latents) or resize the data."
+            )
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, p*p*C) -> (N, C, H, W); the output features are ordered (p, q, c)."""
+        c, p = self.out_channels, self.patch_size
+        h = w = int(x.shape[1] ** 0.5)
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null)."""
+        self._check_input(x)
+        x = self.x_embedder(x) + self.pos_embed
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        for block, ckpt in zip(self.blocks, self.checkpoint_mask):
+            if ckpt and torch.is_grad_enabled():
+                x = checkpoint(block, x, c, use_reentrant=False)
+            else:
+                x = block(x, c)
+        return self.unpatchify(self.final_layer(x, c))
+
+    def forward_with_cfg(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, cfg_channels: int | str = 3
+    ) -> torch.Tensor:
+        """Classifier-free guidance on a batch [conditional; unconditional] sharing the first half's noise.
+
+        ``cfg_channels=3`` is the official behaviour (the paper's FID used it); ``"all"`` guides every
+        noise channel. The learned-variance channels are never guided, even for models with fewer than
+        3 input channels, where the official ``[:3]`` would reach into them.
+        """
+        guided = self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
+        half = x[: len(x) // 2]
+        out = self.forward(torch.cat([half, half]), t, y)
+        eps, rest = out[:, :guided], out[:, guided:]
+        cond, uncond = eps.chunk(2)
+        half_eps = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([half_eps, half_eps]), rest], dim=1)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict, source: str = "checkpoint"):
+        """Strict load whose error lists every missing, unexpected and mis-shaped key."""
+        state_dict = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state_dict.items()}
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        shapes = [
+            f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"
+            for k in own
+            if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+        ]
+        if missing or unexpected or shapes:
+            parts = []
+            for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+                if keys:
+                    shown = "; ".join(keys[:8]) + (f"; ... ({len(keys)} in all)" if len(keys) > 8 else "")
+                    parts.append(f"{label}: {shown}")
+            raise UserError(
+                f"{source} does not fit this model ({describe(self.config)}). "
+                + " | ".join(parts)
+                + ". Pass the --model, --image-size and --num-classes the checkpoint was trained with."
+            )
+        self.load_state_dict(state_dict, strict=True)
+        return self
+
+
+def registry_name(cfg: DiTConfig) -> str | None:
+    """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
+    for name in MODEL_NAMES:
+        ref = model_config(name)
+        if (ref.depth, ref.hidden_size, ref.num_heads, ref.patch_size) == (
+            cfg.depth,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.patch_size,
+        ):
+            return name
+    return None
+
+
+def describe(cfg: DiTConfig) -> str:
+    name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
+    return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes"
+
+
+def create_model(name: str, **overrides) -> DiT:
+    """A registry model by name, with overrides (``input_size``, ``num_classes``, ...)."""
+    return DiT.from_config(model_config(name, **overrides))
