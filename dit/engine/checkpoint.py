@@ -1,0 +1,111 @@
+"""The one checkpoint format: atomic writes, safe loads, and reading official DiT files.
+
+A dit-ledger checkpoint is a ``torch.save`` of a dict holding only tensors, numbers, strings, lists and
+dicts (so ``weights_only=True`` loads it), with ``format == FORMAT``, the model config under
+``model_config``, the run config under ``config``, and ``model``/``ema`` state dicts. Official releases
+are bare state dicts; official ``train.py`` files hold ``{model, ema, opt, args}`` with an
+``argparse.Namespace``, which we allow (and only it) instead of unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dit.errors import UserError
+
+FORMAT = "dit-ledger/1"
+_STEP_FILE = re.compile(r"^(\d{7,})\.pt$")
+
+
+def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
+    """Write to a temp file in the same folder, fsync it, then rename over ``path``.
+
+    A crash at any point leaves either the old file or the new one, never a partial file under ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist: pass the path of a .pt file (--ckpt).")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # a truncated file, or a pickle holding something other than tensors
+        raise UserError(
+            f"cannot read checkpoint {path} safely ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+            "Only tensor checkpoints are loaded (weights_only=True); re-save it as a state dict."
+        ) from None
+    if not isinstance(ckpt, dict):
+        raise UserError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a dict of weights.")
+    if isinstance(ckpt.get("args"), argparse.Namespace):
+        ckpt["args"] = vars(ckpt["args"])
+    return ckpt
+
+
+def model_weights(ckpt: dict, use_ema: bool = True) -> tuple[dict, str]:
+    """The state dict to sample with, and which one it is: EMA if present (and wanted), else the raw model.
+
+    Bare state dicts (the official releases, which hold the EMA weights) are returned as they are.
+    """
+    if "model" in ckpt or "ema" in ckpt:
+        if use_ema and ckpt.get("ema") is not None:
+            return ckpt["ema"], "ema"
+        if "model" in ckpt:
+            return ckpt["model"], "model"
+        raise UserError("checkpoint has EMA weights only; drop --no-ema.")
+    if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        return ckpt, "state_dict"
+    raise UserError(f"checkpoint holds neither a state dict nor model/ema weights (keys: {sorted(ckpt)[:10]}).")
+
+
+def checkpoint_path(folder: str | os.PathLike, step: int) -> Path:
+    return Path(folder) / f"{step:07d}.pt"
+
+
+def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``folder`` as (step, path), oldest first; temp files are not listed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name))]
+    return sorted(found)
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(folder)
+    return found[-1][1] if found else None
+
+
+def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
+    """Atomically write ``payload`` as step ``step``, then delete all but the newest ``keep_last`` (0 keeps all)."""
+    path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))
+    if keep_last > 0:
+        for _, old in list_checkpoints(folder)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
