@@ -1,0 +1,180 @@
+"""The DiT against the ground truth in ../shared/spec and the official semantics."""
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dit.errors import UserError
+from dit.models import MODEL_NAMES, DiT, DiT_models, create_model, model_config, sincos_2d
+
+SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "spec"
+
+
+def spec_rows():
+    with open(SPEC / "dit_configs.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def meta_model(name, image_size=256):
+    with torch.device("meta"):
+        return create_model(name, input_size=image_size // 8)
+
+
+def tiny(**kw):
+    args = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4, num_classes=10)
+    args.update(kw)
+    return DiT(**args)
+
+
+def test_registry_has_twelve_configs():
+    assert len(DiT_models) == 12 == len(set(MODEL_NAMES))
+    assert model_config("DiT-L/4").hidden_size == 1024 and model_config("DiT-L/4").depth == 24
+
+
+@pytest.mark.parametrize("row", spec_rows(), ids=lambda r: f"{r['model']}@{r['image_size']}")
+def test_parameter_counts_match_spec(row):
+    model = meta_model(row["model"], int(row["image_size"]))
+    assert sum(p.numel() for p in model.parameters()) == int(row["params_total"])
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == int(row["params_trainable"])
+    assert model.config.tokens == int(row["tokens"])
+
+
+def test_state_dict_keys_and_shapes_equal_official_xl2():
+    expected = []
+    for line in (SPEC / "official_dit_xl2_state_dict.txt").read_text().splitlines():
+        name, shape = line.split(" ", 1)
+        expected.append((name, tuple(int(s) for s in shape.strip("[]").split(","))))
+    got = [(k, tuple(v.shape)) for k, v in meta_model("DiT-XL/2").state_dict().items()]
+    assert got == expected
+
+
+def test_output_is_exactly_zero_at_init():
+    model = tiny().eval()
+    out = model(torch.randn(3, 4, 8, 8), torch.tensor([0, 500, 999]), torch.tensor([0, 3, 10]))
+    assert out.shape == (3, 8, 8, 8)
+    assert torch.count_nonzero(out) == 0
+
+
+def test_patchify_unpatchify_round_trip():
+    model = tiny(learn_sigma=False)
+    p, c = model.patch_size, model.out_channels
+    x = torch.randn(2, c, 8, 8)
+    # patchify in the (p, q, c) feature order of the output linear, then undo it
+    tokens = x.reshape(2, c, 4, p, 4, p).permute(0, 2, 4, 3, 5, 1).reshape(2, 16, p * p * c)
+    assert torch.equal(model.unpatchify(tokens), x)
+
+
+def test_positional_embedding_matches_formula():
+    dim, grid = 16, 3
+    table = sincos_2d(dim, grid)
+    quarter = dim // 4
+    for token in range(grid * grid):
+        row, col = divmod(token, grid)
+        for half, pos in ((0, col), (1, row)):  # first half: column, second half: row
+            for i in range(quarter):
+                omega = 1.0 / 10000 ** (i / quarter)
+                assert table[token, half * dim // 2 + i] == pytest.approx(math.sin(pos * omega), abs=1e-12)
+                assert table[token, half * dim // 2 + quarter + i] == pytest.approx(
+                    math.cos(pos * omega), abs=1e-12
+                )
+    model = tiny()
+    assert not model.pos_embed.requires_grad
+    np.testing.assert_allclose(model.pos_embed[0].numpy(), sincos_2d(32, 4).astype(np.float32))
+
+
+def test_label_dropout_only_in_train_mode():
+    model = tiny(class_dropout_prob=0.5)
+    labels = torch.zeros(2000, dtype=torch.long)
+    torch.manual_seed(0)
+    emb_train = model.y_embedder(labels, train=True)
+    null = model.y_embedder.embedding_table.weight[10]
+    dropped = (emb_train == null).all(dim=1).float().mean().item()
+    assert 0.45 < dropped < 0.55
+    emb_eval = model.y_embedder(labels, train=False)
+    assert not (emb_eval == null).all(dim=1).any()
+    assert model.y_embedder.embedding_table.num_embeddings == 11
+
+
+def randomize(model):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.normal_(0, 0.05)
+    return model
+
+
+def test_cfg_guides_first_three_channels_and_never_variance():
+    model = randomize(tiny()).eval()
+    x = torch.randn(2, 4, 8, 8)
+    x = torch.cat([x[:1], x[:1]])
+    t = torch.tensor([10, 10])
+    y = torch.tensor([3, 10])
+    out = model.forward_with_cfg(x, t, y, cfg_scale=4.0)
+    raw = model(x, t, y)
+    cond, uncond = raw.chunk(2)
+    expected = uncond[:, :3] + 4.0 * (cond[:, :3] - uncond[:, :3])
+    torch.testing.assert_close(out[:1, :3], expected)
+    torch.testing.assert_close(out[1:, :3], expected)
+    torch.testing.assert_close(out[:, 3:], raw[:, 3:])  # channel 3 and the variance pass through
+    out_all = model.forward_with_cfg(x, t, y, cfg_scale=4.0, cfg_channels="all")
+    torch.testing.assert_close(out_all[:1, :4], uncond[:, :4] + 4.0 * (cond[:, :4] - uncond[:, :4]))
+    torch.testing.assert_close(out_all[:, 4:], raw[:, 4:])
+
+
+def test_cfg_on_one_channel_model_leaves_variance_alone():
+    model = randomize(tiny(in_channels=1)).eval()
+    x = torch.randn(1, 1, 8, 8).repeat(2, 1, 1, 1)
+    t, y = torch.tensor([5, 5]), torch.tensor([1, 10])
+    out = model.forward_with_cfg(x, t, y, cfg_scale=3.0)
+    raw = model(x, t, y)
+    torch.testing.assert_close(out[:, 1:], raw[:, 1:])
+    assert not torch.allclose(out[:1, :1], raw[:1, :1])
+
+
+def test_activation_checkpointing_keeps_gradients():
+    torch.manual_seed(0)
+    model = randomize(tiny(class_dropout_prob=0.0))
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([1, 900]), torch.tensor([1, 2])
+    model(x, t, y).square().mean().backward()
+    ref = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    model.set_checkpointing("all")
+    assert model.num_checkpointed_blocks == 2
+    model(x, t, y).square().mean().backward()
+    for a, p in zip(ref, [p for p in model.parameters() if p.requires_grad]):
+        torch.testing.assert_close(a, p.grad)
+    assert model.set_checkpointing(2).checkpoint_mask == [True, False]
+    assert model.set_checkpointing("none").num_checkpointed_blocks == 0
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(UserError, match="DiT-XL/2.*DiT-S/8"):
+        create_model("DiT-M/2")
+
+
+def test_bad_sizes_and_channels_name_the_problem():
+    with pytest.raises(UserError, match="not divisible by patch size 4"):
+        create_model("DiT-S/4", input_size=30)
+    model = tiny()
+    with pytest.raises(UserError, match="in_channels|expects input"):
+        model(torch.randn(1, 3, 8, 8), torch.tensor([1]), torch.tensor([1]))
+    with pytest.raises(UserError, match="input_size=16"):
+        model(torch.randn(1, 4, 16, 16), torch.tensor([1]), torch.tensor([1]))
+
+
+def test_load_weights_names_differing_keys():
+    src = tiny().state_dict()
+    src.pop("final_layer.linear.bias")
+    src["extra.weight"] = torch.zeros(1)
+    src["pos_embed"] = torch.zeros(1, 4, 32)
+    with pytest.raises(UserError) as err:
+        tiny().load_weights(src, source="ckpt.pt")
+    msg = str(err.value)
+    assert "final_layer.linear.bias" in msg and "extra.weight" in msg and "pos_embed: (1, 4, 32)" in msg
+    good = {f"module.{k}": v for k, v in tiny().state_dict().items()}
+    tiny().load_weights(good)  # DDP prefixes are accepted
