@@ -392,11 +392,17 @@ class DiT(nn.Module):
         x = x.reshape(x.shape[0], h, w, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null)."""
+    def forward(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, force_drop_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null).
+
+        ``force_drop_ids`` (1 = use the null label) replaces the random class dropout, so that a trainer
+        can draw the dropout from its own counter-based random stream.
+        """
         self._check_input(x)
         x = self.x_embedder(x) + self.pos_embed
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
         for block, ckpt in zip(self.blocks, self.checkpoint_mask):
             if ckpt and torch.is_grad_enabled():
                 x = checkpoint(block, x, c, use_reentrant=False)

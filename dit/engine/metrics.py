@@ -1,0 +1,68 @@
+"""Metric sinks: the console, TensorBoard and ``metrics.jsonl``; each gets the same dict per log step."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+class MetricSinks:
+    """Writes on rank 0 only; other ranks get a no-op object with the same methods."""
+
+    CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu", "data_wait_frac")
+
+    def __init__(self, out_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self.out_dir = Path(out_dir)
+        self.writer = None
+        self.jsonl = None
+        if not enabled:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
+        self.log_file = open(self.out_dir / "log.txt", "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    def info(self, message: str):
+        """A line for people: the console and log.txt."""
+        if self.enabled:
+            print(message, file=sys.stderr, flush=True)
+            self.log_file.write(message + "\n")
+
+    def log(self, metrics: dict):
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self.jsonl.write(json.dumps(clean) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and v is not None:
+                    self.writer.add_scalar(f"train/{k}", v, metrics["step"])
+        shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in self.CONSOLE_KEYS if metrics.get(k) is not None)
+        self.info(shown)
+
+    def text(self, tag: str, text: str, step: int = 0):
+        if self.writer is not None:
+            self.writer.add_text(tag, text, step)
+
+    def image(self, tag: str, image_chw, step: int):
+        if self.writer is not None:
+            self.writer.add_image(tag, image_chw, step)
+
+    def close(self):
+        if self.enabled:
+            self.jsonl.close()
+            self.log_file.close()
+            if self.writer is not None:
+                self.writer.close()

@@ -1,0 +1,168 @@
+"""The trainer: exact resume, metrics and their MFU, the non-finite guard, bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dit.cost.analytic import training_flops_per_image
+from dit.engine.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dit.engine.trainer import TrainConfig, train
+from dit.errors import UserError
+from dit.models import DiTConfig
+
+METRIC_KEYS = {
+    "step",
+    "epoch",
+    "loss",
+    "grad_norm",
+    "lr",
+    "steps_per_sec",
+    "images_per_sec",
+    "images_per_sec_per_device",
+    "tokens_per_sec_per_device",
+    "model_tflops_per_device",
+    "measured_tflops_per_device",
+    "peak_tflops",
+    "peak_source",
+    "mfu",
+    "hfu",
+    "data_wait_frac",
+    "max_memory_gib",
+    "loss_scale",
+}
+
+
+class Pixels(torch.utils.data.Dataset):
+    """Random 3x8x8 images in [-1, 1] with 4 classes; ``nan_items`` return NaN images."""
+
+    def __init__(self, n=32, nan_items=()):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.rand(n, 3, 8, 8, generator=g) * 2 - 1
+        self.y = torch.arange(n) % 4
+        self.nan_items = set(nan_items)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        x = self.x[i]
+        if torch.rand(()) < 0.5:  # augmentation randomness, seeded per item by the trainer
+            x = x.flip(-1)
+        if i in self.nan_items:
+            x = torch.full_like(x, float("nan"))
+        return x, int(self.y[i])
+
+
+def tiny_config(tmp_path, **kw):
+    base = dict(
+        model="DiT-S/2",
+        depth=2,
+        hidden_size=32,
+        num_heads=2,
+        image_size=8,
+        num_classes=4,
+        vae="none",
+        global_batch_size=8,
+        max_steps=6,
+        lr=1e-3,
+        precision="fp32",
+        num_workers=0,
+        log_every=2,
+        ckpt_every=1000,
+        results_dir=str(tmp_path / "run"),
+        peak_tflops=0.05,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(path):
+    ckpt = load_checkpoint(path)
+    return ckpt["model"], ckpt["ema"], ckpt["optimizer"]["state"]
+
+
+def test_resume_is_bit_identical(tmp_path):
+    straight = train(tiny_config(tmp_path / "a", max_steps=6), Pixels())
+    train(tiny_config(tmp_path / "b", max_steps=3), Pixels())
+    resumed = train(tiny_config(tmp_path / "b", max_steps=6, resume="auto"), Pixels())
+    assert straight["step"] == resumed["step"] == 6
+    a = weights(latest_checkpoint(tmp_path / "a" / "run" / "checkpoints"))
+    b = weights(latest_checkpoint(tmp_path / "b" / "run" / "checkpoints"))
+    for sa, sb in zip(a[:2], b[:2]):
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+    for pa, pb in zip(a[2].values(), b[2].values()):
+        assert torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
+    # the zero-initialised output layer really moved, so the equality above means something
+    assert torch.count_nonzero(a[0]["final_layer.linear.weight"]) > 0
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=8, log_every=2, mfu_warmup_steps=0)
+    train(cfg, Pixels())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    flops = training_flops_per_image(DiTConfig(**saved["model_config"]))
+    for r in rows:
+        assert METRIC_KEYS <= r.keys()
+        for k in METRIC_KEYS - {"max_memory_gib", "loss_scale", "peak_source"}:
+            assert isinstance(r[k], (int, float)) and math.isfinite(r[k]), k
+        assert r["max_memory_gib"] is None and r["loss_scale"] is None  # no CUDA, no fp16
+        # independent MFU: counted FLOPs / measured step time / peak
+        step_time = 1.0 / r["steps_per_sec"]
+        expected = 8 * flops.model / step_time / (0.05e12)
+        assert r["mfu"] == pytest.approx(expected, rel=0.01)
+        assert r["images_per_sec"] == pytest.approx(8 * r["steps_per_sec"], rel=0.01)
+        assert 0 <= r["data_wait_frac"] <= 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    ea.Reload()
+    tb = {e.step: e.value for e in ea.Scalars("train/mfu")}
+    assert sorted(tb) == [2, 4, 6, 8]
+    for r in rows:
+        assert tb[r["step"]] == pytest.approx(r["mfu"], rel=1e-6)
+    assert [e.value for e in ea.Scalars("train/loss")] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+
+
+def test_a_nan_batch_is_skipped_and_counted(tmp_path):
+    data = Pixels(nan_items={5})
+    train(tiny_config(tmp_path, max_steps=8, log_every=8), data)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["nonfinite_steps"] >= 1 and math.isfinite(row["loss"])
+    model, ema, _ = weights(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    assert all(torch.isfinite(v).all() for v in list(model.values()) + list(ema.values()))
+
+
+def test_nonfinite_streak_stops_with_last_good_state(tmp_path):
+    data = Pixels(nan_items=range(32))
+    with pytest.raises(UserError, match="non-finite for 4 steps"):
+        train(tiny_config(tmp_path, max_steps=20, log_every=4, max_nonfinite=3), data)
+    saved = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [s for s, _ in saved] == [4]
+    model, _, _ = weights(saved[0][1])
+    assert all(torch.isfinite(v).all() for v in model.values())
+    assert torch.count_nonzero(model["final_layer.linear.weight"]) == 0  # no update was ever applied
+
+
+def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    with pytest.raises(UserError, match="--resume auto"):
+        train(tiny_config(tmp_path, max_steps=4), Pixels())
+    with pytest.raises(UserError, match="hidden 64"):
+        train(tiny_config(tmp_path, max_steps=4, hidden_size=64, resume="auto"), Pixels())
+
+
+def test_bad_configs_name_the_fix(tmp_path):
+    with pytest.raises(UserError, match="fp16 needs a CUDA device"):
+        train(tiny_config(tmp_path, precision="fp16"), Pixels())
+    with pytest.raises(UserError, match="--data-path"):
+        train(tiny_config(tmp_path))
+    with pytest.raises(UserError, match="divisible"):
+        train(tiny_config(tmp_path, global_batch_size=9), Pixels())
+    with pytest.raises(UserError, match="max-steps"):
+        tiny_config(tmp_path, max_steps=0)
