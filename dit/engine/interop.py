@@ -1,0 +1,264 @@
+"""Our DiTs out to the diffusers ecosystem: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline.
+
+Official checkpoints come in through ``dit.engine.checkpoint`` and ``dit.engine.sampling`` (the state dict
+layouts are the same), so this module only maps our weights onto ``DiTTransformer2DModel``. Two
+differences cannot be exported away, so they are measured instead (``transformer_difference``):
+diffusers' timestep embedding divides the frequency exponent by half - 1 where DiT divides by half, and
+``DiTPipeline`` guides with the hard-coded null class 1000 (and on all latent channels).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+
+from dit.errors import UserError
+from dit.models import DiT, DiTConfig, timestep_embedding
+
+PIPELINE_NULL_CLASS = 1000  # DiTPipeline.__call__ hard-codes the unconditional label
+
+
+def diffusers_transformer_config(cfg: DiTConfig) -> dict:
+    """``DiTTransformer2DModel`` arguments for a DiT, or a UserError naming what diffusers cannot express."""
+    if cfg.mlp_ratio != 4.0 or cfg.frequency_embedding_size != 256:
+        raise UserError(
+            f"diffusers' DiT has a 4x MLP and 256 timestep frequencies; this model has mlp_ratio {cfg.mlp_ratio} "
+            f"and {cfg.frequency_embedding_size} frequencies, so it cannot be exported."
+        )
+    return dict(
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=cfg.hidden_size // cfg.num_heads,
+        in_channels=cfg.in_channels,
+        out_channels=cfg.out_channels,
+        num_layers=cfg.depth,
+        sample_size=cfg.input_size,
+        patch_size=cfg.patch_size,
+        activation_fn="gelu-approximate",
+        num_embeds_ada_norm=max(cfg.num_classes, PIPELINE_NULL_CLASS),
+        norm_type="ada_norm_zero",
+        norm_elementwise_affine=False,
+        norm_eps=1e-6,  # DiT's LayerNorms; diffusers' default 1e-5 would change the MLP norm
+    )
+
+
+def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
+    """Our class table with the null row moved to index 1000, where ``DiTPipeline`` looks for it.
+
+    Models with fewer than 1000 classes get the null row at 1000, and also at the unused ids in between
+    (they act as "unconditional"). A model trained without class dropout has no null row: zeros go there,
+    and such a model should be sampled with guidance_scale 1.
+    """
+    rows = max(cfg.num_classes, PIPELINE_NULL_CLASS) + 1
+    has_null = table.shape[0] > cfg.num_classes
+    null = table[cfg.num_classes] if has_null else torch.zeros_like(table[0])
+    out = null.expand(rows, -1).clone()
+    out[: cfg.num_classes] = table[: cfg.num_classes]
+    return out
+
+
+def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
+    """Map our (= the official) key layout onto diffusers'.
+
+    The timestep MLP and the class table are copied into every block (diffusers keeps one embedder per
+    block); the fused qkv is split; ``pos_embed`` is dropped because diffusers recomputes the same sin-cos
+    table as a buffer.
+    """
+    sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
+    out = {
+        "pos_embed.proj.weight": sd["x_embedder.proj.weight"],
+        "pos_embed.proj.bias": sd["x_embedder.proj.bias"],
+        "proj_out_1.weight": sd["final_layer.adaLN_modulation.1.weight"],
+        "proj_out_1.bias": sd["final_layer.adaLN_modulation.1.bias"],
+        "proj_out_2.weight": sd["final_layer.linear.weight"],
+        "proj_out_2.bias": sd["final_layer.linear.bias"],
+    }
+    labels = exported_label_table(sd["y_embedder.embedding_table.weight"], cfg)
+    for i in range(cfg.depth):
+        ours, theirs = f"blocks.{i}.", f"transformer_blocks.{i}."
+        emb = theirs + "norm1.emb."
+        for n, m in (("1", "0"), ("2", "2")):
+            out[f"{emb}timestep_embedder.linear_{n}.weight"] = sd[f"t_embedder.mlp.{m}.weight"].clone()
+            out[f"{emb}timestep_embedder.linear_{n}.bias"] = sd[f"t_embedder.mlp.{m}.bias"].clone()
+        out[f"{emb}class_embedder.embedding_table.weight"] = labels.clone()
+        for kind in ("weight", "bias"):
+            q, k, v = sd[f"{ours}attn.qkv.{kind}"].chunk(3, dim=0)
+            out[f"{theirs}attn1.to_q.{kind}"], out[f"{theirs}attn1.to_k.{kind}"] = q.clone(), k.clone()
+            out[f"{theirs}attn1.to_v.{kind}"] = v.clone()
+            out[f"{theirs}norm1.linear.{kind}"] = sd[f"{ours}adaLN_modulation.1.{kind}"]
+            out[f"{theirs}attn1.to_out.0.{kind}"] = sd[f"{ours}attn.proj.{kind}"]
+            out[f"{theirs}ff.net.0.proj.{kind}"] = sd[f"{ours}mlp.fc1.{kind}"]
+            out[f"{theirs}ff.net.2.{kind}"] = sd[f"{ours}mlp.fc2.{kind}"]
+    return out
+
+
+def to_diffusers_transformer(model: DiT) -> DiTTransformer2DModel:
+    transformer = DiTTransformer2DModel(**diffusers_transformer_config(model.config))
+    transformer.load_state_dict(to_diffusers_state_dict(model.state_dict(), model.config), strict=True)
+    return transformer.eval()
+
+
+def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
+    """DiT's training schedule as diffusers' DDIM scheduler (as diffusers' own DiT conversion builds it)."""
+    if noise_schedule not in ("linear", "squaredcos_cap_v2"):
+        raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
+    return DDIMScheduler(
+        num_train_timesteps=1000,
+        beta_start=1e-4,
+        beta_end=0.02,
+        beta_schedule=noise_schedule,
+        prediction_type="epsilon",
+        clip_sample=False,
+    )
+
+
+def use_dit_timestep_frequencies(transformer: DiTTransformer2DModel) -> DiTTransformer2DModel:
+    """Make a loaded transformer divide by half, as DiT does (not saved: diffusers has no config key for it).
+
+    For measuring: with this, the exported transformer matches ours to float rounding.
+    """
+    for block in transformer.transformer_blocks:
+        block.norm1.emb.time_proj.downscale_freq_shift = 0
+    return transformer
+
+
+def timestep_embedding_gap(dim: int = 256, num_timesteps: int = 1000) -> dict:
+    """How far diffusers' timestep features are from DiT's, over t = 0..T-1 (weights play no part)."""
+    t = torch.arange(num_timesteps)
+    ours = timestep_embedding(t, dim)
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / (half - 1))
+    args = t[:, None].float() * freqs[None]
+    theirs = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    diff = theirs - ours
+    per_t = diff.norm(dim=1) / ours.norm(dim=1)
+    return {
+        "max_abs": diff.abs().max().item(),
+        "relative_l2_mean": per_t.mean().item(),
+        "relative_l2_at_t0": per_t[0].item(),
+        "relative_l2_at_tmax": per_t[-1].item(),
+    }
+
+
+@torch.no_grad()
+def transformer_difference(
+    model: DiT, transformer: DiTTransformer2DModel, batch: int = 8, seed: int = 0
+) -> dict[str, float]:
+    """Our model against the exported transformer on random inputs, timesteps and labels.
+
+    Returns max |diff| and the relative RMS difference ||diff|| / ||ours||.
+    """
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, cfg.in_channels, cfg.input_size, cfg.input_size, generator=g)
+    t = torch.randint(0, 1000, (batch,), generator=g)
+    y = torch.randint(0, max(cfg.num_classes, 1), (batch,), generator=g)
+    model = model.float().cpu().eval()
+    ours = model(x, t, y)
+    theirs = transformer.float().cpu().eval()(x, timestep=t, class_labels=y).sample
+    diff = theirs - ours
+    return {
+        "max_abs": diff.abs().max().item(),
+        "relative_rms": (diff.norm() / ours.norm().clamp_min(1e-30)).item(),
+        "output_rms": (ours.norm() / math.sqrt(ours.numel())).item(),
+    }
+
+
+def _write_json_atomic(path: Path, data: dict):
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def export_pipeline(
+    model: DiT, vae, out_dir: str | os.PathLike, noise_schedule: str = "linear", id2label: dict | None = None
+) -> Path:
+    """Write a ``DiTPipeline`` folder (transformer, VAE, DDIM scheduler, id2label) to ``out_dir``.
+
+    It is assembled in a temp folder beside ``out_dir`` and renamed into place, so a failed export leaves
+    nothing that looks like a pipeline. ``id2label`` (class id -> name) defaults to the ids themselves.
+    """
+    if vae is None:
+        raise UserError("DiTPipeline decodes latents with a VAE; a pixel-space model cannot be exported.")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir} already exists and is not empty: pass a new --out or delete it.")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    labels = id2label or {i: str(i) for i in range(model.config.num_classes)}
+    pipe = DiTPipeline(
+        transformer=to_diffusers_transformer(model), vae=vae, scheduler=ddim_scheduler(noise_schedule)
+    )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        pipe.save_pretrained(tmp)
+        # save_pretrained does not write id2label; DiTPipeline.__init__ reads it from model_index.json.
+        index = json.loads((tmp / "model_index.json").read_text())
+        index["id2label"] = {str(k): v for k, v in labels.items()}
+        _write_json_atomic(tmp / "model_index.json", index)
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_id2label(path: str | os.PathLike) -> dict[int, str]:
+    """Class names from a text file (one per line, line i = class i) or a JSON list or {id: name} object."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"labels file {path} does not exist: pass a text file with one class name per line.")
+    text = path.read_text()
+    if path.suffix == ".json":
+        data = json.loads(text)
+        items = enumerate(data) if isinstance(data, list) else data.items()
+        return {int(k): str(v) for k, v in items}
+    return {i: line.strip() for i, line in enumerate(text.splitlines()) if line.strip()}
+
+
+def export_checkpoint(
+    ckpt: str,
+    out: str,
+    vae: str | None = None,
+    model: str | None = None,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    use_ema: bool = True,
+    labels: str | None = None,
+) -> dict:
+    """Export a checkpoint (ours or official) as a DiTPipeline folder and measure what the export changes."""
+    from dit.engine.sampling import load_sampling_model  # engine-internal; sampling never imports interop
+
+    sm = load_sampling_model(ckpt, model, image_size, num_classes, vae, use_ema)
+    id2label = read_id2label(labels) if labels else None
+    if id2label and set(id2label) != set(range(sm.config.num_classes)):
+        raise UserError(
+            f"{labels} names {len(id2label)} classes, the model has {sm.config.num_classes}: give one name per class."
+        )
+    path = export_pipeline(sm.model, sm.vae, out, sm.noise_schedule, id2label)
+    transformer = DiTTransformer2DModel.from_pretrained(path / "transformer")
+    as_exported = transformer_difference(sm.model, transformer, batch=2)
+    with_dit_frequencies = transformer_difference(sm.model, use_dit_timestep_frequencies(transformer), batch=2)
+    notes = []
+    if sm.config.num_classes > PIPELINE_NULL_CLASS:
+        notes.append("DiTPipeline guides against class 1000, a real class of this model: use guidance_scale=1.")
+    if sm.config.class_dropout_prob <= 0:
+        notes.append("the model has no unconditional class: use guidance_scale=1.")
+    return {
+        "out": path,
+        "weights": sm.weights,
+        "vae": sm.vae_spec,
+        "as_exported": as_exported,
+        "with_dit_frequencies": with_dit_frequencies,
+        "notes": notes,
+    }
