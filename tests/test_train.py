@@ -163,6 +163,6 @@ def test_bad_configs_name_the_fix(tmp_path):
     with pytest.raises(UserError, match="--data-path"):
         train(tiny_config(tmp_path))
     with pytest.raises(UserError, match="divisible"):
-        train(tiny_config(tmp_path, global_batch_size=9), Pixels())
+        train(tiny_config(tmp_path, global_batch_size=9, grad_accum_steps=2), Pixels())
     with pytest.raises(UserError, match="max-steps"):
         tiny_config(tmp_path, max_steps=0)

@@ -1,0 +1,110 @@
+"""train.py as users run it: torchrun with two processes, preemption by SIGTERM, bad input."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / c).mkdir()
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def train_args(data, out, steps, *extra):
+    return [
+        "train.py",
+        "--data-path", str(data),
+        "--vae", "none",
+        "--model", "DiT-S/2",
+        "--depth", "2",
+        "--hidden-size", "32",
+        "--num-heads", "2",
+        "--image-size", "8",
+        "--num-classes", "2",
+        "--global-batch-size", "8",
+        "--max-steps", str(steps),
+        "--precision", "fp32",
+        "--num-workers", "0",
+        "--log-every", "1",
+        "--lr", "1e-3",
+        "--peak-tflops", "0.05",
+        "--results-dir", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_two_processes_equal_one(image_folder, tmp_path):
+    one = run(train_args(image_folder, tmp_path / "one", 3))
+    assert one.returncode == 0, one.stderr
+    two = run(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            *train_args(image_folder, tmp_path / "two", 3),
+        ]
+    )
+    assert two.returncode == 0, two.stderr
+    assert "2 process(es)" in two.stderr
+    a = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "two" / "checkpoints"))
+    assert a["step"] == b["step"] == 3
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+    assert torch.count_nonzero(a["model"]["final_layer.linear.weight"]) > 0
+    losses_one = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    losses_two = [json.loads(x)["loss"] for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert losses_one == pytest.approx(losses_two, rel=1e-4)  # the logged loss is the mean over all ranks
+
+
+def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, *train_args(image_folder, out, 100000)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopped by SIGTERM" in err
+    saved = load_checkpoint(latest_checkpoint(out / "checkpoints"))
+    assert saved["step"] >= 3
+    resumed = run(train_args(image_folder, out, saved["step"] + 2, "--resume", "auto"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] == saved["step"] + 2
+
+
+def test_bad_input_exits_nonzero_without_traceback(image_folder, tmp_path):
+    missing = run(train_args(tmp_path / "nowhere", tmp_path / "r1", 2))
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "error:" in missing.stderr and "nowhere" in missing.stderr
+    fp16 = run(train_args(image_folder, tmp_path / "r2", 2, "--precision", "fp16"))
+    assert fp16.returncode == 2 and "fp16 needs a CUDA device" in fp16.stderr
+    classes = run(train_args(image_folder, tmp_path / "r3", 2, "--num-classes", "1"))
+    assert classes.returncode == 2 and "--num-classes 2" in classes.stderr
