@@ -1,0 +1,1 @@
+"""Data: image folders and arrays (``images``) and the pre-extracted latent store (``latents``)."""

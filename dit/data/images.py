@@ -1,0 +1,176 @@
+"""Images as DiT sees them: ADM's centre crop, random horizontal flips, CHW float32 in [-1, 1].
+
+Two sources: an ImageNet-style folder (``ROOT/CLASS/IMAGE``, labels = sorted class folder names, as in the
+official release, so pretrained class ids line up) and in-memory uint8 arrays (small packaged data sets).
+The folder scan reports what it cannot use (non-image files, empty class folders) instead of silently
+dropping it; corrupt images surface when they are decoded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from dit.errors import UserError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# What a broken or mislabelled file makes PIL raise while opening or decoding it.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
+    """ADM's centre crop: box-halve while the short side is >= 2x the target (cheap, alias-free), bicubic-resize
+    the short side to the target, then cut the centre square."""
+    while min(pil_image.size) >= 2 * image_size:
+        pil_image = pil_image.resize(tuple(s // 2 for s in pil_image.size), resample=Image.BOX)
+    scale = image_size / min(pil_image.size)
+    pil_image = pil_image.resize(tuple(round(s * scale) for s in pil_image.size), resample=Image.BICUBIC)
+    left, top = (pil_image.width - image_size) // 2, (pil_image.height - image_size) // 2
+    return pil_image.crop((left, top, left + image_size, top + image_size))
+
+
+def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 [0, 255] to float32 [-1, 1] (the normalisation the SD VAE and pixel-space DiT expect)."""
+    return images_uint8.float().div_(127.5).sub_(1.0)
+
+
+def _random_flip(image: torch.Tensor) -> torch.Tensor:
+    # torch's RNG, not numpy's: DataLoader reseeds it per worker, so workers do not repeat each other's flips.
+    return image.flip(-1) if torch.rand(()) < 0.5 else image
+
+
+def read_image(path: str, image_size: int) -> torch.Tensor:
+    """Decode, convert to RGB and centre-crop one file to a uint8 CHW tensor; UserError if it cannot be decoded."""
+    try:
+        with Image.open(path) as image:
+            image = center_crop_arr(image.convert("RGB"), image_size)
+    except DECODE_ERRORS as e:
+        raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+
+@dataclass
+class FolderScan:
+    """What an image folder holds. Paths are relative to ``root``, in the order that fixes the global index."""
+
+    root: str
+    classes: list[str]
+    samples: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def scan_image_folder(root: str) -> FolderScan:
+    """List ``root/CLASS/**/IMAGE`` deterministically (sorted), reporting files and folders it cannot use.
+
+    Empty class folders keep their index (so the labels of later classes do not shift) but are reported.
+    """
+    if not os.path.isdir(root):
+        raise UserError(
+            f"data folder {root} does not exist or is not a folder. Pass --data-path pointing to an "
+            "ImageNet-style folder: one sub-folder per class, images inside."
+        )
+    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    classes = [e.name for e in entries if e.is_dir()]
+    if not classes:
+        raise UserError(
+            f"data folder {root} has no class sub-folders. Expected ROOT/CLASS_NAME/IMAGE.JPEG; for unlabelled "
+            "images, put them all in one sub-folder."
+        )
+    scan = FolderScan(root=root, classes=classes)
+    scan.skipped += [(e.name, "not inside a class folder") for e in entries if not e.is_dir()]
+    for label, name in enumerate(classes):
+        found = 0
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
+            dirnames.sort()
+            for filename in sorted(filenames):
+                rel = os.path.relpath(os.path.join(dirpath, filename), root)
+                if filename.lower().endswith(IMAGE_EXTENSIONS):
+                    scan.samples.append((rel, label))
+                    found += 1
+                else:
+                    scan.skipped.append((rel, "not an image file"))
+        if not found:
+            scan.skipped.append((name, "empty class folder"))
+    if not scan.samples:
+        raise UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {root}. Check --data-path.")
+    return scan
+
+
+def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
+    """The --strict rule: any unusable file or folder fails the run, listing what was found."""
+    if skipped:
+        listing = "; ".join(f"{path} ({reason})" for path, reason in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        raise UserError(
+            f"{len(skipped)} unusable entries under {root}: {listing}{more}. "
+            "Remove or fix them, or run without --strict to skip and report them."
+        )
+
+
+class ImageFolderDataset(Dataset):
+    """(image in [-1, 1] as CHW float32, label) from an ImageNet-style folder, ADM-cropped, randomly flipped.
+
+    ``skipped`` lists (path, reason) for what the scan could not use; ``strict=True`` refuses any. A corrupt
+    image raises a UserError naming it when it is read (decoding every file up front would cost a full pass).
+    """
+
+    def __init__(self, root: str, image_size: int, flip: bool = True, strict: bool = False):
+        scan = scan_image_folder(root)
+        if strict:
+            refuse_skipped(scan.skipped, root)
+        self.root, self.image_size, self.flip = root, image_size, flip
+        self.classes = scan.classes
+        self.samples = scan.samples
+        self.skipped = [(os.path.join(root, path), reason) for path, reason in scan.skipped]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load_uint8(self, index: int) -> torch.Tensor:
+        """The cropped, unflipped image as uint8 CHW (4x less to move between processes than float)."""
+        return read_image(os.path.join(self.root, self.samples[index][0]), self.image_size)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.load_uint8(index)
+        return to_model_range(_random_flip(image) if self.flip else image), self.samples[index][1]
+
+
+class ArrayImageDataset(Dataset):
+    """(image in [-1, 1] as CHW float32, label) from uint8 arrays shaped NHW (grey, 1 channel) or NHWC.
+
+    Images are ADM-cropped to ``image_size`` once, up front: packaged data sets are small.
+    """
+
+    def __init__(self, images: np.ndarray, labels, image_size: int, flip: bool = True):
+        images = np.asarray(images)
+        labels = np.asarray(labels).astype(np.int64).reshape(-1)
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
+            raise UserError(
+                f"expected uint8 images shaped NHW or NHWC with one label each, got {images.dtype} "
+                f"{images.shape} and {len(labels)} labels. Convert with .astype(np.uint8)."
+            )
+        if images.ndim == 4 and images.shape[3] == 1:
+            images = images[..., 0]
+        if images.ndim == 4 and images.shape[3] != 3:
+            raise UserError(f"NHWC images need 1 or 3 channels, got {images.shape[3]}.")
+        if images.shape[1:3] != (image_size, image_size):
+            mode = "L" if images.ndim == 3 else "RGB"
+            images = np.stack(
+                [np.asarray(center_crop_arr(Image.fromarray(im, mode), image_size)) for im in images]
+            )
+        self.images = torch.from_numpy(images.reshape(*images.shape[:3], -1)).permute(0, 3, 1, 2).contiguous()
+        self.labels = torch.from_numpy(labels)
+        self.flip = flip
+        self.classes = [str(i) for i in range(int(labels.max()) + 1)]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        return to_model_range(_random_flip(image) if self.flip else image), int(self.labels[index])

@@ -1,0 +1,145 @@
+"""The frozen image autoencoder: load it by alias, hub id or folder; encode to and decode from DiT latents.
+
+This module is the ONE place the latent scaling rule lives (latent = posterior sample x ``scaling_factor``,
+read from the VAE's own config), so the trainer, the latent store and the sampler cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+import torch
+from diffusers import AutoencoderKL
+
+from dit.errors import UserError
+
+VAE_ALIASES = {"ema": "stabilityai/sd-vae-ft-ema", "mse": "stabilityai/sd-vae-ft-mse"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_vae_spec(spec: str) -> str:
+    """An alias becomes its hub id; a folder becomes its absolute path; a hub id stays as it is."""
+    if spec in VAE_ALIASES:
+        return VAE_ALIASES[spec]
+    path = os.path.expanduser(spec)
+    if os.path.exists(path):
+        return os.path.abspath(path)
+    if _HUB_ID.match(spec):
+        return spec
+    raise UserError(
+        f"VAE folder {spec!r} does not exist. Pass --vae ema, --vae mse, a Hugging Face hub id "
+        "(owner/name), or a folder written by AutoencoderKL.save_pretrained."
+    )
+
+
+def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> AutoencoderKL:
+    """Load a frozen AutoencoderKL in eval mode; failures become a UserError that names the source and the fix."""
+    source = resolve_vae_spec(spec)
+    is_folder = os.path.isabs(source)
+    if is_folder and not os.path.isfile(os.path.join(source, "config.json")):
+        raise UserError(
+            f"VAE folder {source} has no config.json. Point --vae at a folder written by "
+            "AutoencoderKL.save_pretrained (config.json + diffusion_pytorch_model.safetensors)."
+        )
+    try:
+        vae = AutoencoderKL.from_pretrained(source, torch_dtype=dtype)
+    except (OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        if is_folder:
+            fix = "re-save it with AutoencoderKL.save_pretrained, or pass --vae ema|mse"
+        else:
+            fix = (
+                f"connect to the internet once so it is cached, or download it elsewhere with "
+                f"`hf download {source} --local-dir DIR`, copy DIR here and pass --vae DIR"
+            )
+        raise UserError(f"cannot load VAE {source!r}: {first_line}. Fix: {fix}.") from e
+    if vae.config.shift_factor:
+        raise UserError(
+            f"VAE {source!r} has shift_factor={vae.config.shift_factor}; dit-ledger latents follow the SD VAE "
+            "rule latent = z * scaling_factor with no shift. Use an SD-style VAE (--vae ema|mse)."
+        )
+    return vae.to(device).eval().requires_grad_(False)
+
+
+def vae_id_and_config_hash(vae: AutoencoderKL, spec: str) -> tuple[str, str]:
+    """A human-readable id (hub id or absolute folder) and a sha256 of the architecture config.
+
+    The config hash ignores diffusers' bookkeeping keys (``_*``), so the same VAE saved by two diffusers
+    versions hashes equal. sd-vae-ft-ema and -mse share a config: tell them apart with ``weights_sha256``.
+    """
+    vae_id = resolve_vae_spec(spec)
+    config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
+    blob = json.dumps(config, sort_keys=True, default=list).encode()
+    return vae_id, hashlib.sha256(blob).hexdigest()
+
+
+def weights_sha256(vae: AutoencoderKL) -> str:
+    """A fingerprint of the weights, the VAE's real identity (sd-vae-ft-ema and -mse share a config).
+
+    Hashed as float32 bytes; a VAE loaded in bf16 has rounded weights and so, rightly, another fingerprint."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(vae.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def scaling_factor(vae: AutoencoderKL) -> float:
+    """The factor that brings latents to roughly unit variance (0.18215 for the SD VAEs), from the config."""
+    return float(vae.config.scaling_factor)
+
+
+def latent_downsample(vae: AutoencoderKL) -> int:
+    """Image pixels per latent pixel along one side: each encoder block but the last halves the resolution."""
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+@torch.no_grad()
+def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The posterior's (mean, std), unscaled, for images in [-1, 1]. Std (not log-variance) is what sampling uses."""
+    posterior = vae.encode(images.to(dtype=vae.dtype)).latent_dist
+    return posterior.mean, posterior.std
+
+
+def sample_latents(
+    mean: torch.Tensor, std: torch.Tensor, scale: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """A fresh posterior draw, scaled: (mean + std * eps) * scale, computed in float32."""
+    mean, std = mean.float(), std.float()
+    eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+    return torch.addcmul(mean, std, eps).mul_(scale)
+
+
+def encode(vae: AutoencoderKL, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Images in [-1, 1] to scaled latents, as DiT trains on them (a posterior sample, not the mean)."""
+    return sample_latents(*encode_moments(vae, images), scaling_factor(vae), generator)
+
+
+@torch.no_grad()
+def decode(vae: AutoencoderKL, latents: torch.Tensor) -> torch.Tensor:
+    """Scaled latents back to float32 images in [-1, 1]."""
+    images = vae.decode((latents / scaling_factor(vae)).to(dtype=vae.dtype)).sample
+    return images.float().clamp_(-1.0, 1.0)
+
+
+def build_tiny_vae(seed: int = 0, latent_channels: int = 4) -> AutoencoderKL:
+    """A random 6.8k-parameter AutoencoderKL with the SD VAE's interface and 8x downsampling.
+
+    For tests and CPU smoke runs, where the real 84M-parameter VAE (about 2 s per 256 px image here) is too
+    slow and cannot be downloaded. Its latents mean nothing.
+    """
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        vae = AutoencoderKL(
+            block_out_channels=[4, 4, 4, 4],
+            down_block_types=["DownEncoderBlock2D"] * 4,
+            up_block_types=["UpDecoderBlock2D"] * 4,
+            layers_per_block=1,
+            norm_num_groups=2,
+            latent_channels=latent_channels,
+            sample_size=32,
+        )
+    return vae.eval().requires_grad_(False)

@@ -1,0 +1,182 @@
+"""dit.data.latents store format and reader, on synthetic moments (no VAE, no images)."""
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from dit.data.latents import (
+    MANIFEST,
+    LatentStoreDataset,
+    read_header,
+    shard_file,
+    verify_store,
+    write_moments_store,
+)
+from dit.errors import UserError
+
+
+def synthetic_moments(n, views=2, size=4, seed=0):
+    """Moments [n, views, 2, 4, size, size]: random means, std in [0.2, 1]; view 1 = view 0 + 10, so a read
+    can tell which view it came from."""
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(n, 1, 4, size, size, generator=g)
+    std = 0.2 + 0.8 * torch.rand(n, 1, 4, size, size, generator=g)
+    moments = torch.stack([mean, std], dim=2)
+    if views == 2:
+        moments = torch.cat([moments, moments + torch.tensor([10.0, 0.0]).view(1, 1, 2, 1, 1, 1)], dim=1)
+    return moments
+
+
+@pytest.fixture
+def store(tmp_path):
+    moments, labels = synthetic_moments(10), torch.arange(10) % 3
+    write_moments_store(
+        str(tmp_path), moments, labels, num_classes=3, scale=0.5, storage_dtype="fp32", shard_size=4
+    )
+    return str(tmp_path), moments, labels
+
+
+def test_layout_manifest_and_deterministic_reads(store):
+    path, moments, labels = store
+    manifest = json.load(open(os.path.join(path, MANIFEST)))
+    assert manifest["complete"] and manifest["num_images"] == 10 and manifest["flips_stored"]
+    assert [s["num_images"] for s in manifest["shards"]] == [4, 4, 2]
+    assert sorted(os.listdir(path)) == sorted(
+        [MANIFEST] + [shard_file(k) + ext for k in range(3) for ext in ("", ".sha256")]
+    )
+    header, _ = read_header(os.path.join(path, shard_file(2)))
+    assert header["moments"]["shape"] == [2, 2, 2, 4, 4, 4] and header["moments"]["dtype"] == "F32"
+    assert json.loads(header["__metadata__"]["dit_ledger"])["files"] == [
+        "in-memory moments/8",
+        "in-memory moments/9",
+    ]
+    data = LatentStoreDataset(path, flip=False, sample_posterior=False)
+    assert len(data) == 10 and data.classes == ["0", "1", "2"] and data.flip_mode == "none"
+    for i in range(10):
+        latent, label = data[i]
+        assert latent.dtype == torch.float32 and latent.shape == (4, 4, 4) and label == labels[i]
+        torch.testing.assert_close(latent, moments[i, 0, 0] * 0.5, rtol=0, atol=0)
+    assert verify_store(path)["num_images"] == 10
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_reader_samples_from_the_stored_posterior(tmp_path, dtype):
+    moments = synthetic_moments(2, views=1)
+    write_moments_store(str(tmp_path), moments, torch.tensor([0, 1]), 2, scale=0.5, storage_dtype=dtype)
+    data = LatentStoreDataset(str(tmp_path), flip=False)
+    torch.manual_seed(0)
+    draws = torch.stack([torch.stack([x for x, _ in data.__getitems__([0, 1])]) for _ in range(4000)])
+    tol = 0.01 if dtype == "fp16" else 0.02  # storage rounding + Monte Carlo error (sigma ~ 0.5/sqrt(4000))
+    torch.testing.assert_close(draws.mean(0), moments[:, 0, 0] * 0.5, atol=0.04, rtol=tol)
+    torch.testing.assert_close(draws.std(0), moments[:, 0, 1] * 0.5, atol=0.01, rtol=0.05)
+    assert not torch.equal(draws[0], draws[1])  # fresh noise at every access
+
+
+def test_stored_flips_are_drawn_about_half_the_time(store):
+    path, moments, _ = store
+    data = LatentStoreDataset(path, flip=True, sample_posterior=False)
+    assert data.flip_mode == "stored"
+    torch.manual_seed(0)
+    batch = data.__getitems__(list(range(10)) * 100)
+    flipped = [torch.equal(x, moments[i % 10, 1, 0] * 0.5) for i, (x, _) in enumerate(batch)]
+    unflipped = [torch.equal(x, moments[i % 10, 0, 0] * 0.5) for i, (x, _) in enumerate(batch)]
+    assert all(a != b for a, b in zip(flipped, unflipped))
+    assert 420 < sum(flipped) < 580  # Binomial(1000, 0.5): > 5 sigma wide
+
+
+def test_store_without_flips_mirrors_latents_half_the_time(tmp_path):
+    moments = synthetic_moments(4, views=1)
+    write_moments_store(str(tmp_path), moments, torch.zeros(4, dtype=torch.long), 1, storage_dtype="fp32")
+    data = LatentStoreDataset(str(tmp_path), flip=True, sample_posterior=False)
+    assert data.flip_mode == "latent"
+    torch.manual_seed(0)
+    batch = data.__getitems__([2] * 600)
+    mirrored = sum(torch.equal(x, (moments[2, 0, 0] * 0.18215).flip(-1)) for x, _ in batch)
+    assert 240 < mirrored < 360
+
+
+def test_dataloader_batches_and_distributed_sampler_cover_every_item_once(store):
+    path, moments, labels = store
+    data = LatentStoreDataset(path, flip=False, sample_posterior=False)
+    x, y = next(iter(DataLoader(data, batch_size=4, shuffle=True)))
+    assert x.shape == (4, 4, 4, 4) and x.dtype == torch.float32 and y.dtype == torch.int64
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        for x, y in DataLoader(data, batch_size=3, sampler=sampler):
+            seen += [(round(float(v[0, 0, 0]), 6), int(label)) for v, label in zip(x, y)]
+    expected = [(round(float(moments[i, 0, 0, 0, 0, 0]) * 0.5, 6), int(labels[i])) for i in range(10)]
+    assert sorted(seen) == sorted(expected)
+
+
+def test_worker_processes_draw_different_noise_and_pickles_stay_small(store):
+    path = store[0]
+    data = LatentStoreDataset(path, flip=False)
+    assert len(pickle.dumps(data)) < 20_000  # memory maps are not pickled into spawned workers
+    torch.manual_seed(0)
+    loader = DataLoader(data, batch_size=1, sampler=[0, 0], num_workers=2)
+    first, second = (x for x, _ in loader)
+    assert not torch.equal(first, second)
+
+
+def test_check_compatible_names_each_mismatch(store):
+    data = LatentStoreDataset(store[0])
+    data.check_compatible(in_channels=4, input_size=4, num_classes=3)
+    with pytest.raises(UserError) as e:
+        data.check_compatible(in_channels=8, input_size=8, num_classes=1000)
+    message = str(e.value)
+    assert "4 latent channels" in message and "in_channels=4" in message
+    assert (
+        "4x4 latents (32 px images)" in message and "--image-size 32" in message and "--image-size 64" in message
+    )
+    assert "3 classes" in message and "--num-classes 3" in message
+
+
+def test_reader_refuses_truncated_and_incomplete_stores(store):
+    path = store[0]
+    shard = os.path.join(path, shard_file(1))
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 10)
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors is missing or truncated.*extract_features"):
+        LatentStoreDataset(path)
+    manifest = json.load(open(os.path.join(path, MANIFEST)))
+    manifest["complete"] = False
+    json.dump(manifest, open(os.path.join(path, MANIFEST), "w"))
+    with pytest.raises(UserError, match="incomplete"):
+        LatentStoreDataset(path)
+
+
+def test_verify_detects_a_flipped_bit(store):
+    path = store[0]
+    shard = os.path.join(path, shard_file(0))
+    raw = bytearray(open(shard, "rb").read())
+    raw[-1] ^= 1
+    open(shard, "wb").write(bytes(raw))
+    LatentStoreDataset(path)  # same size: only the checksum can tell
+    with pytest.raises(UserError, match=r"shard-00000\.safetensors fails its sha256 check"):
+        verify_store(path)
+
+
+def test_a_different_store_is_not_overwritten(store):
+    path = store[0]
+    before = {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)}
+    with pytest.raises(UserError, match=r"made differently.*latent_shape.*Nothing was overwritten"):
+        write_moments_store(path, synthetic_moments(3, size=8), torch.zeros(3, dtype=torch.long), 3, scale=0.5)
+    assert {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)} == before
+
+
+def test_reads_follow_the_torch_seed_and_check_bounds(store):
+    data = LatentStoreDataset(store[0], flip=True, sample_posterior=True)
+    torch.manual_seed(5)
+    batch = data.__getitems__([3, 7, 1])
+    torch.manual_seed(5)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batch, data.__getitems__([3, 7, 1])))
+    with pytest.raises(IndexError):
+        data[10]
+    assert np.array_equal(data.labels, np.arange(10) % 3)
