@@ -1,0 +1,297 @@
+"""Closed-form FLOP and parameter counts for any DiT config, per image, by component.
+
+Conventions (docs/cost_model.md): one multiply-accumulate (MAC) = 2 FLOPs; only matmuls and convolutions
+count (norms, modulate/gate, activations, softmax and bias adds are < 1% and left out, as FlopCounterMode
+does); attention is bidirectional (no causal halving). The DiT paper's "Gflops" are GMACs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dit.errors import UserError
+from dit.models import DiTConfig, describe, registry_name
+
+# In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
+# conditioning vector, not once per token; that is why 6*N*T overcounts DiT by ~46%.
+COMPONENTS = (
+    "patch_embed",
+    "timestep_embedder",
+    "adaln_modulation",
+    "qkv",
+    "attention_scores",
+    "attention_values",
+    "attention_out_proj",
+    "mlp",
+    "final_adaln",
+    "final_linear",
+)
+PER_SAMPLE_COMPONENTS = ("timestep_embedder", "adaln_modulation", "final_adaln")
+ATTENTION_COMPONENTS = ("attention_scores", "attention_values")
+
+
+@dataclass(frozen=True)
+class FlopBreakdown:
+    """Forward MACs per image, by component (``COMPONENTS`` order)."""
+
+    components: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.total
+
+    @property
+    def attention(self) -> int:
+        """QK^T and A.V: the part hook-based counters miss when attention goes through SDPA."""
+        return sum(self.components[k] for k in ATTENTION_COMPONENTS)
+
+
+@dataclass(frozen=True)
+class TrainFlops:
+    """FLOPs per training image. ``model`` is the MFU numerator, ``hardware`` the HFU one."""
+
+    forward: int
+    model: int
+    hardware: int
+
+
+@dataclass(frozen=True)
+class SampleFlops:
+    """FLOPs per generated image; the VAE decode is kept apart from the model's FLOPs."""
+
+    model: float
+    vae_decode: float
+    forward_passes: int
+
+    @property
+    def total(self) -> float:
+        return self.model + self.vae_decode
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters by how often they act: per token, per image (conditioning) and table lookups."""
+
+    per_token: int
+    per_sample: int
+    embedding: int
+    frozen: int  # the fixed sin-cos position table (a Parameter with requires_grad=False)
+
+    @property
+    def total(self) -> int:
+        return self.per_token + self.per_sample + self.embedding + self.frozen
+
+    @property
+    def trainable(self) -> int:
+        return self.total - self.frozen
+
+
+def forward_macs(cfg: DiTConfig) -> FlopBreakdown:
+    """MACs of one forward pass for one image."""
+    t, d, p, depth = cfg.tokens, cfg.hidden_size, cfg.patch_size, cfg.depth
+    mlp = cfg.mlp_hidden
+    return FlopBreakdown(
+        {
+            "patch_embed": t * p * p * cfg.in_channels * d,
+            "timestep_embedder": cfg.frequency_embedding_size * d + d * d,
+            "adaln_modulation": depth * 6 * d * d,
+            "qkv": depth * 3 * t * d * d,
+            "attention_scores": depth * t * t * d,
+            "attention_values": depth * t * t * d,
+            "attention_out_proj": depth * t * d * d,
+            "mlp": depth * 2 * t * d * mlp,
+            "final_adaln": 2 * d * d,
+            "final_linear": t * d * p * p * cfg.out_channels,
+        }
+    )
+
+
+def block_forward_macs(cfg: DiTConfig) -> int:
+    """MACs of one DiT block's forward: what activation checkpointing recomputes per checkpointed block."""
+    c = forward_macs(cfg).components
+    per_block = ("adaln_modulation", "qkv", "attention_scores", "attention_values", "attention_out_proj", "mlp")
+    return sum(c[k] for k in per_block) // cfg.depth
+
+
+def training_flops_per_image(
+    cfg: DiTConfig, checkpointed_blocks: int = 0, fused_attention: bool = True
+) -> TrainFlops:
+    """Model FLOPs (3 x forward: backward is two matmuls per forward matmul) and hardware FLOPs.
+
+    Hardware FLOPs add what really runs again: the forward of each checkpointed block, and, for fused
+    (flash / memory-efficient) attention, the backward's recompute of QK^T (+0.5 x attention forward).
+    """
+    if not 0 <= checkpointed_blocks <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
+    fwd = forward_macs(cfg)
+    forward = fwd.flops
+    recompute = 2 * checkpointed_blocks * block_forward_macs(cfg)
+    flash_recompute = 2 * fwd.components["attention_scores"] if fused_attention else 0
+    return TrainFlops(forward=forward, model=3 * forward, hardware=3 * forward + recompute + flash_recompute)
+
+
+def sampling_flops_per_image(
+    cfg: DiTConfig, num_steps: int, cfg_scale: float, vae_decode_flops: float = 0.0
+) -> SampleFlops:
+    """Steps x forward, doubled under classifier-free guidance (cfg_scale > 1 batches cond and uncond)."""
+    if num_steps < 1:
+        raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
+    if cfg_scale < 1.0:
+        raise UserError(f"--cfg-scale must be >= 1 (1 disables guidance), got {cfg_scale}.")
+    passes = num_steps * (2 if cfg_scale > 1.0 else 1)
+    return SampleFlops(
+        model=float(passes * forward_macs(cfg).flops), vae_decode=float(vae_decode_flops), forward_passes=passes
+    )
+
+
+def param_counts(cfg: DiTConfig) -> ParamCounts:
+    """Exact parameter counts of ``dit.models.DiT`` built from ``cfg`` (weights and biases)."""
+    d, p, depth, mlp = cfg.hidden_size, cfg.patch_size, cfg.depth, cfg.mlp_hidden
+    patch = p * p * cfg.in_channels * d + d
+    block_token = (3 * d * d + 3 * d) + (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
+    final_linear = d * p * p * cfg.out_channels + p * p * cfg.out_channels
+    t_embed = cfg.frequency_embedding_size * d + d + d * d + d
+    adaln = depth * (6 * d * d + 6 * d) + (2 * d * d + 2 * d)
+    labels = (cfg.num_classes + int(cfg.class_dropout_prob > 0)) * d
+    return ParamCounts(
+        per_token=patch + depth * block_token + final_linear,
+        per_sample=t_embed + adaln,
+        embedding=labels,
+        frozen=cfg.tokens * d,
+    )
+
+
+def six_nt_flops(cfg: DiTConfig) -> int:
+    """The LLM rule of thumb 6 * params * tokens per training image: wrong for DiT, kept to measure how wrong."""
+    return 6 * param_counts(cfg).trainable * cfg.tokens
+
+
+def flops_summary(cfg: DiTConfig, image_size: int | None = None, checkpointed_blocks: int = 0) -> dict:
+    """The ``dit-cost flops --json`` record: names, sizes, per-image counts (G = 1e9) and the breakdown."""
+    fwd = forward_macs(cfg)
+    train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks)
+    params = param_counts(cfg)
+    return {
+        "model": registry_name(cfg) or "custom",
+        "description": describe(cfg),
+        "image_size": image_size,
+        "latent_size": cfg.input_size,
+        "in_channels": cfg.in_channels,
+        "depth": cfg.depth,
+        "hidden_size": cfg.hidden_size,
+        "num_heads": cfg.num_heads,
+        "patch_size": cfg.patch_size,
+        "tokens": cfg.tokens,
+        "params": params.total,
+        "params_trainable": params.trainable,
+        "forward_gmacs": fwd.total / 1e9,
+        "forward_gflops": fwd.flops / 1e9,
+        "train_gflops_per_image": train.model / 1e9,
+        "checkpointed_blocks": checkpointed_blocks,
+        "hardware_gflops_per_image": train.hardware / 1e9,
+        "attention_share": fwd.attention / fwd.total,
+        "six_nt_gflops_per_image": six_nt_flops(cfg) / 1e9,
+        "components": {k: v / 1e9 for k, v in fwd.components.items()},
+    }
+
+
+# --------------------------------------------------------------------------------------------------------
+# VAE (diffusers AutoencoderKL): frozen, so reported beside the model's FLOPs and never inside them.
+# --------------------------------------------------------------------------------------------------------
+
+# The config of the SD VAE that DiT uses (stabilityai/sd-vae-ft-ema and -mse share it).
+SD_VAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "norm_num_groups": 32,
+    "act_fn": "silu",
+}
+
+
+# diffusers' own AutoencoderKL defaults, for keys a config leaves out.
+_AUTOENCODER_KL_DEFAULTS = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 4,
+    "block_out_channels": [64],
+    "layers_per_block": 1,
+    "down_block_types": ["DownEncoderBlock2D"],
+    "up_block_types": ["UpDecoderBlock2D"],
+    "use_quant_conv": True,
+    "use_post_quant_conv": True,
+    "mid_block_add_attention": True,
+}
+
+
+@dataclass(frozen=True)
+class VaeFlops:
+    encode: int
+    decode: int
+    downsample: int  # image size / latent size
+
+
+def _conv(hw: int, c_in: int, c_out: int, k: int) -> int:
+    return hw * c_in * c_out * k * k
+
+
+def _resnet(hw: int, c_in: int, c_out: int) -> int:
+    return (
+        _conv(hw, c_in, c_out, 3)
+        + _conv(hw, c_out, c_out, 3)
+        + (_conv(hw, c_in, c_out, 1) if c_in != c_out else 0)
+    )
+
+
+def _mid_block(hw: int, c: int, attention: bool) -> int:
+    # resnet, single-head self-attention over the hw positions (q, k, v, out + QK^T + A.V), resnet
+    return 2 * _resnet(hw, c, c) + ((4 * hw * c * c + 2 * hw * hw * c) if attention else 0)
+
+
+def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
+    """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict)."""
+    cfg = {**_AUTOENCODER_KL_DEFAULTS, **vae_config}
+    kinds = set(cfg["down_block_types"]) | set(cfg["up_block_types"])
+    if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D"}:
+        raise UserError(
+            f"vae_flops counts DownEncoderBlock2D/UpDecoderBlock2D VAEs only, got {sorted(kinds)}: "
+            "count this VAE with dit.cost.measured (FlopCounterMode on meta) instead."
+        )
+    chans, layers, latent = list(cfg["block_out_channels"]), cfg["layers_per_block"], cfg["latent_channels"]
+    down = 2 ** (len(chans) - 1)
+    if image_size <= 0 or image_size % down:
+        raise UserError(f"--image-size must be a positive multiple of {down} for this VAE, got {image_size}.")
+    attn = cfg["mid_block_add_attention"]
+
+    side, macs = image_size, _conv(image_size**2, cfg["in_channels"], chans[0], 3)
+    c_in = chans[0]
+    for i, c_out in enumerate(chans):
+        for _ in range(layers):
+            macs += _resnet(side * side, c_in, c_out)
+            c_in = c_out
+        if i < len(chans) - 1:  # stride-2 3x3 conv after asymmetric (0, 1) padding: side -> side / 2
+            side //= 2
+            macs += _conv(side * side, c_out, c_out, 3)
+    macs += _mid_block(side * side, chans[-1], attn) + _conv(side * side, chans[-1], 2 * latent, 3)
+    encode = macs + (_conv(side * side, 2 * latent, 2 * latent, 1) if cfg["use_quant_conv"] else 0)
+
+    macs = _conv(side * side, latent, latent, 1) if cfg["use_post_quant_conv"] else 0
+    macs += _conv(side * side, latent, chans[-1], 3) + _mid_block(side * side, chans[-1], attn)
+    c_in = chans[-1]
+    for i, c_out in enumerate(reversed(chans)):
+        for _ in range(layers + 1):
+            macs += _resnet(side * side, c_in, c_out)
+            c_in = c_out
+        if i < len(chans) - 1:  # nearest x2, then a 3x3 conv at the new size
+            side *= 2
+            macs += _conv(side * side, c_out, c_out, 3)
+    decode = macs + _conv(side * side, chans[0], cfg["out_channels"], 3)
+    return VaeFlops(encode=2 * encode, decode=2 * decode, downsample=down)

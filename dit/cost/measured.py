@@ -1,0 +1,139 @@
+"""FLOPs counted by running the real model: the check on ``dit.cost.analytic``, never a per-step tool.
+
+``FlopCounterMode`` costs ~60 us of host time per aten op, so it runs once (tests, ``dit-cost flops
+--measure``), on the **meta** device: no memory, seconds even for DiT-XL/2. The trap it avoids: on CPU,
+torch 2.14.1 has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` and counts attention
+as 0 without a word (pytorch/pytorch#195460); on meta, SDPA decomposes into counted ``bmm``s.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from dit.models import DiT, DiTConfig
+
+
+def _fused_sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _fused_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# The CPU kernels counted with the formulas torch uses for the CUDA fused kernels: forward 2 bmm, backward
+# 5 bmm (it recomputes QK^T). With these, a CPU count equals what a GPU with flash attention reports.
+CPU_SDPA_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_sdpa,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_sdpa_backward,
+}
+
+# Module (block index starred) -> analytic component. The counter's totals include children, so the
+# attention module's own share (QK^T and A.V) is its total less its two linears.
+_MODULE_COMPONENTS = {
+    "x_embedder": "patch_embed",
+    "t_embedder": "timestep_embedder",
+    "blocks.*.adaLN_modulation": "adaln_modulation",
+    "blocks.*.attn.qkv": "qkv",
+    "blocks.*.attn": "attention",
+    "blocks.*.attn.proj": "attention_out_proj",
+    "blocks.*.mlp": "mlp",
+    "final_layer.adaLN_modulation": "final_adaln",
+    "final_layer.linear": "final_linear",
+}
+
+
+def _inputs(cfg: DiTConfig, batch_size: int, device: str):
+    x = torch.randn(batch_size, cfg.in_channels, cfg.input_size, cfg.input_size, device=device)
+    t = torch.randint(0, 1000, (batch_size,), device=device)
+    y = torch.randint(0, max(cfg.num_classes, 1), (batch_size,), device=device)
+    return x, t, y
+
+
+def _components(counter: FlopCounterMode) -> dict[str, int]:
+    """FLOPs per analytic component (QK^T and A.V together as "attention"), from per-module totals."""
+    out = dict.fromkeys(_MODULE_COMPONENTS.values(), 0)
+    for name, ops in counter.get_flop_counts().items():
+        key = re.sub(r"^blocks\.\d+\.", "blocks.*.", name.removeprefix("DiT."))
+        if key in _MODULE_COMPONENTS:
+            out[_MODULE_COMPONENTS[key]] += sum(ops.values())
+    out["attention"] -= out["qkv"] + out["attention_out_proj"]
+    return out
+
+
+def measure_flops(
+    cfg: DiTConfig, batch_size: int = 1, train: bool = True, checkpointed_blocks: int = 0, device: str = "meta"
+) -> dict:
+    """Count the real ``DiT`` forward (and forward+backward) with ``FlopCounterMode``; FLOPs, not MACs.
+
+    ``device="meta"`` (default) counts the model convention: attention backward = 2 x forward. ``"cpu"``
+    runs real tensors (tiny configs only) with the fused-kernel formulas, so it counts what a GPU with
+    flash attention executes, recompute included: the hardware convention. The first
+    ``checkpointed_blocks`` blocks use activation checkpointing, whose recompute the count includes.
+    """
+    if device not in ("meta", "cpu"):
+        raise ValueError(f"device must be 'meta' or 'cpu', got {device!r}")
+    with torch.device(device):
+        model = DiT.from_config(cfg)
+    model.set_checkpointing(range(checkpointed_blocks)).train()
+    mapping = CPU_SDPA_FORMULAS if device == "cpu" else {}
+    inputs = _inputs(cfg, batch_size, device)
+
+    with FlopCounterMode(display=False, custom_mapping=mapping) as fwd_counter, torch.no_grad():
+        model(*inputs)
+    result = {
+        "batch_size": batch_size,
+        "device": device,
+        "forward_flops": fwd_counter.get_total_flops(),
+        "forward_flops_per_image": fwd_counter.get_total_flops() / batch_size,
+        "forward_components": {k: v / batch_size for k, v in _components(fwd_counter).items()},
+    }
+    if train:
+        with FlopCounterMode(display=False, custom_mapping=mapping) as train_counter:
+            model(*inputs).float().square().mean().backward()
+        result["checkpointed_blocks"] = checkpointed_blocks
+        result["train_flops"] = train_counter.get_total_flops()
+        result["train_flops_per_image"] = train_counter.get_total_flops() / batch_size
+    return result
+
+
+def _sdpa_macs(inputs, outputs) -> int:
+    """fvcore handle for aten::scaled_dot_product_attention: QK^T plus A.V, in MACs (fvcore's unit)."""
+    from fvcore.nn.jit_handles import get_shape
+
+    q, k, v = (get_shape(inputs[i]) for i in range(3))
+    batch_heads = 1
+    for size in q[:-2]:
+        batch_heads *= size
+    return batch_heads * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1) -> dict:
+    """fvcore's forward count per image (MACs), with the SDPA handle it lacks; runs the model on CPU.
+
+    fvcore also counts LayerNorm (4 x numel without affine), which our convention leaves out: it is
+    returned apart as ``layer_norm``, and ``unsupported`` lists the ops fvcore skipped (elementwise ops).
+    """
+    with warnings.catch_warnings():  # fvcore warns on import about its own deprecated dependencies
+        warnings.simplefilter("ignore")
+        from fvcore.nn import FlopCountAnalysis
+
+    model = DiT.from_config(cfg).eval()
+    analysis = FlopCountAnalysis(model, _inputs(cfg, batch_size, "cpu"))
+    analysis.set_op_handle("aten::scaled_dot_product_attention", _sdpa_macs)
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace deprecation chatter
+        by_op = dict(analysis.by_operator())
+        total = analysis.total()
+    return {
+        "total": total / batch_size,
+        "layer_norm": by_op.get("layer_norm", 0) / batch_size,
+        "attention": by_op.get("scaled_dot_product_attention", 0) / batch_size,
+        "by_operator": {k: v / batch_size for k, v in by_op.items()},
+        "unsupported": dict(analysis.unsupported_ops()),
+    }

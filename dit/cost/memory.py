@@ -1,0 +1,211 @@
+"""Training memory per device: an analytic estimate, and a trace of one real step on fake tensors.
+
+The trace runs the real thing (DiT forward through ``create_diffusion("").training_losses``, backward,
+AdamW step, EMA update) under ``FakeTensorMode`` with torch's ``MemTracker``: shapes and storages without
+allocation, so DiT-XL/2 at any batch traces on a laptop. The analytic estimate is what a planner can
+afford for every batch size; tests hold it to the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dit.cost.analytic import param_counts
+from dit.errors import UserError
+from dit.models import DiT, DiTConfig
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+# Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md):
+# a block keeps 20 such tensors (x, LN, modulated, q/k/v, attention out, proj out, x1, LN, modulated,
+# 4 fc1 out, 4 GELU out, fc2 out); under 16-bit autocast the 4 on the fp32 residual path stay fp32 and
+# the 16 matmul inputs and outputs are half. No tokens^2 term: SDPA keeps only its output and logsumexp.
+_BLOCK_SAVED = {"fp32": 80, "tf32": 80, "bf16": 48, "fp16": 48}
+_FINAL_SAVED = {"fp32": 12, "tf32": 12, "bf16": 10, "fp16": 10}  # final layer: x, LN, modulated input
+_CHECKPOINT_SAVED = 4  # a checkpointed block keeps its fp32 input, and (torch 2.14.1) until backward ends
+_BACKWARD_WORKING = 16  # activation gradients in flight in backward: ~4 fp32 tensors
+_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device at the peak of a training step, by part, and the phase that sets the peak."""
+
+    parts: dict[str, int]
+    phase: str  # "backward start", "last checkpointed block" or "optimizer step"
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
+    """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
+    d, p, mlp = cfg.hidden_size, cfg.patch_size, cfg.mlp_hidden
+    block = 4 * d * d + 2 * d * mlp + 6 * d * d
+    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d
+    return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
+
+
+def estimate_training_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "fp32",
+    checkpointed_blocks: int = 0,
+    ema: bool = True,
+    sharding: str = "ddp",
+    world_size: int = 1,
+    gradient_as_bucket_view: bool = False,
+) -> MemoryEstimate:
+    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA, autocast for bf16/fp16.
+
+    The peak is the largest of three moments: the start of backward (every activation saved), the
+    backward of the last checkpointed block (all gradients, every checkpointed input and one recomputed
+    block), and the AdamW step (gradients plus the foreach update's temporary). ``sharding="fsdp"``
+    divides weights, gradients, optimizer state and EMA by ``world_size`` and adds two blocks of
+    unsharded weights and gradients in flight; DDP with ``world_size > 1`` adds its gradient buckets.
+    """
+    if batch_per_device < 1:
+        raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
+    if precision not in MEMORY_PRECISIONS:
+        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
+    if not 0 <= checkpointed_blocks <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
+    if sharding not in ("ddp", "fsdp"):
+        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
+    if world_size < 1:
+        raise UserError(f"world_size must be >= 1, got {world_size}.")
+
+    counts = param_counts(cfg)
+    shard = world_size if sharding == "fsdp" else 1
+    total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
+    all_matmul, block_matmul = _matmul_params(cfg)
+    block_params = block_matmul + 11 * cfg.hidden_size + cfg.mlp_hidden  # plus biases
+    elems = batch_per_device * cfg.tokens * cfg.hidden_size
+    plain = cfg.depth - checkpointed_blocks
+    autocast = precision in _AUTOCAST
+
+    static = {
+        "params": 4 * total_params,
+        "optimizer": 8 * trainable,
+        "ema": 4 * total_params if ema else 0,
+    }
+    if sharding == "fsdp" and world_size > 1:
+        static["fsdp_unsharded"] = 2 * 2 * 4 * block_params  # two blocks in flight: weights and gradients
+    if sharding == "ddp" and world_size > 1:
+        static["ddp_buckets"] = 4 * trainable
+    grads = 0 if (sharding == "ddp" and world_size > 1 and gradient_as_bucket_view) else 4 * trainable
+
+    copies = 2 * (all_matmul - checkpointed_blocks * block_matmul) if autocast else 0
+    backward_start = {
+        "activations": elems * (plain * _BLOCK_SAVED[precision] + checkpointed_blocks * _CHECKPOINT_SAVED),
+        "autocast_weight_copies": copies,
+        "final_layer": elems * _FINAL_SAVED[precision],
+        "backward_working": elems * _BACKWARD_WORKING,
+    }
+    phases = {"backward start": backward_start}
+    if checkpointed_blocks:
+        phases["last checkpointed block"] = {
+            "gradients": grads,
+            "activations": elems * checkpointed_blocks * _CHECKPOINT_SAVED,
+            "recomputed_block": elems * _BLOCK_SAVED[precision] + (2 * block_matmul if autocast else 0),
+            "backward_working": elems * _BACKWARD_WORKING,
+        }
+    phases["optimizer step"] = {"gradients": grads, "optimizer_step_temp": 4 * trainable}
+    phase = max(phases, key=lambda k: sum(phases[k].values()))
+    return MemoryEstimate(parts={**static, **phases[phase]}, phase=phase)
+
+
+def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) -> int:
+    """Largest batch per device whose analytic peak fits in ``memory_bytes`` (0 if not even one image)."""
+    if memory_bytes <= 0:
+        raise UserError(f"device memory must be positive, got {memory_bytes} bytes.")
+
+    def fits(batch: int) -> bool:
+        return estimate_training_memory(cfg, batch, **estimate_kwargs).total <= memory_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:  # fits(low) and not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    peak_bytes: int
+    at_peak: dict[str, int]  # MemTracker's categories (Parameter, Gradient, Activation, ...) at the peak
+
+
+def _peak_only_tracker():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PeakOnlyMemTracker(MemTracker):
+        """MemTracker without its per-module peaks, which cost O(modules) per op (5x slower on DiT-XL/2)."""
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    return PeakOnlyMemTracker()
+
+
+def trace_training_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "fp32",
+    checkpointed_blocks: int = 0,
+    ema: bool = True,
+) -> MemoryTrace:
+    """Peak memory of one steady-state training step on one device, traced on fake tensors (CPU, no memory).
+
+    bf16/fp16 mean fp32 weights under autocast (CPU autocast: CUDA's is off without a GPU; both cast the
+    same ops here). AdamW runs ``foreach`` as on CUDA. A warm-up step with zero gradients, untracked,
+    creates the optimizer state first, so the tracked step is the steady state, not the lighter first one.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dit.diffusion import create_diffusion
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = DiT.from_config(cfg).set_checkpointing(range(checkpointed_blocks)).train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # MemTracker (torch 2.14.1) hooks every parameter's gradient and fails on the frozen pos_embed;
+        # letting it take a gradient adds tokens x hidden x 4 bytes (1.2 MB for DiT-XL/2 at 256 px).
+        model.pos_embed.requires_grad_(True)
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, foreach=True)
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        ema_model = DiT.from_config(cfg).requires_grad_(False) if ema else None
+        diffusion = create_diffusion("")
+
+        tracker = _peak_only_tracker()
+        tracker.track_external(model, optimizer, ema_model)
+        with tracker:
+            n, side = batch_per_device, cfg.input_size
+            x = torch.randn(n, cfg.in_channels, side, side)
+            y = torch.randint(0, max(cfg.num_classes, 1), (n,))
+            t = torch.randint(0, diffusion.num_timesteps, (n,))
+            with torch.autocast("cpu", dtype=_AUTOCAST.get(precision), enabled=precision in _AUTOCAST):
+                loss = diffusion.training_losses(model, x, t, {"y": y})["loss"].mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema_model is not None:
+                with torch.no_grad():
+                    torch._foreach_lerp_(list(ema_model.parameters()), list(model.parameters()), 1e-4)
+        snapshot = tracker.get_tracker_snapshot("peak")
+    (at_peak,) = snapshot.values()
+    parts = {str(getattr(k, "value", k)): v for k, v in at_peak.items() if v and k != "Total"}
+    return MemoryTrace(peak_bytes=at_peak["Total"], at_peak=parts)

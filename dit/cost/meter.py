@@ -1,0 +1,93 @@
+"""Throughput, MFU and HFU per logging window, from host-side counters only.
+
+The training loop calls ``step`` every step (integer and float adds: no device sync, no all-reduce) and
+``window`` right after the one sync it does at a log step. Checkpoint saves, sampling and warm-up are kept
+out with ``pause``/``resume`` or ``reset_clock``, so MFU measures training and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dit.cost.peaks import Peak
+
+
+class CostMeter:
+    """Per-device rates over the window since the last ``window()`` call.
+
+    FLOPs per image come from ``dit.cost.analytic.training_flops_per_image`` (``.model`` for MFU,
+    ``.hardware`` for HFU). ``local_images`` are this rank's images, so the rates are per device; the
+    global image rate assumes every rank runs the same local batch, as DDP and FSDP do.
+    """
+
+    def __init__(
+        self,
+        model_flops_per_image: float,
+        hardware_flops_per_image: float,
+        tokens_per_image: int,
+        peak: Peak,
+        world_size: int = 1,
+    ):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.model_flops_per_image = float(model_flops_per_image)
+        self.hardware_flops_per_image = float(hardware_flops_per_image)
+        self.tokens_per_image = tokens_per_image
+        self.peak = peak
+        self.world_size = world_size
+        self.total_images = 0  # this rank, since construction: for the run's FLOP ledger
+        self._paused_at: float | None = None
+        self.reset_clock()
+
+    def reset_clock(self, now: float | None = None) -> None:
+        """Start a fresh window now, dropping what was counted (after warm-up, compile, a resume)."""
+        self._start = time.perf_counter() if now is None else now
+        self._paused_s = 0.0
+        self._images = 0
+        self._steps = 0
+        self._data_wait_s = 0.0
+        if self._paused_at is not None:
+            self._paused_at = self._start
+
+    def step(self, local_images: int, data_wait_s: float = 0.0) -> None:
+        """Count one optimizer step of ``local_images`` images, ``data_wait_s`` of it spent waiting for data."""
+        self._images += local_images
+        self._steps += 1
+        self._data_wait_s += data_wait_s
+        self.total_images += local_images
+
+    def pause(self, now: float | None = None) -> None:
+        """Stop the clock (checkpoint save, sampling, evaluation) until ``resume``."""
+        if self._paused_at is None:
+            self._paused_at = time.perf_counter() if now is None else now
+
+    def resume(self, now: float | None = None) -> None:
+        if self._paused_at is not None:
+            self._paused_s += (time.perf_counter() if now is None else now) - self._paused_at
+            self._paused_at = None
+
+    def window(self, now: float | None = None) -> dict:
+        """Rates since the last window (call right after the log step's device sync), then a new window."""
+        now = time.perf_counter() if now is None else now
+        paused = self._paused_s + (now - self._paused_at if self._paused_at is not None else 0.0)
+        elapsed = max(now - self._start - paused, 1e-12)
+        images_per_sec = self._images / elapsed
+        model_flops = images_per_sec * self.model_flops_per_image
+        hardware_flops = images_per_sec * self.hardware_flops_per_image
+        stats = {
+            "steps_per_sec": self._steps / elapsed,
+            "images_per_sec": images_per_sec * self.world_size,
+            "images_per_sec_per_device": images_per_sec,
+            "tokens_per_sec_per_device": images_per_sec * self.tokens_per_image,
+            "model_tflops_per_device": model_flops / 1e12,
+            "hardware_tflops_per_device": hardware_flops / 1e12,
+            "peak_tflops": self.peak.flops / 1e12,
+            "peak_source": self.peak.source,
+            "mfu": model_flops / self.peak.flops,
+            "hfu": hardware_flops / self.peak.flops,
+            "data_wait_frac": self._data_wait_s / elapsed,
+            "window_s": elapsed,
+            "total_model_pflops": self.total_images * self.world_size * self.model_flops_per_image / 1e15,
+        }
+        self.reset_clock(now)
+        return stats

@@ -1,0 +1,232 @@
+"""Dense peak FLOP/s per device and dtype: the MFU denominator, matched from the device name, never guessed.
+
+Other trainers' tables fall back to the A100 for unknown devices (that is how MFU > 100% gets reported),
+match "l40s" case-sensitively, or list one dtype. Here: one row per device with every dtype, a matcher on
+whole words with the most specific name first, and for anything unknown (or the CPU) a measured matmul
+peak labelled "measured". ``--peak-tflops`` and ``DIT_PEAK_TFLOPS`` override everything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from dit.errors import UserError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PEAK_ENV = "DIT_PEAK_TFLOPS"
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float  # FLOP/s
+    source: str  # "table", "override", "env DIT_PEAK_TFLOPS" or "measured"
+    device: str
+    precision: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Datasheet dense TFLOP/s (sparsity halved); None where the device has no such rate."""
+
+    name: str
+    pattern: str  # regex on the normalised name (lower case, '-', '_' and '/' as spaces)
+    fp32: float | None
+    tf32: float | None
+    bf16: float | None
+    fp16: float | None
+    fp8: float | None
+    memory_gib: float | None  # None: several sizes exist
+    memory_in_name: bool = False  # the name gives the size ("A100-SXM4-80GB"); GH200's "480GB" is CPU+GPU
+
+
+# Order matters where one name is a prefix of another (GB200/B200, H200 NVL/H200, MI250X/MI250); patterns
+# match whole words, so "gh200" is not "h200", "l40s" not "l40", "h20" not "h200". Sources: NVIDIA and
+# AMD datasheets and whitepapers, Google Cloud TPU pages (see ../shared/research/accounting.md, 3.2).
+# GeForce 16-bit rates are the FP32-accumulate ones PyTorch GEMMs use. MI250X/MI250 are per GCD (one torch
+# device, half an OAM). TPUs are per chip and only for planning (torch.cuda never reports them).
+DEVICES = (
+    DeviceSpec("GB200", r"\bgb200\b", 80, 1250, 2500, 2500, 5000, 186),
+    DeviceSpec("B200", r"\bb200\b", 75, 1100, 2250, 2250, 4500, 180),
+    DeviceSpec("GH200", r"\bgh200\b", 67, 494.7, 989.4, 989.4, 1978.9, None),
+    DeviceSpec("H200 NVL", r"\bh200\b.*\bnvl\b", 60, 420, 836, 836, 1671, 141),
+    DeviceSpec("H200 SXM", r"\bh200\b", 67, 494.7, 989.4, 989.4, 1978.9, 141),
+    DeviceSpec("H20", r"\bh20\b", 44, 74, 148, 148, 296, 96),
+    DeviceSpec("H100 NVL", r"\bh100\b.*\bnvl\b", 60, 417.5, 835, 835, 1670, 94),
+    DeviceSpec("H100 PCIe", r"\bh100\b.*\bpcie\b", 51, 378, 756, 756, 1513, 80),
+    DeviceSpec("H100 SXM", r"\bh100\b", 67, 494.7, 989.4, 989.4, 1978.9, 80),
+    DeviceSpec("H800 PCIe", r"\bh800\b.*\bpcie\b", 51, 378, 756, 756, 1513, 80),
+    DeviceSpec("H800 SXM", r"\bh800\b(?!.*\bnvl\b)", 67, 494.7, 989.4, 989.4, 1978.9, 80),
+    DeviceSpec("A100", r"\ba100\b", 19.5, 156, 312, 312, None, None, True),
+    DeviceSpec("A800", r"\ba800\b", 19.5, 156, 312, 312, None, None, True),
+    DeviceSpec("A10G", r"\ba10g\b", None, None, None, None, None, 24),  # NVIDIA publishes no A10G sheet
+    DeviceSpec("A10", r"\ba10\b", 31.2, 62.5, 125, 125, None, 24),
+    DeviceSpec("L40S", r"\bl40s\b", 91.6, 183, 362, 362, 733, 48),
+    DeviceSpec("L40", r"\bl40\b", 90.5, 90.5, 181, 181, 362, 48),
+    DeviceSpec("L4", r"\bl4\b", 30.3, 60, 121, 121, 242.5, 24),
+    DeviceSpec("RTX 5090", r"\brtx 5090\s*$", 104.8, 104.8, 209.5, 209.5, 419, 32),
+    DeviceSpec("RTX 4090", r"\brtx 4090\s*$", 82.6, 82.6, 165.2, 165.2, 330.3, 24),
+    DeviceSpec("RTX 3090", r"\brtx 3090\s*$", 35.6, 35.6, 71, 71, None, 24),
+    DeviceSpec("V100S PCIe", r"\bv100s\b", 16.4, None, None, 130, None, 32),
+    DeviceSpec("V100 PCIe", r"\bv100 pcie\b", 14, None, None, 112, None, None, True),
+    DeviceSpec("V100 SXM2", r"\bv100 sxm2\b", 15.7, None, None, 125, None, None, True),
+    DeviceSpec("T4", r"\bt4\b", 8.1, None, None, 65, None, 16),
+    DeviceSpec("MI325X", r"\bmi325x\b", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 256),
+    DeviceSpec("MI300X", r"\bmi300x\b", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 192),
+    DeviceSpec("MI250X", r"\bmi250x\b", 47.9, None, 191.5, 191.5, None, 64),
+    DeviceSpec("MI250", r"\bmi250\b", 45.3, None, 181.0, 181.0, None, 64),
+    DeviceSpec("TPU v3", r"\btpu ?v3\b", None, None, 123, None, None, 32),
+    DeviceSpec("TPU v4", r"\btpu ?v4\b", None, None, 275, None, None, 32),
+    DeviceSpec("TPU v5e", r"\btpu ?v5e\b", None, None, 197, None, None, 16),
+    DeviceSpec("TPU v5p", r"\btpu ?v5p\b", None, None, 459, None, None, 95),
+    DeviceSpec("TPU v6e", r"\btpu ?v6e\b", None, None, 918, None, None, 32),
+)
+KNOWN_DEVICES = tuple(d.name for d in DEVICES)
+_HOW_TO_OVERRIDE = f"pass the peak with --peak-tflops (or set {PEAK_ENV}, in TFLOP/s)"
+
+
+def _normalise(name: str) -> str:
+    return " ".join(re.sub(r"[-_/]", " ", name.lower()).split())
+
+
+def find_device(device_name: str) -> DeviceSpec | None:
+    """The table row for a ``torch.cuda.get_device_name()`` string or an alias like "H100-SXM"."""
+    norm = _normalise(device_name)
+    return next((d for d in DEVICES if re.search(d.pattern, norm)), None)
+
+
+def device_memory_bytes(device_name: str) -> int | None:
+    """Memory of one device (GiB as marketed), from the table or from names like "NVIDIA A100-SXM4-80GB"."""
+    spec = find_device(device_name)
+    if spec is None:
+        return None
+    if spec.memory_gib is not None:
+        return int(spec.memory_gib * 2**30)
+    size = re.search(r"\b(\d+)\s*gb\b", device_name.lower()) if spec.memory_in_name else None
+    return int(size.group(1)) * 2**30 if size else None
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown --precision {precision!r}; choose one of {', '.join(PRECISIONS)}.")
+
+
+def table_peak(device_name: str, precision: str) -> Peak:
+    """The datasheet peak, or a UserError that lists the known devices and how to pass a peak."""
+    _check_precision(precision)
+    spec = find_device(device_name)
+    if spec is None:
+        raise UserError(
+            f"no peak FLOP/s known for device {device_name!r}; known devices: {', '.join(KNOWN_DEVICES)}. "
+            f"For another device {_HOW_TO_OVERRIDE}."
+        )
+    tflops = getattr(spec, precision)
+    if tflops is None and precision == "tf32":
+        tflops = spec.fp32  # no TF32 units (pre-Ampere, CDNA2): fp32 matmuls run at the fp32 rate
+    if tflops is None:
+        raise UserError(
+            f"{spec.name} has no published dense {precision} rate"
+            + (" (NVIDIA publishes no A10G datasheet)" if spec.name == "A10G" else "")
+            + f"; {_HOW_TO_OVERRIDE}, or choose a precision it supports."
+        )
+    return Peak(tflops * 1e12, "table", spec.name, precision)
+
+
+def _override(override_tflops: float | None, device: str, precision: str) -> Peak | None:
+    if override_tflops is not None:
+        if not override_tflops > 0:
+            raise UserError(f"--peak-tflops must be a positive number of TFLOP/s, got {override_tflops}.")
+        return Peak(override_tflops * 1e12, "override", device, precision)
+    env = os.environ.get(PEAK_ENV)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise UserError(f"{PEAK_ENV} must be a positive number of TFLOP/s, got {env!r}: fix or unset it.")
+        return Peak(value * 1e12, f"env {PEAK_ENV}", device, precision)
+    return None
+
+
+def resolve_peak(
+    device_name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
+) -> Peak:
+    """The peak to divide by: override, then env, then the table, then a measured matmul peak.
+
+    ``device_name`` None or "cpu" measures the CPU; an unknown accelerator is measured on the current
+    device with a warning, and labelled "measured" so that nobody mistakes it for a datasheet figure.
+    """
+    _check_precision(precision)
+    label = device_name or "cpu"
+    forced = _override(override_tflops, label, precision)
+    if forced is not None:
+        return forced
+    if device_name is None or device_name.lower() == "cpu":
+        return Peak(measure_matmul_peak(precision, measure_seconds, "cpu"), "measured", "cpu", precision)
+    if find_device(device_name) is not None:
+        return table_peak(device_name, precision)
+    warnings.warn(
+        f"no datasheet peak for {device_name!r}; MFU is against a measured matmul peak. To use the datasheet "
+        f"figure, {_HOW_TO_OVERRIDE}.",
+        stacklevel=2,
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    flops = measure_matmul_peak(precision, measure_seconds, device)
+    return Peak(flops, "measured", f"{device_name} (measured)", precision)
+
+
+def matmul_precision(precision: str) -> str:
+    """What fp32 matmuls really run in on this machine: TF32 when CUDA allows it (the official DiT recipe)."""
+    # allow_tf32 = True and set_float32_matmul_precision("high") both show up here.
+    if precision == "fp32" and torch.cuda.is_available() and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return precision
+
+
+def current_device_name() -> str:
+    """``torch.cuda.get_device_name()``, with the MI250X/MI250 ambiguity resolved by compute-unit count."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name()
+    if "MI250X/MI250" in name and torch.cuda.get_device_properties(0).multi_processor_count == 104:
+        return "AMD Instinct MI250"  # an MI250 GCD has 104 CUs, an MI250X GCD 110
+    return name
+
+
+def peak_for_current_device(precision: str, override_tflops: float | None = None) -> Peak:
+    return resolve_peak(current_device_name(), matmul_precision(precision), override_tflops)
+
+
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def measure_matmul_peak(precision: str = "fp32", seconds: float = 1.0, device: str | None = None) -> float:
+    """Best FLOP/s of a square matmul over ``seconds``: the ceiling for unknown devices and the CPU."""
+    if precision not in _DTYPES:
+        raise UserError(f"cannot measure a {precision} matmul peak here; {_HOW_TO_OVERRIDE}.")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    on_gpu = device.type == "cuda"
+    n = 8192 if on_gpu else 1024
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        a = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+        b = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+        a @ b  # warm-up: kernel selection, thread pools
+        sync()
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            a @ b
+            sync()
+            best = max(best, 2 * n**3 / (time.perf_counter() - start))
+        return best
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -1,0 +1,78 @@
+"""PNG charts of the cost model (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from dit.cost.analytic import forward_macs, param_counts
+from dit.cost.memory import estimate_training_memory, trace_training_memory
+from dit.models import MODEL_NAMES, DiTConfig, describe, model_config
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
+    """Forward GFLOPs per image against parameters for every registry config: size by colour, patch by marker."""
+    plt = _pyplot()
+    colours = {"S": "tab:blue", "B": "tab:orange", "L": "tab:green", "XL": "tab:red"}
+    markers = {2: "o", 4: "s", 8: "^"}
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name in MODEL_NAMES:
+        size, patch = name.removeprefix("DiT-").split("/")
+        cfg = model_config(name, input_size=image_size // 8)
+        x, y = param_counts(cfg).total / 1e6, forward_macs(cfg).flops / 1e9
+        ax.scatter(x, y, c=colours[size], marker=markers[int(patch)], s=60, zorder=3)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, -3), fontsize=8)
+    for size, colour in colours.items():
+        ax.scatter([], [], c=colour, label=f"DiT-{size}")
+    for patch, marker in markers.items():
+        ax.scatter([], [], c="grey", marker=marker, label=f"patch {patch}")
+    ax.set(xscale="log", yscale="log", xlabel="parameters (millions)", ylabel="forward GFLOPs per image")
+    ax.set_title(f"DiT forward cost at {image_size} px (1 MAC = 2 FLOPs; training = 3x)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_memory_vs_batch(
+    path: str,
+    cfg: DiTConfig,
+    precision: str = "bf16",
+    device_memory_bytes: int | None = None,
+    batches: list[int] | None = None,
+    traced_batches: tuple[int, ...] = (),
+) -> str:
+    """Analytic peak memory per device against batch, with and without checkpointing every block.
+
+    ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check.
+    """
+    plt = _pyplot()
+    batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for blocks, label, colour in (
+        (0, "no checkpointing", "tab:blue"),
+        (cfg.depth, "checkpoint every block", "tab:green"),
+    ):
+        gib = [estimate_training_memory(cfg, b, precision, blocks).total / 2**30 for b in batches]
+        ax.plot(batches, gib, marker=".", color=colour, label=f"{label} (analytic)")
+        if traced_batches:
+            traced = [trace_training_memory(cfg, b, precision, blocks).peak_bytes / 2**30 for b in traced_batches]
+            ax.scatter(traced_batches, traced, marker="x", s=60, color=colour, label=f"{label} (traced)", zorder=3)
+    if device_memory_bytes:
+        ax.axhline(device_memory_bytes / 2**30, color="black", linestyle="--", label="device memory")
+    ax.set(xscale="log", yscale="log", xlabel="batch per device", ylabel="peak training memory (GiB)")
+    ax.set_title(f"{describe(cfg)}, {precision}, AdamW + EMA", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
