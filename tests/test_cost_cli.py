@@ -1,0 +1,182 @@
+"""The dit-cost command line: JSON contracts, tables, errors as one line with exit code 2, and charts."""
+
+import json
+
+import pytest
+
+from dit.cost.__main__ import main
+from dit.models import MODEL_NAMES
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_flops_json_has_the_issue_keys(capsys):
+    code, out, _ = run(capsys, "flops", "--model", "DiT-XL/2", "--image-size", "256", "--json")
+    got = json.loads(out)
+    assert code == 0
+    for key in (
+        "model",
+        "image_size",
+        "tokens",
+        "params",
+        "forward_gmacs",
+        "forward_gflops",
+        "train_gflops_per_image",
+        "components",
+    ):
+        assert key in got
+    assert (got["model"], got["image_size"], got["tokens"], got["params"]) == ("DiT-XL/2", 256, 256, 675129632)
+    assert got["forward_gflops"] == 2 * got["forward_gmacs"]
+    assert got["train_gflops_per_image"] == pytest.approx(3 * got["forward_gflops"])
+    assert sum(got["components"].values()) == pytest.approx(got["forward_gmacs"])
+
+
+def test_flops_all_is_a_list_over_the_registry(capsys):
+    code, out, _ = run(capsys, "flops", "--all", "--image-size", "512", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["model"] for r in rows] == list(MODEL_NAMES)
+    assert all(r["image_size"] == 512 and r["latent_size"] == 64 for r in rows)
+
+
+def test_flops_tables_and_measure(capsys):
+    code, out, _ = run(capsys, "flops", "--model", "DiT-S/8", "--measure", "--checkpointed-blocks", "all")
+    assert code == 0 and "attention_scores" in out and "FlopCounterMode on meta" in out and "6*N*T" in out
+    code, out, _ = run(capsys, "flops", "--all")
+    assert code == 0 and all(name in out for name in MODEL_NAMES)
+
+
+def test_custom_pixel_model(capsys):
+    code, out, _ = run(
+        capsys,
+        "flops",
+        "--no-vae",
+        "--image-size",
+        "32",
+        "--depth",
+        "6",
+        "--hidden-size",
+        "256",
+        "--num-heads",
+        "4",
+        "--patch-size",
+        "2",
+        "--num-classes",
+        "10",
+        "--json",
+    )
+    got = json.loads(out)
+    assert code == 0 and (got["model"], got["in_channels"], got["tokens"]) == ("custom", 3, 256)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["flops", "--model", "DiT-Q/3"], "DiT-XL/2"),
+        (["flops"], "--model"),
+        (["flops", "--model", "DiT-S/2", "--image-size", "250"], "--image-size"),
+        (["flops", "--model", "DiT-S/2", "--checkpointed-blocks", "40"], "--checkpointed-blocks"),
+        (
+            [
+                "train",
+                "--model",
+                "DiT-S/2",
+                "--global-batch-size",
+                "8",
+                "--steps",
+                "10",
+                "--gpu",
+                "Imaginary X9000",
+                "--mfu",
+                "0.4",
+            ],
+            "--peak-tflops",
+        ),
+        (
+            [
+                "train",
+                "--model",
+                "DiT-S/2",
+                "--global-batch-size",
+                "-8",
+                "--steps",
+                "10",
+                "--gpu",
+                "A100",
+                "--mfu",
+                "0.4",
+            ],
+            "--global-batch-size",
+        ),
+        (["memory", "--model", "DiT-S/2"], "--batch-per-device"),
+        (["memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--gpu", "A100"], "--memory-gib"),
+        (["peaks", "--device", "H100-SXM", "--peak-tflops", "-3"], "--peak-tflops"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and err.startswith("error: ") and needle in err and "Traceback" not in err
+
+
+def test_sample_command(capsys):
+    code, out, _ = run(
+        capsys,
+        "sample",
+        "--model",
+        "DiT-XL/2",
+        "--num-images",
+        "1000",
+        "--num-sampling-steps",
+        "50",
+        "--cfg-scale",
+        "4.0",
+        "--gpu",
+        "A100",
+        "--mfu",
+        "0.3",
+        "--price-per-hour",
+        "2",
+        "--json",
+    )
+    got = json.loads(out)
+    assert code == 0 and got["forward_passes_per_image"] == 100 and got["cost"] > 0
+
+
+def test_memory_command(capsys):
+    code, out, _ = run(
+        capsys,
+        "memory",
+        "--model",
+        "DiT-XL/2",
+        "--global-batch-size",
+        "256",
+        "--num-gpus",
+        "8",
+        "--gpu",
+        "NVIDIA H100 80GB HBM3",
+        "--json",
+    )
+    got = json.loads(out)
+    assert code == 0 and got["batch_per_device"] == 32 and got["max_batch_per_device"] > 32
+    code, out, _ = run(capsys, "memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--trace")
+    assert code == 0 and "traced peak" in out and "analytic/traced" in out
+
+
+def test_peaks_command(capsys):
+    code, out, _ = run(capsys, "peaks")
+    assert code == 0 and "L40S" in out and "MI250X" in out
+    code, out, _ = run(capsys, "peaks", "--device", "NVIDIA L40S", "--json")
+    assert json.loads(out) == {"device": "L40S", "precision": "bf16", "tflops": 362.0, "source": "table"}
+
+
+def test_plots_are_png(capsys, tmp_path):
+    flops_png, memory_png = tmp_path / "flops.png", tmp_path / "memory.png"
+    assert run(capsys, "plot", "flops", "--out", str(flops_png))[0] == 0
+    assert (
+        run(capsys, "plot", "memory", "--model", "DiT-XL/2", "--gpu", "H100-SXM", "--out", str(memory_png))[0] == 0
+    )
+    for png in (flops_png, memory_png):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

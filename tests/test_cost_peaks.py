@@ -1,0 +1,167 @@
+"""Device-name matching on the real name strings, dtype columns, overrides and the measured fallback."""
+
+import pytest
+
+from dit.cost.peaks import (
+    DEVICES,
+    KNOWN_DEVICES,
+    PEAK_ENV,
+    device_memory_bytes,
+    find_device,
+    matmul_precision,
+    measure_matmul_peak,
+    resolve_peak,
+    table_peak,
+)
+from dit.errors import UserError
+
+# torch.cuda.get_device_name() strings seen in public code (../shared/research/accounting.md, 3.3).
+REAL_NAMES = {
+    "NVIDIA A100-SXM4-80GB": "A100",
+    "NVIDIA A100-SXM4-40GB": "A100",
+    "NVIDIA A100-PCIE-40GB": "A100",
+    "NVIDIA A100 80GB PCIe": "A100",
+    "NVIDIA A800-SXM4-80GB": "A800",
+    "NVIDIA A800 80GB PCIe": "A800",
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 NVL": "H100 NVL",
+    "NVIDIA H800": "H800 SXM",
+    "NVIDIA H800 PCIe": "H800 PCIe",
+    "NVIDIA H200": "H200 SXM",
+    "NVIDIA H200 NVL": "H200 NVL",
+    "NVIDIA GH200 480GB": "GH200",
+    "NVIDIA B200": "B200",
+    "NVIDIA GB200": "GB200",
+    "NVIDIA H20": "H20",
+    "NVIDIA L4": "L4",
+    "NVIDIA L40": "L40",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA A10": "A10",
+    "NVIDIA A10G": "A10G",
+    "NVIDIA GeForce RTX 3090": "RTX 3090",
+    "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "NVIDIA GeForce RTX 5090": "RTX 5090",
+    "Tesla V100-SXM2-16GB": "V100 SXM2",
+    "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-16GB": "V100 PCIe",
+    "Tesla V100-PCIE-32GB": "V100 PCIe",
+    "Tesla V100S-PCIE-32GB": "V100S PCIe",
+    "Tesla T4": "T4",
+    "AMD Instinct MI250X/MI250": "MI250X",
+    "AMD Instinct MI300X": "MI300X",
+    "AMD Instinct MI325X": "MI325X",
+}
+
+
+@pytest.mark.parametrize("name,expected", REAL_NAMES.items())
+def test_real_device_names_match_the_right_row(name, expected):
+    assert find_device(name).name == expected
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("nvidia l40s", "L40S"),
+        ("H100-SXM", "H100 SXM"),
+        ("h100_pcie", "H100 PCIe"),
+        ("TPU-v3", "TPU v3"),
+        ("a100", "A100"),
+        ("MI250", "MI250"),
+    ],
+)
+def test_aliases_and_case(name, expected):
+    assert find_device(name).name == expected
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA H800 NVL", "NVIDIA GeForce RTX 4090 D", "NVIDIA RTX A6000", "Intel Data Center GPU Max", "cpu"],
+)
+def test_unlisted_devices_are_unknown_not_a_near_miss(name):
+    assert find_device(name) is None
+
+
+def test_substring_traps_get_distinct_peaks():
+    bf16 = {n: table_peak(n, "bf16").flops / 1e12 for n in ("NVIDIA L40S", "NVIDIA L40", "NVIDIA L4")}
+    assert bf16 == {"NVIDIA L40S": 362, "NVIDIA L40": 181, "NVIDIA L4": 121}
+    assert table_peak("NVIDIA H20", "bf16").flops < 0.2 * table_peak("NVIDIA H200", "bf16").flops
+    assert table_peak("NVIDIA H100 NVL", "bf16").flops < table_peak("NVIDIA H100 80GB HBM3", "bf16").flops
+    assert table_peak("NVIDIA H100 PCIe", "bf16").flops < table_peak("NVIDIA H100 NVL", "bf16").flops
+    # MI250X: one torch device is one GCD, half the per-OAM datasheet figure
+    assert table_peak("AMD Instinct MI250X/MI250", "bf16").flops == 191.5e12
+
+
+def test_dtype_columns():
+    assert table_peak("NVIDIA A100-SXM4-80GB", "tf32").flops == 156e12  # the official DiT recipe's peak
+    assert table_peak("NVIDIA A100-SXM4-80GB", "fp32").flops == 19.5e12
+    assert table_peak("NVIDIA H100 80GB HBM3", "fp8").flops == pytest.approx(
+        2 * table_peak("NVIDIA H100 80GB HBM3", "bf16").flops, rel=1e-3
+    )
+    # no TF32 units before Ampere: fp32 matmuls run at the fp32 rate
+    assert table_peak("Tesla V100-SXM2-16GB", "tf32").flops == table_peak("Tesla V100-SXM2-16GB", "fp32").flops
+    with pytest.raises(UserError, match="no published dense bf16.*--peak-tflops"):
+        table_peak("Tesla V100-SXM2-16GB", "bf16")
+    with pytest.raises(UserError, match="A10G.*--peak-tflops"):
+        table_peak("NVIDIA A10G", "bf16")
+    with pytest.raises(UserError, match="precision"):
+        table_peak("NVIDIA H100 80GB HBM3", "int8")
+
+
+def test_table_rows_are_consistent():
+    for d in DEVICES:
+        for low, high in (("fp32", "tf32"), ("tf32", "bf16"), ("bf16", "fp8")):
+            a, b = getattr(d, low), getattr(d, high)
+            assert a is None or b is None or a <= b, (d.name, low, high)
+    assert len(set(KNOWN_DEVICES)) == len(KNOWN_DEVICES)
+
+
+def test_unknown_device_error_lists_names_and_the_override():
+    with pytest.raises(UserError) as err:
+        table_peak("Imaginary X9000", "bf16")
+    assert "H100 SXM" in str(err.value) and "L40S" in str(err.value) and "--peak-tflops" in str(err.value)
+
+
+def test_override_and_environment_win(monkeypatch):
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    assert resolve_peak("NVIDIA H100 80GB HBM3", "bf16", override_tflops=700).flops == 700e12
+    monkeypatch.setenv(PEAK_ENV, "650")
+    peak = resolve_peak("NVIDIA H100 80GB HBM3", "bf16")
+    assert (peak.flops, peak.source) == (650e12, f"env {PEAK_ENV}")
+    assert resolve_peak("NVIDIA H100 80GB HBM3", "bf16", override_tflops=700).source == "override"
+    monkeypatch.setenv(PEAK_ENV, "fast")
+    with pytest.raises(UserError, match=PEAK_ENV):
+        resolve_peak("NVIDIA H100 80GB HBM3", "bf16")
+    with pytest.raises(UserError, match="--peak-tflops"):
+        resolve_peak("NVIDIA H100 80GB HBM3", "bf16", override_tflops=-1)
+
+
+def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    cpu = resolve_peak(None, "fp32", measure_seconds=0.05)
+    assert cpu.source == "measured" and cpu.device == "cpu" and cpu.flops > 0
+    with pytest.warns(UserWarning, match="--peak-tflops"):
+        unknown = resolve_peak("Imaginary X9000", "fp32", measure_seconds=0.05)
+    assert unknown.source == "measured" and "Imaginary X9000" in unknown.device
+    assert unknown.flops != table_peak("NVIDIA A100-SXM4-80GB", "fp32").flops
+    assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
+
+
+def test_measured_matmul_peak_is_positive_and_fp8_is_refused():
+    assert measure_matmul_peak("fp32", seconds=0.05, device="cpu") > 1e8
+    with pytest.raises(UserError, match="--peak-tflops"):
+        measure_matmul_peak("fp8", seconds=0.05, device="cpu")
+
+
+def test_fp32_stays_fp32_without_cuda():
+    assert matmul_precision("fp32") in ("fp32", "tf32")  # tf32 only where CUDA allows it
+    assert matmul_precision("bf16") == "bf16"
+
+
+def test_device_memory_from_table_or_name():
+    assert device_memory_bytes("NVIDIA A100-SXM4-40GB") == 40 * 2**30
+    assert device_memory_bytes("NVIDIA A100 80GB PCIe") == 80 * 2**30
+    assert device_memory_bytes("NVIDIA H200") == 141 * 2**30
+    assert device_memory_bytes("NVIDIA GH200 480GB") is None  # 480 GB is CPU + GPU memory
+    assert device_memory_bytes("A100") is None  # 40 or 80: not a guess
+    assert device_memory_bytes("Imaginary X9000") is None
