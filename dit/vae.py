@@ -107,10 +107,11 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tens
 def sample_latents(
     mean: torch.Tensor, std: torch.Tensor, scale: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """A fresh posterior draw, scaled: (mean + std * eps) * scale, computed in float32."""
-    mean, std = mean.float(), std.float()
+    """A fresh posterior draw, scaled: (mean + std * eps) * scale, in float32 whatever the moments' dtype.
+
+    In place on the noise buffer: the latent-store reader calls this per batch, where allocations show up."""
     eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
-    return torch.addcmul(mean, std, eps).mul_(scale)
+    return eps.mul_(std).add_(mean).mul_(scale)
 
 
 def encode(vae: AutoencoderKL, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -396,7 +396,7 @@ def _encode_views(vae, images_uint8: torch.Tensor, device, flips: bool, precisio
 
 
 def extract_features(cfg: ExtractConfig) -> dict:
-    """Build or resume the store at ``cfg.features_path``; returns a summary (identical on every rank)."""
+    """Build or resume the store at ``cfg.features_path``; returns a summary of the store and this rank's work."""
     if cfg.precision not in ("fp32", "bf16") or cfg.storage_dtype not in STORAGE_DTYPES:
         raise UserError(
             f"--precision must be fp32|bf16 and --storage-dtype fp32|bf16|fp16, got {cfg.precision!r} and "
@@ -443,6 +443,14 @@ def _extract(cfg: ExtractConfig, rank: int, world: int, device: torch.device) ->
         sources_sha256=sources_sha256(images.samples),
         num_sources=len(images.samples),
     )
+    if world > 1:  # a folder still being copied into could give ranks different source lists
+        digests = [None] * world
+        dist.all_gather_object(digests, spec.sources_sha256)
+        if len(set(digests)) > 1:
+            raise UserError(
+                f"the ranks found different files under {cfg.data_path}. Is it still being written? "
+                "Wait until it is complete, then rerun."
+            )
     out = cfg.features_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
     _barrier(world, device)
@@ -507,7 +515,7 @@ def _extract(cfg: ExtractConfig, rank: int, world: int, device: torch.device) ->
         "num_shards": spec.num_shards,
         "reused_shards": len(done),
         "written_shards": spec.num_shards - len(done),
-        "encoded_images_rank0": encoded,
+        "encoded_images": encoded,
         "seconds": seconds,
         "total_bytes": manifest["total_bytes"],
     }
@@ -630,9 +638,9 @@ class LatentStoreDataset(Dataset):
         moments = np.empty((len(index), *shards[0][0].shape[2:]), dtype=shards[0][0].dtype)
         for row, (s, j, v) in enumerate(zip(shard.tolist(), local.tolist(), view.tolist())):
             moments[row] = shards[s][0][j, v]
-        moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]]).float()
+        moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
-        latents = sample_latents(mean, std, self.scale) if self.sample_posterior else mean * self.scale
+        latents = sample_latents(mean, std, self.scale) if self.sample_posterior else mean.float() * self.scale
         if self.flip_mode == "latent":
             mirror = torch.rand(len(index)) < 0.5
             latents[mirror] = latents[mirror].flip(-1)
