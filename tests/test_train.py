@@ -166,3 +166,47 @@ def test_bad_configs_name_the_fix(tmp_path):
         train(tiny_config(tmp_path, global_batch_size=9, grad_accum_steps=2), Pixels())
     with pytest.raises(UserError, match="max-steps"):
         tiny_config(tmp_path, max_steps=0)
+
+
+def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch):
+    """Count every way a step could read a device value back (item, tolist, bool, float, int, numpy)."""
+    from dit.engine.trainer import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Pixels())
+    trainer.nonfinite_total = torch.zeros((), dtype=torch.long)
+    trainer.nonfinite_streak = torch.zeros((), dtype=torch.long)
+    trainer.loss_sum, trainer.loss_count = torch.zeros(()), torch.zeros((), dtype=torch.long)
+    batches = [next(iter(trainer.loader))]
+    calls = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "numpy"):
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    for _ in range(3):
+        trainer.train_step(batches, log_step=False)
+        trainer.step += 1
+    assert calls == []
+    trainer.loss_sum.item()  # the spies do see a read when there is one
+    assert calls == ["item"]
+
+
+def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
+    from dit.cost.memory import estimate_training_memory
+    from dit.engine.trainer import auto_checkpoint_blocks
+    from dit.models import model_config
+
+    xl = model_config("DiT-XL/2")
+    full = estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=0).total
+    none = estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=xl.depth).total
+    budget = (full + none) / 2
+    k = len(auto_checkpoint_blocks(xl, 128, "bf16", 1, budget))
+    assert 0 < k < xl.depth
+    assert estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=k).total <= budget
+    assert estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=k - 1).total > budget
+    assert len(auto_checkpoint_blocks(xl, 128, "bf16", 1, None)) == 0
+    with pytest.raises(UserError, match="does not fit"):
+        auto_checkpoint_blocks(xl, 128, "bf16", 1, none / 2)

@@ -70,7 +70,8 @@ class TrainConfig:
     # speed
     precision: str = field(default="bf16", metadata={"help": "matmul precision", "choices": PRECISIONS})
     checkpoint_blocks: str = field(
-        default="none", metadata={"help": "activation checkpointing: none, all, or every k-th block (k)"}
+        default="none",
+        metadata={"help": "activation checkpointing: none, all, every k-th block (k), or auto (fewest that fit)"},
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile each DiT block"})
     fused_optimizer: bool = field(default=True, metadata={"help": "fused AdamW (else foreach)"})
@@ -201,11 +202,32 @@ def parse_checkpoint_blocks(value: str) -> int | str:
     value = str(value).lower()
     if value in ("none", "0", "false"):
         return "none"
-    if value in ("all", "true"):
-        return "all"
+    if value in ("all", "true", "auto"):
+        return value.replace("true", "all")
     if value.isdigit():
         return int(value)
-    raise UserError(f"--checkpoint-blocks must be none, all or an integer k (every k-th block), got {value!r}.")
+    raise UserError(
+        f"--checkpoint-blocks must be none, all, auto or an integer k (every k-th block), got {value!r}."
+    )
+
+
+def auto_checkpoint_blocks(
+    mc: DiTConfig, batch_per_device: int, precision: str, world: int, budget_bytes
+) -> range:
+    """The fewest checkpointed blocks (the first k) whose estimated step memory fits ``budget_bytes``."""
+    from dit.cost.memory import estimate_training_memory
+
+    if budget_bytes is None:  # no device limit to fit (CPU): recompute nothing
+        return range(0)
+    for k in range(mc.depth + 1):
+        est = estimate_training_memory(mc, batch_per_device, precision, checkpointed_blocks=k, world_size=world)
+        if est.total <= budget_bytes:
+            return range(k)
+    raise UserError(
+        f"{describe(mc)} at {batch_per_device} images per device does not fit in "
+        f"{budget_bytes / 2**30:.1f} GiB even with every block checkpointed: lower the batch per device "
+        "(raise --grad-accum-steps) or use more devices."
+    )
 
 
 class StopFlag:
@@ -265,6 +287,12 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = DiT.from_config(self.model_cfg).to(self.device)
         self.ckpt_policy = parse_checkpoint_blocks(cfg.checkpoint_blocks)
+        if self.ckpt_policy == "auto":
+            budget = None
+            if self.device.type == "cuda":  # leave 10% for the allocator's fragmentation and the CUDA context
+                budget = 0.9 * torch.cuda.get_device_properties(self.device).total_memory
+            micro = cfg.global_batch_size // (self.world * cfg.grad_accum_steps)
+            self.ckpt_policy = auto_checkpoint_blocks(self.model_cfg, micro, cfg.precision, self.world, budget)
         self.model.set_checkpointing(self.ckpt_policy)
         self.ema = EMA(self.model, cfg.ema_decay, cfg.ema_warmup)
         params = [p for p in self.model.parameters() if p.requires_grad]
