@@ -1,0 +1,58 @@
+"""train.py on a pre-extracted latent store."""
+
+import json
+
+import pytest
+import torch
+
+from dit.data.latents import write_moments_store
+from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
+from dit.engine.trainer import TrainConfig, train
+from dit.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("store")
+    g = torch.Generator().manual_seed(0)
+    moments = torch.randn(24, 2, 2, 4, 4, 4, generator=g)  # [N, views, (mean, logvar), C, H, W]
+    moments[:, :, 1] = -4.0  # small posterior variance
+    write_moments_store(str(folder), moments, torch.arange(24) % 3, num_classes=3)
+    return folder
+
+
+def config(store, out, **kw):
+    base = dict(
+        model="DiT-S/2",
+        depth=2,
+        hidden_size=32,
+        num_heads=2,
+        image_size=32,
+        num_classes=3,
+        feature_path=str(store),
+        global_batch_size=8,
+        max_steps=4,
+        precision="fp32",
+        num_workers=0,
+        log_every=2,
+        results_dir=str(out),
+        peak_tflops=0.05,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def test_trains_on_the_store(store, tmp_path):
+    result = train(config(store, tmp_path / "run"))
+    assert result["step"] == 4
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    assert ckpt["model_config"]["in_channels"] == 4 and ckpt["model_config"]["input_size"] == 4
+    assert torch.count_nonzero(ckpt["model"]["final_layer.linear.weight"]) > 0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4]
+
+
+def test_store_that_does_not_fit_the_model_is_refused(store, tmp_path):
+    with pytest.raises(UserError, match="--num-classes 3"):
+        train(config(store, tmp_path / "a", num_classes=5))
+    with pytest.raises(UserError, match="--image-size 32"):
+        train(config(store, tmp_path / "b", image_size=64))
