@@ -101,7 +101,7 @@ def test_resume_is_bit_identical(tmp_path):
 
 
 def test_metrics_jsonl_and_tensorboard(tmp_path):
-    cfg = tiny_config(tmp_path, max_steps=8, log_every=2, mfu_warmup_steps=0)
+    cfg = tiny_config(tmp_path, max_steps=8, log_every=2, mfu_warmup_steps=0, sample_every=4)
     train(cfg, Pixels())
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4, 6, 8]
@@ -120,8 +120,9 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
         assert 0 <= r["data_wait_frac"] <= 1
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    ea = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
     ea.Reload()
+    assert [e.step for e in ea.Images("samples/ema")] == [4, 8]  # EMA grids, kept out of the MFU windows
     tb = {e.step: e.value for e in ea.Scalars("train/mfu")}
     assert sorted(tb) == [2, 4, 6, 8]
     for r in rows:
