@@ -67,8 +67,8 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
 def vae_id_and_config_hash(vae: AutoencoderKL, spec: str) -> tuple[str, str]:
     """A human-readable id (hub id or absolute folder) and a sha256 of the architecture config.
 
-    The config hash ignores diffusers' bookkeeping keys (``_*``), so the same VAE saved by two diffusers
-    versions hashes equal. sd-vae-ft-ema and -mse share a config: tell them apart with ``weights_sha256``.
+    The config hash skips diffusers' bookkeeping keys (``_*``: version, origin path), so a copied or re-saved
+    VAE hashes equal. sd-vae-ft-ema and -mse share a config: tell them apart with ``weights_sha256``.
     """
     vae_id = resolve_vae_spec(spec)
     config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}

@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def store(tmp_path):
 
 def test_layout_manifest_and_deterministic_reads(store):
     path, moments, labels = store
-    manifest = json.load(open(os.path.join(path, MANIFEST)))
+    manifest = json.loads(Path(path, MANIFEST).read_text())
     assert manifest["complete"] and manifest["num_images"] == 10 and manifest["flips_stored"]
     assert [s["num_images"] for s in manifest["shards"]] == [4, 4, 2]
     assert sorted(os.listdir(path)) == sorted(
@@ -145,9 +146,9 @@ def test_reader_refuses_truncated_and_incomplete_stores(store):
         f.truncate(os.path.getsize(shard) - 10)
     with pytest.raises(UserError, match=r"shard-00001\.safetensors is missing or truncated.*extract_features"):
         LatentStoreDataset(path)
-    manifest = json.load(open(os.path.join(path, MANIFEST)))
+    manifest = json.loads(Path(path, MANIFEST).read_text())
     manifest["complete"] = False
-    json.dump(manifest, open(os.path.join(path, MANIFEST), "w"))
+    Path(path, MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UserError, match="incomplete"):
         LatentStoreDataset(path)
 
@@ -155,9 +156,9 @@ def test_reader_refuses_truncated_and_incomplete_stores(store):
 def test_verify_detects_a_flipped_bit(store):
     path = store[0]
     shard = os.path.join(path, shard_file(0))
-    raw = bytearray(open(shard, "rb").read())
+    raw = bytearray(Path(shard).read_bytes())
     raw[-1] ^= 1
-    open(shard, "wb").write(bytes(raw))
+    Path(shard).write_bytes(bytes(raw))
     LatentStoreDataset(path)  # same size: only the checksum can tell
     with pytest.raises(UserError, match=r"shard-00000\.safetensors fails its sha256 check"):
         verify_store(path)
@@ -165,10 +166,10 @@ def test_verify_detects_a_flipped_bit(store):
 
 def test_a_different_store_is_not_overwritten(store):
     path = store[0]
-    before = {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)}
+    before = {name: Path(path, name).read_bytes() for name in os.listdir(path)}
     with pytest.raises(UserError, match=r"made differently.*latent_shape.*Nothing was overwritten"):
         write_moments_store(path, synthetic_moments(3, size=8), torch.zeros(3, dtype=torch.long), 3, scale=0.5)
-    assert {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)} == before
+    assert {name: Path(path, name).read_bytes() for name in os.listdir(path)} == before
 
 
 def test_reads_follow_the_torch_seed_and_check_bounds(store):
