@@ -14,10 +14,14 @@ from torch.utils.data.distributed import DistributedSampler
 from dit.data.latents import (
     MANIFEST,
     LatentStoreDataset,
+    StoreSpec,
+    begin_store,
+    finalize_store,
     read_header,
     shard_file,
     verify_store,
     write_moments_store,
+    write_shard,
 )
 from dit.errors import UserError
 
@@ -181,3 +185,20 @@ def test_reads_follow_the_torch_seed_and_check_bounds(store):
     with pytest.raises(IndexError):
         data[10]
     assert np.array_equal(data.labels, np.arange(10) % 3)
+
+
+def test_an_empty_shard_keeps_the_global_index_contiguous(tmp_path):
+    """A shard whose sources all failed to decode holds no images; the items around it must stay in order."""
+    moments, labels = synthetic_moments(4, views=1), torch.arange(4)
+    spec = StoreSpec(
+        "x", "c", "w", 1.0, 32, [4, 4, 4], "fp32", "fp32", False, 2, {str(i): i for i in range(4)}, "s", 6
+    )
+    begin_store(str(tmp_path), spec)
+    write_shard(str(tmp_path), 0, spec, moments[:2], labels[:2], ["0", "1"], [])
+    write_shard(str(tmp_path), 1, spec, moments[:0], labels[:0], [], [["2", "corrupt"], ["3", "corrupt"]])
+    write_shard(str(tmp_path), 2, spec, moments[2:], labels[2:], ["4", "5"], [])
+    manifest = finalize_store(str(tmp_path), spec, [])
+    assert manifest["num_images"] == 4 and manifest["num_skipped"] == 2
+    data = LatentStoreDataset(str(tmp_path), flip=False, sample_posterior=False)
+    assert [label for _, label in data.__getitems__([0, 1, 2, 3])] == [0, 1, 2, 3]
+    torch.testing.assert_close(data[2][0], moments[2, 0, 0], rtol=0, atol=0)
