@@ -21,7 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODEL_NAMES, help="for files without a config (default DiT-XL/2)")
     p.add_argument("--image-size", type=int, help="pixels per side, for files without a config (default 256)")
     p.add_argument("--num-classes", type=int, help="for files without a config (default 1000)")
-    p.add_argument("--vae", help="ema, mse, a hub id, a folder, or none for pixel space (default mse)")
+    p.add_argument(
+        "--vae",
+        help="ema, mse, a hub id, a folder, or none (default: mse as official, or the run's own non-SD VAE)",
+    )
     p.add_argument("--cfg-scale", type=float, default=4.0, help="classifier-free guidance scale; 1 disables it")
     p.add_argument(
         "--cfg-channels", default="3", choices=["3", "all"], help="noise channels to guide (official: 3)"

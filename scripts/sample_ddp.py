@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODEL_NAMES, help="for files without a config (default DiT-XL/2)")
     p.add_argument("--image-size", type=int, help="pixels per side, for files without a config (default 256)")
     p.add_argument("--num-classes", type=int, help="for files without a config (default 1000)")
-    p.add_argument("--vae", help="ema, mse, a hub id, a folder, or none for pixel space (default mse)")
+    p.add_argument(
+        "--vae",
+        help="ema, mse, a hub id, a folder, or none (default: ema as official, or the run's own non-SD VAE)",
+    )
     p.add_argument("--sample-dir", default="samples")
     p.add_argument("--per-proc-batch-size", type=int, default=32)
     p.add_argument("--num-fid-samples", type=int, default=50_000)

@@ -343,3 +343,16 @@ def test_bad_requests_are_clear_errors(our_ckpt, tmp_path, capsys, flags, messag
     code, _, err = run_face("sample.py", sample_args(our_ckpt, tmp_path / "g.png", *flags), capsys)
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "g.png").exists()
+
+
+def test_sd_runs_decode_with_the_official_default_decoders(tmp_path, monkeypatch):
+    """sample.py decodes SD latents with mse, sample_ddp.py with ema (as the official scripts); --vae wins."""
+    asked = []
+    monkeypatch.setattr(
+        "dit.engine.sampling.load_vae", lambda spec, device, dtype: asked.append(spec) or build_tiny_vae()
+    )
+    ckpt = write_our_checkpoint(tmp_path, "ema")
+    assert load_sampling_model(ckpt).vae_spec == "mse"
+    assert load_sampling_model(ckpt, sd_decoder="ema").vae_spec == "ema"
+    assert load_sampling_model(ckpt, vae="stabilityai/sd-vae-ft-ema").vae_spec == "stabilityai/sd-vae-ft-ema"
+    assert asked == ["mse", "ema", "stabilityai/sd-vae-ft-ema"]

@@ -55,7 +55,6 @@ class SamplingModel:
     vae: torch.nn.Module | None  # None: a pixel-space model whose outputs are images in [-1, 1]
     vae_spec: str | None
     noise_schedule: str = "linear"
-    source: str = ""
 
     @property
     def config(self) -> DiTConfig:
@@ -88,14 +87,16 @@ def load_sampling_model(
     vae: str | None = None,
     use_ema: bool = True,
     device: str | torch.device = "cpu",
+    sd_decoder: str = "mse",
 ) -> SamplingModel:
     """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
 
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
     official releases are bare state dicts, built from ``model``/``image_size``/``num_classes`` (official
     defaults DiT-XL/2, 256, 1000). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
-    None for the default: mse as in the official sample.py, but the run's own VAE when it was not an SD VAE,
-    and none when the run was pixel space.
+    None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
+    ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
+    when the run was pixel space.
     """
     ckpt = load_checkpoint(ckpt_path)
     run = recorded_run_config(ckpt)
@@ -113,7 +114,7 @@ def load_sampling_model(
     # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
     recorded_vae = run.get("vae")
     sd_family = recorded_vae in (None, *VAE_ALIASES, *VAE_ALIASES.values())
-    vae_spec = None if pixel else (vae or ("mse" if sd_family else recorded_vae))
+    vae_spec = None if pixel else (vae or (sd_decoder if sd_family else recorded_vae))
     vae_module = None if pixel else load_vae(vae_spec, device=device, dtype=torch.float32)
     factor = 1 if pixel else latent_downsample(vae_module)
 
@@ -149,7 +150,7 @@ def load_sampling_model(
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     net = net.to(device).eval().requires_grad_(False)
     schedule = run.get("noise_schedule") or "linear"
-    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule, str(ckpt_path))
+    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -371,9 +372,9 @@ class SamplingCost:
 
     def summary(self) -> str:
         if self.mfu is None:
-            mfu = f"n/a (no peak for {self.peak_source})"
+            mfu = f"n/a ({self.peak_source})"
         else:
-            mfu = f"{100 * self.mfu:.2f}% of {self.peak_flops / 1e12:.1f} TFLOP/s ({self.peak_source})"
+            mfu = f"{100 * self.mfu:.3g}% of {self.peak_flops / 1e12:.1f} TFLOP/s ({self.peak_source})"
         return (
             f"cost: {self.model_flops_per_image / 1e12:.4g} TFLOP/image DiT (guidance doubling included) + "
             f"{self.vae_flops_per_image / 1e12:.4g} TFLOP/image VAE decode; {self.images} images in "
@@ -388,18 +389,23 @@ def flops_per_image(sm: SamplingModel, num_steps: int, cfg_scale: float) -> tupl
     return counted.model, counted.vae_decode
 
 
+def device_peak(precision: str, peak_tflops: float | None = None) -> tuple[float | None, str]:
+    """(peak FLOP/s, where it came from), looked up before sampling: a device without a published rate
+    gets MFU "n/a" and a reason, instead of an error after hours of sampling."""
+    try:
+        peak = peak_for_current_device(precision, peak_tflops)
+    except UserError as e:
+        if peak_tflops is not None:  # a bad --peak-tflops is the user's to fix
+            raise
+        return None, str(e)
+    return peak.flops, f"{peak.device}, {peak.source}"
+
+
 def measure_cost(
-    sm: SamplingModel,
-    num_steps: int,
-    cfg_scale: float,
-    images: int,
-    wall_s: float,
-    precision: str,
-    peak_tflops: float | None = None,
+    sm: SamplingModel, num_steps: int, cfg_scale: float, images: int, wall_s: float, peak: tuple[float | None, str]
 ) -> SamplingCost:
     model_flops, decode_flops = flops_per_image(sm, num_steps, cfg_scale)
-    peak = peak_for_current_device(precision, peak_tflops)
-    return SamplingCost(model_flops, decode_flops, images, wall_s, peak.flops, f"{peak.device}, {peak.source}")
+    return SamplingCost(model_flops, decode_flops, images, wall_s, *peak)
 
 
 def _sync(device: torch.device):
@@ -454,6 +460,7 @@ def run_sample(c: SampleConfig) -> SampleReport:
     )
     diffusion = make_diffusion(sm, c.num_sampling_steps)
     seeds = [noise_seed(c.seed, i) for i in range(len(labels))]
+    peak = device_peak(c.precision, c.peak_tflops)
     with precision_scope(c.precision, device) as autocast:
         _sync(device)
         start = time.perf_counter()
@@ -463,7 +470,7 @@ def run_sample(c: SampleConfig) -> SampleReport:
     out = Path(c.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_image(images, out, nrow=c.nrow, normalize=True, value_range=(-1, 1))
-    cost = measure_cost(sm, c.num_sampling_steps, c.cfg_scale, len(labels), wall, c.precision, c.peak_tflops)
+    cost = measure_cost(sm, c.num_sampling_steps, c.cfg_scale, len(labels), wall, peak)
     return SampleReport(out, labels, sm.weights, cost)
 
 
@@ -624,7 +631,7 @@ def write_fid_samples(
     if c.num_fid_samples < 1 or c.per_proc_batch_size < 1:
         raise UserError("--num-fid-samples and --per-proc-batch-size must be >= 1.")
     cfg_channels = parse_cfg_channels(c.cfg_channels)
-    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device)
+    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
     check_guidance(c.cfg_scale, sm.config)
     diffusion = make_diffusion(sm, c.num_sampling_steps)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm)
@@ -643,6 +650,7 @@ def write_fid_samples(
             _atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
     _barrier(world)
 
+    peak = device_peak(c.precision, c.peak_tflops) if rank == 0 else (None, "")
     mine = batches(c.num_fid_samples, c.per_proc_batch_size, rank, world)
     todo = [b for b in mine if not all(png_path(folder, i).is_file() for i in b)]
     done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
@@ -670,7 +678,7 @@ def write_fid_samples(
     bar.close()
     cost = None
     if rank == 0 and generated:
-        cost = measure_cost(sm, c.num_sampling_steps, c.cfg_scale, generated, wall, c.precision, c.peak_tflops)
+        cost = measure_cost(sm, c.num_sampling_steps, c.cfg_scale, generated, wall, peak)
     _barrier(world)
     npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
     _barrier(world)
