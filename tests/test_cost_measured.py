@@ -86,3 +86,6 @@ def test_fvcore_with_sdpa_handle_agrees_once_layernorm_is_set_aside():
     assert abs((counted["total"] - counted["layer_norm"]) / analytic.total - 1) < 1e-4
     assert counted["attention"] == analytic.attention
     assert counted["layer_norm"] > 0 and "aten::scaled_dot_product_attention" not in counted["unsupported"]
+    shipped = fvcore_forward_macs(cfg, sdpa_handle=False)  # fvcore as it comes: attention silently lost
+    assert shipped["total"] - shipped["layer_norm"] == pytest.approx(analytic.total - analytic.attention, rel=1e-4)
+    assert "aten::scaled_dot_product_attention" in shipped["unsupported"]

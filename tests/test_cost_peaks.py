@@ -144,6 +144,8 @@ def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
         unknown = resolve_peak("Imaginary X9000", "fp32", measure_seconds=0.05)
     assert unknown.source == "measured" and "Imaginary X9000" in unknown.device
     assert unknown.flops != table_peak("NVIDIA A100-SXM4-80GB", "fp32").flops
+    with pytest.warns(UserWarning, match="bf16"):  # a known device without that rate: measured, not a crash
+        assert resolve_peak("NVIDIA A10G", "bf16", measure_seconds=0.05).source == "measured"
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
 
 

@@ -104,6 +104,13 @@ def cmd_flops(args) -> None:
             measured = measure_flops(cfg, batch_size=1, checkpointed_blocks=summary["checkpointed_blocks"])
             summary["measured_forward_gflops"] = measured["forward_flops_per_image"] / 1e9
             summary["measured_train_gflops_per_image"] = measured["train_flops_per_image"] / 1e9
+        if args.fvcore:
+            from dit.cost.measured import fvcore_forward_macs
+
+            handled, default = (fvcore_forward_macs(cfg, sdpa_handle=h) for h in (True, False))
+            summary["fvcore_gmacs"] = handled["total"] / 1e9
+            summary["fvcore_layer_norm_gmacs"] = handled["layer_norm"] / 1e9
+            summary["fvcore_without_sdpa_handle_gmacs"] = default["total"] / 1e9
         summaries.append(summary)
     if args.json:
         print(json.dumps(summaries if args.all else summaries[0], indent=2))
@@ -154,8 +161,24 @@ def cmd_flops(args) -> None:
             ),
         ]
         if args.measure:
-            pairs.append(("FlopCounterMode on meta, forward", _num(s["measured_forward_gflops"], 4)))
-            pairs.append(("FlopCounterMode on meta, fwd+bwd", _num(s["measured_train_gflops_per_image"], 3)))
+            pairs.append(("FlopCounterMode on meta, forward GFLOPs", _num(s["measured_forward_gflops"], 4)))
+            pairs.append(
+                ("FlopCounterMode on meta, fwd+bwd GFLOPs", _num(s["measured_train_gflops_per_image"], 3))
+            )
+        if args.fvcore:
+            fv, ln, bare = s["fvcore_gmacs"], s["fvcore_layer_norm_gmacs"], s["fvcore_without_sdpa_handle_gmacs"]
+            pairs.append(
+                (
+                    "fvcore + SDPA handle, GMACs",
+                    f"{_num(fv, 4)} (LayerNorm {_num(ln, 4)}; less LN {_num(fv - ln, 4)})",
+                )
+            )
+            pairs.append(
+                (
+                    "fvcore as shipped (no SDPA), GMACs",
+                    f"{_num(bare, 4)} ({100 * (bare / s['forward_gmacs'] - 1):+.1f}%)",
+                )
+            )
         print()
         _print_pairs(pairs)
 
@@ -394,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every registry config at --image-size")
     p.add_argument("--checkpointed-blocks", default="0", help="for hardware FLOPs: N or 'all'")
     p.add_argument("--measure", action="store_true", help="also count with FlopCounterMode on meta")
+    p.add_argument("--fvcore", action="store_true", help="also count with fvcore (runs the model on CPU)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_flops)
 

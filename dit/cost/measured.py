@@ -112,11 +112,12 @@ def _sdpa_macs(inputs, outputs) -> int:
     return batch_heads * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
-def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1) -> dict:
+def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool = True) -> dict:
     """fvcore's forward count per image (MACs), with the SDPA handle it lacks; runs the model on CPU.
 
     fvcore also counts LayerNorm (4 x numel without affine), which our convention leaves out: it is
-    returned apart as ``layer_norm``, and ``unsupported`` lists the ops fvcore skipped (elementwise ops).
+    returned apart as ``layer_norm``, and ``unsupported`` lists the ops fvcore skipped (elementwise ops;
+    SDPA too with ``sdpa_handle=False``, which is how hook-based counters lose attention).
     """
     with warnings.catch_warnings():  # fvcore warns on import about its own deprecated dependencies
         warnings.simplefilter("ignore")
@@ -124,7 +125,8 @@ def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1) -> dict:
 
     model = DiT.from_config(cfg).eval()
     analysis = FlopCountAnalysis(model, _inputs(cfg, batch_size, "cpu"))
-    analysis.set_op_handle("aten::scaled_dot_product_attention", _sdpa_macs)
+    if sdpa_handle:
+        analysis.set_op_handle("aten::scaled_dot_product_attention", _sdpa_macs)
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.jit.trace deprecation chatter

@@ -116,6 +116,12 @@ def _check_precision(precision: str) -> None:
         raise UserError(f"unknown --precision {precision!r}; choose one of {', '.join(PRECISIONS)}.")
 
 
+def _table_tflops(spec: DeviceSpec, precision: str) -> float | None:
+    if precision == "tf32" and spec.tf32 is None:
+        return spec.fp32  # no TF32 units (pre-Ampere, CDNA2): fp32 matmuls run at the fp32 rate
+    return getattr(spec, precision)
+
+
 def table_peak(device_name: str, precision: str) -> Peak:
     """The datasheet peak, or a UserError that lists the known devices and how to pass a peak."""
     _check_precision(precision)
@@ -125,9 +131,7 @@ def table_peak(device_name: str, precision: str) -> Peak:
             f"no peak FLOP/s known for device {device_name!r}; known devices: {', '.join(KNOWN_DEVICES)}. "
             f"For another device {_HOW_TO_OVERRIDE}."
         )
-    tflops = getattr(spec, precision)
-    if tflops is None and precision == "tf32":
-        tflops = spec.fp32  # no TF32 units (pre-Ampere, CDNA2): fp32 matmuls run at the fp32 rate
+    tflops = _table_tflops(spec, precision)
     if tflops is None:
         raise UserError(
             f"{spec.name} has no published dense {precision} rate"
@@ -159,8 +163,9 @@ def resolve_peak(
 ) -> Peak:
     """The peak to divide by: override, then env, then the table, then a measured matmul peak.
 
-    ``device_name`` None or "cpu" measures the CPU; an unknown accelerator is measured on the current
-    device with a warning, and labelled "measured" so that nobody mistakes it for a datasheet figure.
+    ``device_name`` None or "cpu" measures the CPU; an unknown accelerator (or a known one without a
+    published rate for ``precision``, like an A10G) is measured on the current device with a warning, and
+    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this.
     """
     _check_precision(precision)
     label = device_name or "cpu"
@@ -169,11 +174,12 @@ def resolve_peak(
         return forced
     if device_name is None or device_name.lower() == "cpu":
         return Peak(measure_matmul_peak(precision, measure_seconds, "cpu"), "measured", "cpu", precision)
-    if find_device(device_name) is not None:
+    spec = find_device(device_name)
+    if spec is not None and _table_tflops(spec, precision) is not None:
         return table_peak(device_name, precision)
     warnings.warn(
-        f"no datasheet peak for {device_name!r}; MFU is against a measured matmul peak. To use the datasheet "
-        f"figure, {_HOW_TO_OVERRIDE}.",
+        f"no datasheet {precision} peak for {device_name!r}; MFU is against a measured matmul peak. To use "
+        f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
         stacklevel=2,
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -16,6 +16,15 @@ def _pyplot():
     return plt
 
 
+def _plain_ticks(axis, ticks) -> None:
+    """Plain numbers at chosen ticks on a log axis (matplotlib's default 3x10^1 labels collide)."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     """Forward GFLOPs per image against parameters for every registry config: size by colour, patch by marker."""
     plt = _pyplot()
@@ -33,6 +42,7 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     for patch, marker in markers.items():
         ax.scatter([], [], c="grey", marker=marker, label=f"patch {patch}")
     ax.set(xscale="log", yscale="log", xlabel="parameters (millions)", ylabel="forward GFLOPs per image")
+    _plain_ticks(ax.xaxis, [30, 50, 100, 200, 500, 700])
     ax.set_title(f"DiT forward cost at {image_size} px (1 MAC = 2 FLOPs; training = 3x)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
@@ -68,7 +78,8 @@ def plot_memory_vs_batch(
             ax.scatter(traced_batches, traced, marker="x", s=60, color=colour, label=f"{label} (traced)", zorder=3)
     if device_memory_bytes:
         ax.axhline(device_memory_bytes / 2**30, color="black", linestyle="--", label="device memory")
-    ax.set(xscale="log", yscale="log", xlabel="batch per device", ylabel="peak training memory (GiB)")
+    ax.set(xscale="log", xlabel="batch per device", ylabel="peak training memory (GiB)", ylim=(0, None))
+    _plain_ticks(ax.xaxis, batches)
     ax.set_title(f"{describe(cfg)}, {precision}, AdamW + EMA", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
