@@ -114,6 +114,11 @@ def test_custom_pixel_model(capsys):
         (["memory", "--model", "DiT-S/2"], "--batch-per-device"),
         (["memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--gpu", "A100"], "--memory-gib"),
         (["peaks", "--device", "H100-SXM", "--peak-tflops", "-3"], "--peak-tflops"),
+        (["memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--reserve-gib", "-1"], "--reserve-gib"),
+        (
+            ["sample", "--model", "DiT-S/2", "--gpu", "A100", "--mfu", "0.3", "--num-sampling-steps", "0"],
+            "--num-sampling-steps",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(capsys, argv, needle):

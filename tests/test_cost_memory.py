@@ -4,7 +4,7 @@ import pytest
 
 from dit.cost.memory import estimate_training_memory, max_batch_that_fits, trace_training_memory
 from dit.errors import UserError
-from dit.models import model_config
+from dit.models import DiTConfig, model_config
 
 ALL = "all"
 # S/2: every combination. B/2 and XL/2 (traces take seconds each): a covering set in which each model
@@ -32,6 +32,16 @@ def test_analytic_within_15_percent_of_traced(name, batch, precision, ckpt):
     traced = trace_training_memory(cfg, batch, precision, blocks)
     estimate = estimate_training_memory(cfg, batch, precision, blocks)
     assert abs(estimate.total / traced.peak_bytes - 1) < 0.15, (estimate.phase, estimate.parts, traced.at_peak)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,ckpt", [("fp32", 0), ("bf16", 3)])
+def test_custom_mlp_ratio_within_15_percent_of_traced(precision, ckpt):
+    cfg = DiTConfig(
+        depth=3, hidden_size=128, num_heads=4, patch_size=2, input_size=32, mlp_ratio=2.0, num_classes=10
+    )
+    traced = trace_training_memory(cfg, 64, precision, ckpt)
+    assert abs(estimate_training_memory(cfg, 64, precision, ckpt).total / traced.peak_bytes - 1) < 0.15
 
 
 @pytest.mark.slow

@@ -326,6 +326,8 @@ def cmd_memory(args) -> None:
         result["traced_bytes"] = traced.peak_bytes
         result["traced_parts"] = traced.at_peak
     capacity = _device_memory(args)
+    if args.reserve_gib < 0:
+        raise UserError(f"--reserve-gib must be >= 0, got {args.reserve_gib}.")
     if capacity is not None:
         usable = capacity - int(args.reserve_gib * 2**30)
         result["device_memory_bytes"] = capacity

@@ -19,15 +19,19 @@ from dit.models import DiT, DiTConfig
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
-# Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md):
-# a block keeps 20 such tensors (x, LN, modulated, q/k/v, attention out, proj out, x1, LN, modulated,
-# 4 fc1 out, 4 GELU out, fc2 out); under 16-bit autocast the 4 on the fp32 residual path stay fp32 and
-# the 16 matmul inputs and outputs are half. No tokens^2 term: SDPA keeps only its output and logsumexp.
-_BLOCK_SAVED = {"fp32": 80, "tf32": 80, "bf16": 48, "fp16": 48}
+# Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md).
 _FINAL_SAVED = {"fp32": 12, "tf32": 12, "bf16": 10, "fp16": 10}  # final layer: x, LN, modulated input
 _CHECKPOINT_SAVED = 4  # a checkpointed block keeps its fp32 input, and (torch 2.14.1) until backward ends
 _BACKWARD_WORKING = 16  # activation gradients in flight in backward: ~4 fp32 tensors
-_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+
+
+def _block_saved(precision: str, mlp_ratio: float) -> float:
+    """A block keeps 12 + 2r tensors of one element each (x, LN, modulated, q, k, v, attention out, proj
+    out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4. Under
+    16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half: 48.
+    No tokens^2 term: SDPA keeps its output and a logsumexp, not the attention matrix."""
+    tensors = 12 + 2 * mlp_ratio
+    return 4 * tensors if precision not in _AUTOCAST else 4 * 4 + 2 * (tensors - 4)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def estimate_training_memory(
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     plain = cfg.depth - checkpointed_blocks
     autocast = precision in _AUTOCAST
+    block_saved = _block_saved(precision, cfg.mlp_ratio)
 
     static = {
         "params": 4 * total_params,
@@ -101,7 +106,7 @@ def estimate_training_memory(
 
     copies = 2 * (all_matmul - checkpointed_blocks * block_matmul) if autocast else 0
     backward_start = {
-        "activations": elems * (plain * _BLOCK_SAVED[precision] + checkpointed_blocks * _CHECKPOINT_SAVED),
+        "activations": int(elems * (plain * block_saved + checkpointed_blocks * _CHECKPOINT_SAVED)),
         "autocast_weight_copies": copies,
         "final_layer": elems * _FINAL_SAVED[precision],
         "backward_working": elems * _BACKWARD_WORKING,
@@ -111,7 +116,7 @@ def estimate_training_memory(
         phases["last checkpointed block"] = {
             "gradients": grads,
             "activations": elems * checkpointed_blocks * _CHECKPOINT_SAVED,
-            "recomputed_block": elems * _BLOCK_SAVED[precision] + (2 * block_matmul if autocast else 0),
+            "recomputed_block": int(elems * block_saved) + (2 * block_matmul if autocast else 0),
             "backward_working": elems * _BACKWARD_WORKING,
         }
     phases["optimizer step"] = {"gradients": grads, "optimizer_step_temp": 4 * trainable}
