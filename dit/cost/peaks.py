@@ -88,6 +88,7 @@ DEVICES = (
 )
 KNOWN_DEVICES = tuple(d.name for d in DEVICES)
 _HOW_TO_OVERRIDE = f"pass the peak with --peak-tflops (or set {PEAK_ENV}, in TFLOP/s)"
+_HOW_TO_PLAN = "pass the peak with --peak-tflops (dense TFLOP/s per device)"  # plans ignore the env variable
 
 
 def _normalise(name: str) -> str:
@@ -129,14 +130,14 @@ def table_peak(device_name: str, precision: str) -> Peak:
     if spec is None:
         raise UserError(
             f"no peak FLOP/s known for device {device_name!r}; known devices: {', '.join(KNOWN_DEVICES)}. "
-            f"For another device {_HOW_TO_OVERRIDE}."
+            f"For another device {_HOW_TO_PLAN}."
         )
     tflops = _table_tflops(spec, precision)
     if tflops is None:
         raise UserError(
             f"{spec.name} has no published dense {precision} rate"
             + (" (NVIDIA publishes no A10G datasheet)" if spec.name == "A10G" else "")
-            + f"; {_HOW_TO_OVERRIDE}, or choose a precision it supports."
+            + f"; {_HOW_TO_PLAN}, or choose a precision it supports."
         )
     return Peak(tflops * 1e12, "table", spec.name, precision)
 
