@@ -66,6 +66,17 @@ def _budget_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--price-per-hour", type=float, help="price of one device-hour, for the cost line")
 
 
+def _budget_options(args) -> dict:
+    return dict(
+        device=args.gpu,
+        precision=args.precision,
+        mfu=args.mfu,
+        calibration=args.calibration,
+        price_per_device_hour=args.price_per_hour,
+        peak_tflops=args.peak_tflops,
+    )
+
+
 def _print_table(rows: list[list], headers: list[str]) -> None:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -194,12 +205,7 @@ def cmd_train(args) -> None:
         args.global_batch_size,
         args.steps,
         args.num_gpus,
-        device=args.gpu,
-        precision=args.precision,
-        mfu=args.mfu,
-        calibration=args.calibration,
-        price_per_device_hour=args.price_per_hour,
-        peak_tflops=args.peak_tflops,
+        **_budget_options(args),
         checkpointed_blocks=_checkpointed(args, cfg),
     )
     if args.json:
@@ -240,12 +246,7 @@ def cmd_sample(args) -> None:
         args.num_sampling_steps,
         args.cfg_scale,
         args.num_gpus,
-        device=args.gpu,
-        precision=args.precision,
-        mfu=args.mfu,
-        calibration=args.calibration,
-        price_per_device_hour=args.price_per_hour,
-        peak_tflops=args.peak_tflops,
+        **_budget_options(args),
         vae_config=None if args.no_vae else analytic.SD_VAE_CONFIG,
     )
     if args.json:

@@ -158,6 +158,34 @@ def _positive(name: str, value: float | None) -> None:
         raise UserError(f"{name} must be positive, got {value}.")
 
 
+def _budget(
+    total_flops: float,
+    num_devices: int,
+    peak: Peak,
+    mfu: float,
+    mfu_source: str,
+    price_per_device_hour: float | None,
+) -> dict:
+    """Time and money for ``total_flops`` on ``num_devices`` running at ``mfu`` of ``peak``."""
+    seconds = total_flops / (num_devices * peak.flops * mfu)
+    device_hours = seconds * num_devices / 3600
+    return {
+        "total_flops": total_flops,
+        "device": peak.device,
+        "num_devices": num_devices,
+        "precision": peak.precision,
+        "peak_tflops_per_device": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": mfu,
+        "mfu_source": mfu_source,
+        "seconds": seconds,
+        "device_hours": device_hours,
+        "days": seconds / 86400,
+        "price_per_device_hour": price_per_device_hour,
+        "cost": device_hours * price_per_device_hour if price_per_device_hour is not None else None,
+    }
+
+
 # --------------------------------------------------------------------------------------------------------
 # Plans
 # --------------------------------------------------------------------------------------------------------
@@ -195,8 +223,7 @@ def plan_training(
     train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks)
     images = global_batch_size * steps
     total_flops = float(train.model) * images
-    seconds = total_flops / (num_devices * peak.flops * mfu)
-    device_hours = seconds * num_devices / 3600
+    budget = _budget(total_flops, num_devices, peak, mfu, mfu_source, price_per_device_hour)
     batch_per_device = global_batch_size // num_devices
     plan = {
         "model": registry_name(cfg) or "custom",
@@ -206,23 +233,11 @@ def plan_training(
         "batch_per_device": batch_per_device,
         "steps": steps,
         "images": images,
-        "device": peak.device,
-        "num_devices": num_devices,
-        "precision": precision,
-        "peak_tflops_per_device": peak.flops / 1e12,
-        "peak_source": peak.source,
-        "mfu": mfu,
-        "mfu_source": mfu_source,
         "forward_gflops_per_image": train.forward / 1e9,
         "train_gflops_per_image": train.model / 1e9,
-        "total_flops": total_flops,
         "total_macs": total_flops / 2,  # the DiT paper's "Gflops" convention
-        "images_per_sec": images / seconds,
-        "seconds": seconds,
-        "device_hours": device_hours,
-        "days": seconds / 86400,
-        "price_per_device_hour": price_per_device_hour,
-        "cost": device_hours * price_per_device_hour if price_per_device_hour is not None else None,
+        "images_per_sec": images / budget["seconds"],
+        **budget,
     }
     if precision in MEMORY_PRECISIONS:
         memory = estimate_training_memory(
@@ -260,9 +275,7 @@ def plan_sampling(
     peak = _peak(device, precision, peak_tflops)
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(cfg, num_sampling_steps, cfg_scale, vae_decode_flops=decode)
-    total_flops = per_image.total * num_images
-    seconds = total_flops / (num_devices * peak.flops * mfu)
-    device_hours = seconds * num_devices / 3600
+    budget = _budget(per_image.total * num_images, num_devices, peak, mfu, mfu_source, price_per_device_hour)
     return {
         "model": registry_name(cfg) or "custom",
         "image_size": image_size,
@@ -274,17 +287,6 @@ def plan_sampling(
         "model_gflops_per_image": per_image.model / 1e9,
         "vae_decode_gflops_per_image": per_image.vae_decode / 1e9,
         "gflops_per_image": per_image.total / 1e9,
-        "total_flops": total_flops,
-        "device": peak.device,
-        "num_devices": num_devices,
-        "precision": precision,
-        "peak_tflops_per_device": peak.flops / 1e12,
-        "peak_source": peak.source,
-        "mfu": mfu,
-        "mfu_source": mfu_source,
-        "images_per_sec": num_images / seconds,
-        "seconds": seconds,
-        "device_hours": device_hours,
-        "price_per_device_hour": price_per_device_hour,
-        "cost": device_hours * price_per_device_hour if price_per_device_hour is not None else None,
+        "images_per_sec": num_images / budget["seconds"],
+        **budget,
     }
