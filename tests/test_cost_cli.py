@@ -185,3 +185,16 @@ def test_plots_are_png(capsys, tmp_path):
     )
     for png in (flops_png, memory_png):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_cost_cli_answers_without_loading_torch():
+    """Planning is a host-side calculation: `dit-cost flops/train/sample` must not pay torch's import."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv = ['dit-cost', 'flops', '--all', '--json']; "
+    code += (
+        "import dit.cost.__main__ as m; m.main(sys.argv[1:]); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

@@ -13,7 +13,7 @@ import sys
 from dit.cli import run_cli
 from dit.cost import analytic, memory, peaks, plan
 from dit.errors import UserError
-from dit.models import MODEL_NAMES, describe
+from dit.model_config import MODEL_NAMES, describe
 
 
 def _model_args(p: argparse.ArgumentParser, required_model: bool = False) -> None:

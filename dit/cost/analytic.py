@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.errors import UserError
-from dit.models import DiTConfig, describe, registry_name
+from dit.model_config import DiTConfig, describe, registry_name
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
 # conditioning vector, not once per token; that is why 6*N*T overcounts DiT by ~46%.

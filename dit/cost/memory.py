@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from dit.cost.analytic import param_counts
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig
+from dit.model_config import DiTConfig
 
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtype names; torch loads lazily
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 # Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md).
@@ -177,9 +175,11 @@ def trace_training_memory(
     same ops here). AdamW runs ``foreach`` as on CUDA. A warm-up step with zero gradients, untracked,
     creates the optimizer state first, so the tracked step is the steady state, not the lighter first one.
     """
+    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dit.diffusion import create_diffusion
+    from dit.models import DiT
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(range(checkpointed_blocks)).train()
@@ -202,7 +202,9 @@ def trace_training_memory(
             x = torch.randn(n, cfg.in_channels, side, side)
             y = torch.randint(0, max(cfg.num_classes, 1), (n,))
             t = torch.randint(0, diffusion.num_timesteps, (n,))
-            with torch.autocast("cpu", dtype=_AUTOCAST.get(precision), enabled=precision in _AUTOCAST):
+            with torch.autocast(
+                "cpu", dtype=getattr(torch, _AUTOCAST.get(precision, "float32")), enabled=precision in _AUTOCAST
+            ):
                 loss = diffusion.training_losses(model, x, t, {"y": y})["loss"].mean()
             loss.backward()
             optimizer.step()

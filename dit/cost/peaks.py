@@ -14,8 +14,6 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import torch
-
 from dit.errors import UserError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -183,6 +181,8 @@ def resolve_peak(
         f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
         stacklevel=2,
     )
+    import torch
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = measure_matmul_peak(precision, measure_seconds, device)
     return Peak(flops, "measured", f"{device_name} (measured)", precision)
@@ -190,6 +190,8 @@ def resolve_peak(
 
 def matmul_precision(precision: str) -> str:
     """What fp32 matmuls really run in on this machine: TF32 when CUDA allows it (the official DiT recipe)."""
+    import torch
+
     # allow_tf32 = True and set_float32_matmul_precision("high") both show up here.
     if precision == "fp32" and torch.cuda.is_available() and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
@@ -198,6 +200,8 @@ def matmul_precision(precision: str) -> str:
 
 def current_device_name() -> str:
     """``torch.cuda.get_device_name()``, with the MI250X/MI250 ambiguity resolved by compute-unit count."""
+    import torch
+
     if not torch.cuda.is_available():
         return "cpu"
     name = torch.cuda.get_device_name()
@@ -210,11 +214,13 @@ def peak_for_current_device(precision: str, override_tflops: float | None = None
     return resolve_peak(current_device_name(), matmul_precision(precision), override_tflops)
 
 
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch loads lazily
 
 
 def measure_matmul_peak(precision: str = "fp32", seconds: float = 1.0, device: str | None = None) -> float:
     """Best FLOP/s of a square matmul over ``seconds``: the ceiling for unknown devices and the CPU."""
+    import torch
+
     if precision not in _DTYPES:
         raise UserError(f"cannot measure a {precision} matmul peak here; {_HOW_TO_OVERRIDE}.")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -224,8 +230,8 @@ def measure_matmul_peak(precision: str = "fp32", seconds: float = 1.0, device: s
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     try:
-        a = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
-        b = torch.randn(n, n, device=device, dtype=_DTYPES[precision])
+        a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
+        b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
         a @ b  # warm-up: kernel selection, thread pools
         sync()
         best, deadline = 0.0, time.perf_counter() + seconds

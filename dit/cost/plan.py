@@ -21,7 +21,7 @@ from dit.cost.analytic import (
 from dit.cost.memory import MEMORY_PRECISIONS, estimate_training_memory
 from dit.cost.peaks import Peak, device_memory_bytes, find_device, resolve_peak, table_peak
 from dit.errors import UserError
-from dit.models import DiTConfig, describe, model_config, registry_name
+from dit.model_config import DiTConfig, describe, model_config, registry_name
 
 VAE_DOWNSAMPLE = 8  # SD VAE: 256 px images -> 32 x 32 x 4 latents
 

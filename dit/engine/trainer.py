@@ -180,9 +180,12 @@ def build_data(cfg: TrainConfig, dataset, device):
     from dit import vae as vae_lib
 
     vae = vae_lib.load_vae(cfg.vae, device=device)
-    latent_channels = int(vae.config.latent_channels)
-    factor = 2 ** (len(vae.config.block_out_channels) - 1)
-    return ds, latent_channels, cfg.image_size // factor, vae
+    factor = vae_lib.latent_downsample(vae)
+    if cfg.image_size % factor:
+        raise UserError(
+            f"--image-size {cfg.image_size} is not a multiple of the VAE's downsampling factor {factor}."
+        )
+    return ds, int(vae.config.latent_channels), cfg.image_size // factor, vae
 
 
 def build_model_config(cfg: TrainConfig, in_channels: int, input_size: int) -> DiTConfig:

@@ -1,0 +1,101 @@
+"""The shapes of a DiT, with no torch import: what the cost planner and the registry share.
+
+``dit.models`` builds modules from a ``DiTConfig``; ``dit.cost`` only reads it, so ``dit-cost`` answers
+without loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dit.errors import UserError
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Everything that fixes a DiT's shapes and compute; the cost package reads only this."""
+
+    depth: int = 28
+    hidden_size: int = 1152
+    num_heads: int = 16
+    patch_size: int = 2
+    input_size: int = 32
+    in_channels: int = 4
+    num_classes: int = 1000
+    learn_sigma: bool = True
+    class_dropout_prob: float = 0.1
+    mlp_ratio: float = 4.0
+    frequency_embedding_size: int = 256
+
+    def __post_init__(self):
+        for name in ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels"):
+            if int(getattr(self, name)) <= 0:
+                raise UserError(f"DiT {name} must be positive, got {getattr(self, name)}.")
+        if self.num_classes < 0:
+            raise UserError(f"num_classes must be >= 0, got {self.num_classes}.")
+        if self.input_size % self.patch_size:
+            raise UserError(
+                f"input size {self.input_size} is not divisible by patch size {self.patch_size}: "
+                f"choose an input size that is a multiple of {self.patch_size} (for a VAE, image size / 8)."
+            )
+        if self.hidden_size % self.num_heads:
+            raise UserError(
+                f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads: "
+                "pick a head count that divides it."
+            )
+        if self.hidden_size % 4:
+            raise UserError(
+                f"hidden size {self.hidden_size} must be a multiple of 4 for the 2-D sin-cos embedding."
+            )
+
+    @property
+    def out_channels(self) -> int:
+        return self.in_channels * 2 if self.learn_sigma else self.in_channels
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_size // self.patch_size) ** 2
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.hidden_size * self.mlp_ratio)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# (depth, hidden size, heads) per size; the patch size is the number after the slash.
+_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+MODEL_NAMES = tuple(f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8))
+
+
+def model_config(name: str, **overrides) -> DiTConfig:
+    """The registry config called ``name`` ("DiT-XL/2"), with any field overridden."""
+    try:
+        size, patch = name.removeprefix("DiT-").split("/")
+        depth, hidden, heads = _SIZES[size]
+        if int(patch) not in (2, 4, 8):
+            raise KeyError(name)
+    except (KeyError, ValueError):
+        raise UserError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}.") from None
+    base = dict(depth=depth, hidden_size=hidden, num_heads=heads, patch_size=int(patch))
+    return DiTConfig(**{**base, **overrides})
+
+
+def registry_name(cfg: DiTConfig) -> str | None:
+    """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
+    for name in MODEL_NAMES:
+        ref = model_config(name)
+        if (ref.depth, ref.hidden_size, ref.num_heads, ref.patch_size) == (
+            cfg.depth,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.patch_size,
+        ):
+            return name
+    return None
+
+
+def describe(cfg: DiTConfig) -> str:
+    name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
+    return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes"
