@@ -174,9 +174,7 @@ def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch):
     from dit.engine.trainer import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Pixels())
-    trainer.nonfinite_total = torch.zeros((), dtype=torch.long)
-    trainer.nonfinite_streak = torch.zeros((), dtype=torch.long)
-    trainer.loss_sum, trainer.loss_count = torch.zeros(()), torch.zeros((), dtype=torch.long)
+    trainer.reset_counters()
     batches = [next(iter(trainer.loader))]
     calls = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "numpy"):

@@ -135,7 +135,7 @@ class TrainConfig:
 
 def build_accelerator(cfg: TrainConfig):
     """accelerate's Accelerator, with its two silent CPU traps closed."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedDataParallelKwargs
 
     use_cuda = torch.cuda.is_available() and cfg.device != "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -150,7 +150,11 @@ def build_accelerator(cfg: TrainConfig):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
     # A plain Accelerator() under torchrun without CUDA trains every rank alone: cpu=True selects gloo DDP.
-    return Accelerator(cpu=not use_cuda, mixed_precision={"bf16": "bf16", "fp16": "fp16"}.get(cfg.precision, "no"))
+    # Mixed precision is ours (autocast + GradScaler in the step), not accelerate's: its state is a process
+    # singleton, so a second trainer (a benchmark sweep, a test) could not use another precision.
+    return Accelerator(
+        cpu=not use_cuda, kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+    )
 
 
 def build_data(cfg: TrainConfig, dataset, device):
@@ -302,14 +306,15 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         impl = {"fused": True} if cfg.fused_optimizer else {"foreach": True}
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.step = 0
         if ckpt is not None:
             self.model.load_weights(ckpt["model"], source=str(self.resume_from))
             self.ema.load_state_dict(ckpt["ema"], ckpt["ema_updates"])
             self.opt.load_state_dict(ckpt["optimizer"])
             self.step = int(ckpt["step"])
-            if self.acc.scaler is not None and ckpt.get("scaler"):
-                self.acc.scaler.load_state_dict(ckpt["scaler"])
+            if self.scaler is not None and ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
             rng = ckpt.get("rng", {}).get(str(self.rank))
             if rng is not None:
                 torch.set_rng_state(rng["cpu"])
@@ -319,6 +324,10 @@ class Trainer:
             for block in self.model.blocks:
                 block.compile()
         self.ddp_model = self.acc.prepare(self.model)
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+        )
         self.diffusion = create_diffusion(timestep_respacing="")
         self.diffusion.tables(self.device)
         self.order = StepOrder(
@@ -431,6 +440,11 @@ class Trainer:
         drop = (torch.rand(b, generator=g, device=self.device) < self.cfg.class_dropout_prob).long()
         return t, noise, drop
 
+    def _model_fn(self, x, t, **kwargs):
+        """The (DDP-wrapped) model under autocast, returning float32 so the loss math stays in float32."""
+        with self.autocast():
+            return self.ddp_model(x, t, **kwargs).float()
+
     def train_step(self, batches, log_step: bool):
         cfg, acc = self.cfg, self.acc
         for g in self.opt.param_groups:
@@ -452,9 +466,9 @@ class Trainer:
             last = m == len(batches) - 1
             ctx = contextlib.nullcontext() if last else acc.no_sync(self.ddp_model)
             with ctx:
-                terms = self.diffusion.training_losses(self.ddp_model, x, t_all[sl], kwargs, noise=noise_all[sl])
+                terms = self.diffusion.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
                 loss = terms["loss"].mean() / cfg.grad_accum_steps
-                acc.backward(loss)
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
         bad = ~torch.isfinite(total)
         if self.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
@@ -463,16 +477,16 @@ class Trainer:
             bad = bad.bool()
         grad_norm = None
         if cfg.grad_clip > 0 or log_step:
-            if acc.scaler is not None:
-                acc.scaler.unscale_(self.opt)
+            if self.scaler is not None:
+                self.scaler.unscale_(self.opt)
             params = [p for p in self.model.parameters() if p.grad is not None]
             if cfg.grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
             else:
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if acc.scaler is not None:
-            acc.scaler.step(self.opt)  # skips non-finite steps on the device
-            acc.scaler.update()
+        if self.scaler is not None:
+            self.scaler.step(self.opt)  # skips non-finite steps on the device
+            self.scaler.update()
         elif cfg.fused_optimizer:
             self.opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
             self.opt.step()
@@ -507,7 +521,7 @@ class Trainer:
                 "ema": self.ema.state_dict(),
                 "ema_updates": self.ema.num_updates,
                 "optimizer": self.opt.state_dict(),
-                "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "data_position": {"step": self.step, "epoch": self.order.epoch_of(self.step)},
                 "rng": {str(r): s for r, s in enumerate(gathered)},
                 "config": {**to_dict(self.cfg), "vae": None if self.cfg.pixel_space else self.cfg.vae},
@@ -548,7 +562,7 @@ class Trainer:
             **window,
             "measured_tflops_per_device": rate * self.measured_flops_per_image / 1e12,
             "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
-            "loss_scale": float(self.acc.scaler.get_scale()) if self.acc.scaler is not None else None,
+            "loss_scale": float(self.scaler.get_scale()) if self.scaler is not None else None,
             "nonfinite_steps": int(values[2]),
             "in_warmup": self.step <= self.warmup_until,
         }
@@ -584,12 +598,16 @@ class Trainer:
             self._sync()
             self.meter.resume()
 
-    def run(self) -> dict:
-        cfg = self.cfg
+    def reset_counters(self):
+        """Device-side loss and non-finite counters, read only at log steps."""
         self.nonfinite_total = torch.zeros((), dtype=torch.long, device=self.device)
         self.nonfinite_streak = torch.zeros((), dtype=torch.long, device=self.device)
         self.loss_sum = torch.zeros((), device=self.device)
         self.loss_count = torch.zeros((), dtype=torch.long, device=self.device)
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.reset_counters()
         self.warmup_until = self.step + cfg.mfu_warmup_steps
         stop = StopFlag(self.world)
         it = iter(self.loader)

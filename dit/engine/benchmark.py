@@ -1,0 +1,249 @@
+"""Throughput benchmarks of what users run: the real trainer's step, the sampler, the accounting, the reader.
+
+Every timing synchronises the device before reading the clock, leaves warm-up steps out, and reports the
+median with the 10th and 90th percentiles. Results are plain dicts, so the face can print a table and
+write JSON that ``dit-cost train --calibration FILE`` reads.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dit.cost.analytic import sampling_flops_per_image
+from dit.cost.peaks import measure_matmul_peak, resolve_peak
+from dit.engine.trainer import TrainConfig, Trainer
+
+
+class SyntheticLatents(Dataset):
+    """Random 4-channel latents and labels: the model's input without a data set or a VAE."""
+
+    def __init__(self, n: int, channels: int, size: int, num_classes: int = 1000):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, channels, size, size, generator=g)
+        self.y = torch.randint(0, num_classes, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _spread(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
+    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "samples": len(times)}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def bench_train(
+    model: str = "DiT-S/2",
+    image_size: int = 256,
+    precision: str = "fp32",
+    batch_size: int = 8,
+    checkpoint_blocks: str = "none",
+    compile: bool = False,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+) -> dict:
+    """One training-step configuration through ``Trainer.train_step`` (data already on the device)."""
+    size = image_size // 8
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TrainConfig(
+            model=model,
+            image_size=image_size,
+            vae="none",  # the synthetic data are latents already
+            global_batch_size=batch_size,
+            max_steps=steps + warmup,
+            precision=precision,
+            checkpoint_blocks=checkpoint_blocks,
+            compile=compile,
+            num_workers=0,
+            results_dir=out,
+            device=device,
+            peak_tflops=peak_tflops,
+        )
+        trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, size))
+        trainer.reset_counters()
+        trainer.model.train()
+        x, y = next(iter(trainer.loader))
+        batches = [(x.to(trainer.device), y.to(trainer.device))]
+        times, losses = [], []
+        for i in range(warmup + steps):
+            _sync(trainer.device)
+            start = time.perf_counter()
+            trainer.train_step(batches, log_step=False)
+            _sync(trainer.device)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+            trainer.step += 1
+            losses.append(float(trainer.loss_sum) / max(int(trainer.loss_count), 1))
+            trainer.reset_counters()
+        spread = _spread(times)
+        rate = batch_size / spread["median_s"]
+        peak = trainer.peak
+        result = {
+            "mode": "train",
+            "model": model,
+            "image_size": image_size,
+            "precision": precision,
+            "batch_per_device": batch_size,
+            "checkpoint_blocks": trainer.model.num_checkpointed_blocks,
+            "compile": compile,
+            "device": _device_name(trainer.device),
+            **spread,
+            "images_per_sec": rate,
+            "model_tflops": rate * trainer.flops.model / 1e12,
+            "hardware_tflops": rate * trainer.flops.hardware / 1e12,
+            "peak_tflops": peak.flops / 1e12,
+            "peak_source": peak.source,
+            "mfu": rate * trainer.flops.model / peak.flops,
+            "hfu": rate * trainer.flops.hardware / peak.flops,
+            "losses": losses,
+        }
+        if trainer.device.type == "cuda":
+            result["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+        trainer.sinks.close()
+    return result
+
+
+def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
+    """This machine's measured matmul ceiling per precision, for ratios within one benchmark run."""
+    return {p: measure_matmul_peak(p, seconds, device) / 1e12 for p in precisions}
+
+
+def bench_sample(
+    model: str = "DiT-S/2",
+    image_size: int = 256,
+    precision: str = "fp32",
+    batch_size: int = 8,
+    num_sampling_steps: int = 10,
+    cfg_scale: float = 4.0,
+    repeats: int = 3,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+) -> dict:
+    """Images/s and MFU of the guided DDPM sampler on random weights (speed does not depend on them)."""
+    from dit.engine.sampling import SamplingModel, generate, make_diffusion, precision_scope, resolve_device
+    from dit.models import create_model
+
+    dev = resolve_device(device)
+    net = create_model(model, input_size=image_size // 8).to(dev).eval()
+    sm = SamplingModel(net, "random", image_size, None, None)
+    diffusion = make_diffusion(sm, num_sampling_steps)
+    labels, seeds = [i % 1000 for i in range(batch_size)], list(range(batch_size))
+    times = []
+    with precision_scope(precision, dev) as autocast:
+        for i in range(repeats + 1):
+            _sync(dev)
+            start = time.perf_counter()
+            generate(sm, diffusion, labels, seeds, "ddpm", cfg_scale, 3, autocast)
+            _sync(dev)
+            if i:  # the first run warms up
+                times.append(time.perf_counter() - start)
+    spread = _spread(times)
+    flops = sampling_flops_per_image(net.config, num_sampling_steps, cfg_scale).model
+    rate = batch_size / spread["median_s"]
+    peak = resolve_peak(_device_name(dev) if dev.type == "cuda" else "cpu", precision, peak_tflops)
+    return {
+        "mode": "sample",
+        "model": model,
+        "image_size": image_size,
+        "precision": precision,
+        "batch": batch_size,
+        "num_sampling_steps": num_sampling_steps,
+        "cfg_scale": cfg_scale,
+        "device": _device_name(dev),
+        **spread,
+        "images_per_sec": rate,
+        "model_tflops": rate * flops / 1e12,
+        "peak_tflops": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": rate * flops / peak.flops,
+    }
+
+
+def bench_accounting(
+    model: str = "DiT-S/2",
+    batch_size: int = 8,
+    log_every: int = 100,
+    precision: str = "fp32",
+    image_size: int = 256,
+) -> dict:
+    """What cost accounting adds to a step: the meter's per-step counters, and one log (window + sinks)
+    amortised over ``log_every`` steps, against the measured step time of the same configuration."""
+    step = bench_train(model, image_size, precision, batch_size, steps=5, warmup=2)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = Trainer(
+            TrainConfig(model=model, vae="none", global_batch_size=batch_size, num_workers=0, results_dir=out),
+            SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8),
+        )
+        n = 20000
+        start = time.perf_counter()
+        for _ in range(n):
+            trainer.meter.step(batch_size, data_wait_s=1e-4)
+        per_step = (time.perf_counter() - start) / n
+        logs = 200
+        start = time.perf_counter()
+        for i in range(logs):
+            window = trainer.meter.window()
+            trainer.sinks.log({"step": i, "loss": 0.1, "grad_norm": 1.0, **window})
+        per_log = (time.perf_counter() - start) / logs
+        trainer.sinks.close()
+    overhead = per_step + per_log / log_every
+    return {
+        "mode": "accounting",
+        "model": model,
+        "batch": batch_size,
+        "log_every": log_every,
+        "meter_step_us": per_step * 1e6,
+        "log_ms": per_log * 1e3,
+        "step_median_s": step["median_s"],
+        "overhead_per_step_us": overhead * 1e6,
+        "overhead_frac": overhead / step["median_s"],
+    }
+
+
+def bench_reader(store: str, batch_size: int = 256, seconds: float = 3.0, repeats: int = 5) -> dict:
+    """Latent-store samples/s per process through a DataLoader (batched ``__getitems__``), from the page cache."""
+    from dit.data.latents import LatentStoreDataset
+
+    ds = LatentStoreDataset(store)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=0)
+
+    def rate(duration):
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            for x, _ in loader:
+                count += len(x)
+                if time.perf_counter() - start >= duration:
+                    break
+        return count / (time.perf_counter() - start)
+
+    rate(1.0)  # page cache and allocator warm-up
+    rates = sorted(rate(seconds) for _ in range(repeats))
+    return {
+        "mode": "reader",
+        "store": store,
+        "items": len(ds),
+        "latent_shape": list(ds.latent_shape),
+        "storage_dtype": ds.manifest["storage_dtype"],
+        "batch": batch_size,
+        "best_samples_per_sec": rates[-1],
+        "median_samples_per_sec": statistics.median(rates),
+        "threads": torch.get_num_threads(),
+    }

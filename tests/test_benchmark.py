@@ -1,0 +1,61 @@
+"""scripts/benchmark.py writes what it claims: rows with timings, a calibration dit-cost accepts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dit.cost.plan import load_calibration
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench(*args):
+    out = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_train_rows_and_calibration(tmp_path):
+    rows_file, cal_file = tmp_path / "rows.json", tmp_path / "cal.json"
+    common = ["--model", "DiT-S/8", "--image-size", "64", "--batch-size", "4", "--steps", "2", "--warmup", "1"]
+    bench(
+        "train", *common, "--precision", "fp32", "bf16", "--json", str(rows_file), "--calibration", str(cal_file)
+    )
+    data = json.loads(rows_file.read_text())
+    assert {r["precision"] for r in data["rows"]} == {"fp32", "bf16"}
+    for r in data["rows"]:
+        assert r["samples"] == 2 and r["p10_s"] <= r["median_s"] <= r["p90_s"]
+        assert r["images_per_sec"] == pytest.approx(4 / r["median_s"])
+        assert r["mfu"] == pytest.approx(r["model_tflops"] / r["peak_tflops"])
+        assert len(r["losses"]) == 3
+    assert set(data["matmul_peak_tflops"]) == {"fp32", "bf16"}
+    cal = load_calibration(str(cal_file))
+    best = max(data["rows"], key=lambda r: r["mfu"])
+    assert (cal.model, cal.precision, cal.mfu) == ("DiT-S/8", best["precision"], best["mfu"])
+
+
+def test_reader_and_accounting_modes(tmp_path):
+    out = bench(
+        "reader", "--images", "600", "--seconds", "0.3", "--repeats", "1", "--json", str(tmp_path / "r.json")
+    )
+    row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
+    assert row["items"] == 600 and row["best_samples_per_sec"] > 0
+    assert "best_samples_per_sec" in out.stdout
+    bench(
+        "accounting",
+        "--model",
+        "DiT-S/8",
+        "--image-size",
+        "64",
+        "--batch-size",
+        "4",
+        "--json",
+        str(tmp_path / "a.json"),
+    )
+    acc = json.loads((tmp_path / "a.json").read_text())["rows"][0]
+    assert 0 < acc["overhead_frac"] < 1 and acc["meter_step_us"] > 0
