@@ -10,9 +10,12 @@ import hashlib
 import json
 import os
 import re
+import typing
 
 import torch
-from diffusers import AutoencoderKL
+
+if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sampler run without it in pixel space
+    from diffusers import AutoencoderKL
 
 from dit.errors import UserError
 
@@ -45,6 +48,8 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
             "AutoencoderKL.save_pretrained (config.json + diffusion_pytorch_model.safetensors)."
         )
     try:
+        from diffusers import AutoencoderKL
+
         vae = AutoencoderKL.from_pretrained(source, torch_dtype=dtype)
     except (OSError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
@@ -132,6 +137,8 @@ def build_tiny_vae(seed: int = 0, latent_channels: int = 4) -> AutoencoderKL:
     For tests and CPU smoke runs, where the real 84M-parameter VAE (about 2 s per 256 px image here) is too
     slow and cannot be downloaded. Its latents mean nothing.
     """
+    from diffusers import AutoencoderKL
+
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         vae = AutoencoderKL(

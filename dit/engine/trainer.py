@@ -26,7 +26,6 @@ from dit.engine.ema import EMA
 from dit.engine.metrics import MetricSinks
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig, describe, model_config
-from dit.vae import encode as vae_encode
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -285,6 +284,10 @@ class Trainer:
         self.sinks = MetricSinks(self.out, enabled=self.acc.is_main_process)
 
         ds, in_channels, input_size, self.vae = build_data(cfg, dataset, self.device)
+        if self.vae is not None:
+            from dit.vae import encode  # diffusers loads only for runs that encode images on the fly
+
+            self.vae_encode = encode
         self.dataset = ds
         self.model_cfg = build_model_config(cfg, in_channels, input_size)
         self.resume_from = self._find_resume()
@@ -457,7 +460,7 @@ class Trainer:
             y = y.to(self.device, non_blocking=True)
             if self.vae is not None:
                 with torch.no_grad():
-                    x = vae_encode(self.vae, x)
+                    x = self.vae_encode(self.vae, x)
             lo = (self.rank * cfg.grad_accum_steps + m) * self.micro
             sl = slice(lo, lo + self.micro)
             kwargs = dict(y=y)
