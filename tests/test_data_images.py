@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import make_image_folder
 from PIL import Image
 
 from dit.data.images import (
@@ -15,26 +16,6 @@ from dit.data.images import (
     scan_image_folder,
 )
 from dit.errors import UserError
-
-
-def make_image_folder(root, counts=None, seed=0):
-    """A synthetic ImageNet-style folder of random RGB images, 32-64 px on each side, plus three problems:
-    a corrupt JPEG, a non-image file, and an empty class folder (``c_empty``)."""
-    rng = np.random.default_rng(seed)
-    counts = counts or {"a_cat": 4, "b_dog": 3}
-    for name, count in counts.items():
-        os.makedirs(os.path.join(root, name), exist_ok=True)
-        for i in range(count):
-            size = tuple(int(s) for s in rng.integers(32, 65, 2))
-            pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(os.path.join(root, name, f"img{i}.png"))
-    first = sorted(counts)[0]
-    with open(os.path.join(root, first, "broken.jpg"), "wb") as f:
-        f.write(b"\xff\xd8\xff\xe0 truncated")
-    with open(os.path.join(root, first, "notes.txt"), "w") as f:
-        f.write("not an image")
-    os.makedirs(os.path.join(root, "c_empty"), exist_ok=True)
-    return str(root)
 
 
 def test_center_crop_keeps_the_centre_and_resizes_the_short_side():

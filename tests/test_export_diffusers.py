@@ -11,15 +11,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiTPipeline
-from test_sampling import (  # noqa: F401 (fixtures)
-    face,
-    one_thread,
-    our_ckpt,
-    run_face,
-    tiny_dit,
-    vae_dir,
-    write_our_checkpoint,
-)
+from helpers import face, run_face, tiny_dit, write_our_checkpoint
 
 from dit.cli import run_cli
 from dit.diffusion import create_diffusion

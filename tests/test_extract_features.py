@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_data_images import make_image_folder
+from helpers import make_image_folder
 
 from dit.cli import run_cli
 from dit.data.images import read_image, to_model_range
@@ -28,16 +28,6 @@ _spec.loader.exec_module(extract_features)
 
 COUNTS = {"a_cat": 5, "b_dog": 4}  # + a_cat/broken.jpg: 10 sources, 9 images, 4 shards of 3 sources
 SETTINGS = ["--image-size", "32", "--shard-size", "3", "--batch-size", "2", "--num-workers", "0"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One OpenMP thread, as torchrun gives each rank: the bytes must not depend on the rank count, and
-    CPU convolutions round differently with different thread counts (also ~100x faster on this busy box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_sampling import face, one_thread, our_ckpt, run_face, vae_dir  # noqa: F401 (fixtures)
+from helpers import face, run_face
 
 from dit.cli import run_cli
 from dit.engine.sampling import pack_npz, png_path

@@ -7,17 +7,15 @@ AutoencoderKL saved to a temp folder; 64 px images (8x8 latents), 10 sampling st
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import randomize, run_face, tiny_dit, write_our_checkpoint
 from PIL import Image
 
-from dit.cli import run_cli
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
-from dit.engine.checkpoint import save_training_checkpoint
 from dit.engine.sampling import (
     SampleConfig,
     batches,
@@ -33,59 +31,7 @@ from dit.errors import UserError
 from dit.models import DiT, create_model
 from dit.vae import build_tiny_vae
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4, num_classes=10)
 STEPS = "10"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine run ~100x slower with 2 spinning OpenMP threads."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-def randomize(model: DiT, seed: int, std: float = 0.1) -> DiT:
-    """Redraw every weight but the fixed position table (a fresh DiT is adaLN-Zero: it outputs exactly 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name != "pos_embed":
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-    return model
-
-
-def tiny_dit(seed: int = 0, **overrides) -> DiT:
-    return randomize(DiT(**{**TINY, **overrides}), seed)
-
-
-def write_our_checkpoint(folder: Path, vae: str | None, seed: int = 0, **overrides) -> Path:
-    """A checkpoint as train.py writes it: raw and EMA weights differ, the run config names the VAE."""
-    model, ema = tiny_dit(seed, **overrides), tiny_dit(seed + 1, **overrides)
-    cfg = model.config
-    image_size = cfg.input_size * (8 if vae else 1)
-    payload = {
-        "model": model.state_dict(),
-        "ema": ema.state_dict(),
-        "optimizer": {},
-        "config": {"model": "custom", "image_size": image_size, "vae": vae, "num_classes": cfg.num_classes},
-        "model_config": cfg.to_dict(),
-    }
-    return save_training_checkpoint(folder, 100, payload)
-
-
-@pytest.fixture(scope="module")
-def vae_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("vae")
-    build_tiny_vae(seed=0).save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def our_ckpt(tmp_path_factory, vae_dir) -> Path:
-    return write_our_checkpoint(tmp_path_factory.mktemp("run"), vae_dir)
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +43,6 @@ def official_files(tmp_path_factory) -> dict[str, Path]:
     args = argparse.Namespace(model="DiT-S/8", image_size=64, num_classes=10, vae="ema", global_seed=0)
     torch.save({"model": sd, "ema": sd, "opt": {}, "args": args}, folder / "train.pt")
     return {"bare": folder / "bare.pt", "train": folder / "train.pt"}
-
-
-def face(relative_path: str):
-    """A command-line module imported without running it."""
-    path = ROOT / relative_path
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_face(relative_path: str, argv: list[str], capsys) -> tuple[int, str, str]:
-    code = run_cli(face(relative_path).main, argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def sample_args(ckpt, out, *extra) -> list[str]:

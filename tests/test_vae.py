@@ -21,15 +21,6 @@ from dit.vae import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny VAE is ~100x slower with 2 OpenMP threads on this shared 2-core box than with 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def vae_dir(tmp_path):
     vae = build_tiny_vae(seed=3)

@@ -1,0 +1,33 @@
+"""Fixtures shared across test modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import write_our_checkpoint
+
+from dit.vae import build_tiny_vae
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """One OpenMP thread, as torchrun gives each rank: tiny tensors run far faster than with 2 spinning
+    threads on a shared 2-core machine, and CPU convolutions round the same way in every process."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("vae")
+    build_tiny_vae(seed=0).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def our_ckpt(tmp_path_factory, vae_dir) -> Path:
+    return write_our_checkpoint(tmp_path_factory.mktemp("run"), vae_dir)

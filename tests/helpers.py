@@ -1,0 +1,82 @@
+"""Helpers shared by several test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from dit.cli import run_cli
+from dit.engine.checkpoint import save_training_checkpoint
+from dit.models import DiT
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4, num_classes=10)
+
+
+def randomize(model: DiT, seed: int, std: float = 0.1) -> DiT:
+    """Redraw every weight but the fixed position table (a fresh DiT is adaLN-Zero: it outputs exactly 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def tiny_dit(seed: int = 0, **overrides) -> DiT:
+    return randomize(DiT(**{**TINY, **overrides}), seed)
+
+
+def write_our_checkpoint(folder: Path, vae: str | None, seed: int = 0, **overrides) -> Path:
+    """A checkpoint as train.py writes it: raw and EMA weights differ, the run config names the VAE."""
+    model, ema = tiny_dit(seed, **overrides), tiny_dit(seed + 1, **overrides)
+    cfg = model.config
+    image_size = cfg.input_size * (8 if vae else 1)
+    payload = {
+        "model": model.state_dict(),
+        "ema": ema.state_dict(),
+        "optimizer": {},
+        "config": {"model": "custom", "image_size": image_size, "vae": vae, "num_classes": cfg.num_classes},
+        "model_config": cfg.to_dict(),
+    }
+    return save_training_checkpoint(folder, 100, payload)
+
+
+def face(relative_path: str):
+    """A command-line module imported without running it."""
+    path = ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_face(relative_path: str, argv: list[str], capsys) -> tuple[int, str, str]:
+    code = run_cli(face(relative_path).main, argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def make_image_folder(root, counts=None, seed=0):
+    """A synthetic ImageNet-style folder of random RGB images, 32-64 px on each side, plus three problems:
+    a corrupt JPEG, a non-image file, and an empty class folder (``c_empty``)."""
+    rng = np.random.default_rng(seed)
+    counts = counts or {"a_cat": 4, "b_dog": 3}
+    for name, count in counts.items():
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        for i in range(count):
+            size = tuple(int(s) for s in rng.integers(32, 65, 2))
+            pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(os.path.join(root, name, f"img{i}.png"))
+    first = sorted(counts)[0]
+    with open(os.path.join(root, first, "broken.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0 truncated")
+    with open(os.path.join(root, first, "notes.txt"), "w") as f:
+        f.write("not an image")
+    os.makedirs(os.path.join(root, "c_empty"), exist_ok=True)
+    return str(root)
