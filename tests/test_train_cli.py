@@ -108,3 +108,41 @@ def test_bad_input_exits_nonzero_without_traceback(image_folder, tmp_path):
     assert fp16.returncode == 2 and "fp16 needs a CUDA device" in fp16.stderr
     classes = run(train_args(image_folder, tmp_path / "r3", 2, "--num-classes", "1"))
     assert classes.returncode == 2 and "--num-classes 2" in classes.stderr
+
+
+def test_fsdp_matches_one_process_and_resumes_a_ddp_checkpoint(image_folder, tmp_path):
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    one = run(train_args(image_folder, tmp_path / "one", 3))
+    assert one.returncode == 0, one.stderr
+    fsdp = run([*torchrun, *train_args(image_folder, tmp_path / "fsdp", 3, "--fsdp")])
+    assert fsdp.returncode == 0, fsdp.stderr
+    a = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "fsdp" / "checkpoints"))
+    assert (
+        a["model"].keys() == b["model"].keys() and a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    )
+    for part in ("model", "ema"):
+        for k in a[part]:
+            torch.testing.assert_close(a[part][k], b[part][k], rtol=1e-4, atol=1e-5, msg=f"{part} {k}")
+    # a single-process checkpoint continues under FSDP exactly as it continues alone
+    cont = run(
+        [
+            *torchrun,
+            *train_args(
+                image_folder,
+                tmp_path / "cont",
+                4,
+                "--fsdp",
+                "--resume",
+                str(latest_checkpoint(tmp_path / "one" / "checkpoints")),
+            ),
+        ]
+    )
+    assert cont.returncode == 0, cont.stderr
+    alone = run(train_args(image_folder, tmp_path / "one", 4, "--resume", "auto"))
+    assert alone.returncode == 0, alone.stderr
+    c = load_checkpoint(latest_checkpoint(tmp_path / "cont" / "checkpoints"))
+    d = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"))
+    assert c["step"] == d["step"] == 4
+    for k in d["model"]:
+        torch.testing.assert_close(c["model"][k], d["model"][k], rtol=1e-4, atol=1e-5, msg=k)

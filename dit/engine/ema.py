@@ -7,6 +7,8 @@ import copy
 import torch
 from torch import nn
 
+from dit.engine.sharding import local
+
 
 class EMA:
     """An fp32 shadow copy of the model; ``ema = decay * ema + (1 - decay) * model`` over all parameters.
@@ -22,7 +24,6 @@ class EMA:
         self.decay, self.warmup = decay, warmup
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self.num_updates = 0
-        self._params = list(self.model.parameters())
 
     def decay_at(self, n: int) -> float:
         return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
@@ -31,11 +32,9 @@ class EMA:
     def update(self, model: nn.Module, apply: torch.Tensor | None = None):
         """One update from ``model``'s parameters; ``apply`` (a 0/1 device scalar) skips it without a sync."""
         weight = 1.0 - self.decay_at(self.num_updates)
-        src = [p.detach() for p in model.parameters()]
-        if apply is not None:
-            torch._foreach_lerp_(self._params, src, apply * weight)
-        else:
-            torch._foreach_lerp_(self._params, src, weight)
+        # Under FSDP both models are sharded alike: each rank averages its own shards.
+        dst, src = local(self.model.parameters()), local(p.detach() for p in model.parameters())
+        torch._foreach_lerp_(dst, src, weight if apply is None else apply * weight)
         self.num_updates += 1
 
     def state_dict(self) -> dict:

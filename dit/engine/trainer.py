@@ -24,6 +24,7 @@ from dit.engine.checkpoint import latest_checkpoint, load_checkpoint, save_train
 from dit.engine.data_order import SeededItems, StepOrder, mix_seed
 from dit.engine.ema import EMA
 from dit.engine.metrics import MetricSinks
+from dit.engine.sharding import full_model_state, full_optimizer_state, load_optimizer_state, shard
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig, describe, model_config
 
@@ -74,6 +75,10 @@ class TrainConfig:
         metadata={"help": "activation checkpointing: none, all, every k-th block (k), or auto (fewest that fit)"},
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile each DiT block"})
+    fsdp: bool = field(
+        default=False,
+        metadata={"help": "shard weights, gradients, AdamW and EMA over the processes (FSDP2) instead of DDP"},
+    )
     fused_optimizer: bool = field(default=True, metadata={"help": "fused AdamW (else foreach)"})
     device: str | None = field(default=None, metadata={"help": "cpu or cuda (default: cuda when available)"})
     # output, checkpoints, logging
@@ -305,16 +310,22 @@ class Trainer:
             micro = cfg.global_batch_size // (self.world * cfg.grad_accum_steps)
             self.ckpt_policy = auto_checkpoint_blocks(self.model_cfg, micro, cfg.precision, self.world, budget)
         self.model.set_checkpointing(self.ckpt_policy)
+        if ckpt is not None:
+            self.model.load_weights(ckpt["model"], source=str(self.resume_from))
         self.ema = EMA(self.model, cfg.ema_decay, cfg.ema_warmup)
+        if ckpt is not None:
+            self.ema.load_state_dict(ckpt["ema"], ckpt["ema_updates"])
+        self.sharded = cfg.fsdp and self.world > 1
+        if self.sharded:  # weights are loaded whole on every rank first, then sharded
+            shard(self.model)
+            shard(self.ema.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         impl = {"fused": True} if cfg.fused_optimizer else {"foreach": True}
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.step = 0
         if ckpt is not None:
-            self.model.load_weights(ckpt["model"], source=str(self.resume_from))
-            self.ema.load_state_dict(ckpt["ema"], ckpt["ema_updates"])
-            self.opt.load_state_dict(ckpt["optimizer"])
+            load_optimizer_state(self.model, self.opt, ckpt["optimizer"], self.sharded)
             self.step = int(ckpt["step"])
             if self.scaler is not None and ckpt.get("scaler"):
                 self.scaler.load_state_dict(ckpt["scaler"])
@@ -326,7 +337,7 @@ class Trainer:
         if cfg.compile:
             for block in self.model.blocks:
                 block.compile()
-        self.ddp_model = self.acc.prepare(self.model)
+        self.ddp_model = self.model if self.sharded else self.acc.prepare(self.model)
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
@@ -405,7 +416,9 @@ class Trainer:
             cfg.precision,
             checkpointed_blocks=ckpt_blocks,
             ema=True,
+            sharding="fsdp" if self.sharded else "ddp",
             world_size=self.world,
+            gradient_as_bucket_view=True,
         )
         n_params = sum(p.numel() for p in self.model.parameters())
         fwd = 2 * forward_macs(mc).total
@@ -467,7 +480,11 @@ class Trainer:
             if self.model_cfg.class_dropout_prob > 0:
                 kwargs["force_drop_ids"] = drop_all[sl]
             last = m == len(batches) - 1
-            ctx = contextlib.nullcontext() if last else acc.no_sync(self.ddp_model)
+            if self.sharded:
+                self.model.set_requires_gradient_sync(last)
+                ctx = contextlib.nullcontext()
+            else:
+                ctx = contextlib.nullcontext() if last else acc.no_sync(self.ddp_model)
             with ctx:
                 terms = self.diffusion.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
                 loss = terms["loss"].mean() / cfg.grad_accum_steps
@@ -518,12 +535,15 @@ class Trainer:
             dist.all_gather_object(gathered, state)
         else:
             gathered = [state]
+        model_state = full_model_state(self.model, self.sharded)  # collective under FSDP
+        ema_state = full_model_state(self.ema.model, self.sharded)
+        opt_state = full_optimizer_state(self.model, self.opt, self.sharded)
         if self.acc.is_main_process:
             payload = {
-                "model": self.model.state_dict(),
-                "ema": self.ema.state_dict(),
+                "model": model_state,
+                "ema": ema_state,
                 "ema_updates": self.ema.num_updates,
-                "optimizer": self.opt.state_dict(),
+                "optimizer": opt_state,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "data_position": {"step": self.step, "epoch": self.order.epoch_of(self.step)},
                 "rng": {str(r): s for r, s in enumerate(gathered)},
@@ -560,7 +580,9 @@ class Trainer:
             "step": self.step,
             "epoch": self.order.epoch_of(self.step - 1),
             "loss": loss if values[1] > 0 else float("nan"),
-            "grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            if grad_norm is not None
+            else None,
             "lr": self.lr_at(self.step - 1),
             **window,
             "measured_tflops_per_device": rate * self.measured_flops_per_image / 1e12,
@@ -665,15 +687,19 @@ class Trainer:
 
     def _sample_grid(self):
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
+        ema = self.ema.model
+        if self.sharded:  # sample from a whole copy on rank 0; gathering it is collective
+            state = full_model_state(ema, sharded=True)
+            if self.acc.is_main_process:
+                ema = DiT.from_config(self.model_cfg).to(self.device).eval()
+                ema.load_state_dict(state)
         if not self.acc.is_main_process:
             return
         from torchvision.utils import make_grid
 
         from dit.engine.sampling import SamplingModel, generate, make_diffusion
 
-        sm = SamplingModel(
-            self.ema.model, "ema", self.cfg.image_size, self.vae, None if self.vae is None else self.cfg.vae
-        )
+        sm = SamplingModel(ema, "ema", self.cfg.image_size, self.vae, None if self.vae is None else self.cfg.vae)
         labels = list(range(min(self.model_cfg.num_classes, 16)))
         seeds = [mix_seed(self.cfg.seed, 2, i) for i in range(len(labels))]
         images = generate(sm, make_diffusion(sm, 50), labels, seeds, sampler="ddim", cfg_scale=4.0)

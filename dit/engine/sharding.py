@@ -1,0 +1,79 @@
+"""FSDP2 sharding of the DiT and its EMA, and full (unsharded) state dicts for the one checkpoint format.
+
+torch's ``fully_shard`` is used directly rather than accelerate's FSDP plugin: the plugin is configured
+per process through accelerate's global state (the same singleton that made us do our own autocast), and
+``fully_shard`` is what it calls underneath. It also runs on the CPU with gloo, which is how it is tested.
+
+Checkpoints always hold full state dicts, and the optimizer's keyed by parameter name, so a run can be
+resumed with or without FSDP, on any number of devices.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """Shard each DiT block, then the rest of the model, over the default process group."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def local(tensors) -> list[torch.Tensor]:
+    """Each tensor's local shard (a plain tensor stays as it is): for foreach ops across two sharded models."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+
+
+def _trainable_names(model: nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def optimizer_state_by_name(model: nn.Module, state: dict) -> dict:
+    """``optimizer.state_dict()`` (integer ids) re-keyed by parameter name, as FSDP's full state dict is."""
+    names = _trainable_names(model)
+    return {
+        "state": {names[i]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def optimizer_state_by_id(model: nn.Module, state: dict) -> dict:
+    """The inverse of ``optimizer_state_by_name``, for ``optimizer.load_state_dict``."""
+    index = {n: i for i, n in enumerate(_trainable_names(model))}
+    return {
+        "state": {index[n]: s for n, s in state["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def full_model_state(model: nn.Module, sharded: bool) -> dict:
+    """The whole state dict on CPU; collective when ``sharded`` (every rank calls it, rank 0 gets it)."""
+    if not sharded:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:
+    if not sharded:
+        return optimizer_state_by_name(model, optimizer.state_dict())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def load_optimizer_state(model: nn.Module, optimizer, state: dict, sharded: bool):
+    if not sharded:
+        optimizer.load_state_dict(optimizer_state_by_id(model, state))
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
