@@ -7,10 +7,9 @@ JSON a benchmark wrote for this model, image size, precision and device (schema:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 
+from dit.atomic import atomic_write_bytes
 from dit.cost.analytic import (
     SD_VAE_CONFIG,
     forward_macs,
@@ -109,12 +108,7 @@ def load_calibration(path: str) -> Calibration:
 
 def save_calibration(cal: Calibration, path: str, **extra) -> None:
     """Write a calibration atomically (a half-written file would mislead every later plan)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        json.dump({**asdict(cal), **extra}, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
+    atomic_write_bytes(path, json.dumps({**asdict(cal), **extra}, indent=2).encode())
 
 
 def _mfu_and_device(

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from dit.atomic import atomic_write_bytes
 from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
 from dit.errors import UserError
 from dit.vae import (
@@ -55,21 +56,6 @@ def shard_file(index: int) -> str:
 # --------------------------------------------------------------------------------------------------------
 # Files: atomic writes, checksums, safetensors headers
 # --------------------------------------------------------------------------------------------------------
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Write a temp file in the same folder, fsync, rename: readers and reruns see the old file or the whole new one."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(folder)  # makes the rename itself durable
-    finally:
-        os.close(folder)
 
 
 def sha256_file(path: str) -> str:
@@ -189,7 +175,7 @@ def begin_store(folder: str, spec: StoreSpec) -> None:
         if ".tmp-" in name and name.startswith(("shard-", MANIFEST)):
             os.remove(os.path.join(folder, name))
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)}
-    atomic_write(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
 
 
 def write_shard(
@@ -213,8 +199,10 @@ def write_shard(
     tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
     data = safetensors.torch.save(tensors, metadata={"dit_ledger": info})
     name = shard_file(index)
-    atomic_write(os.path.join(folder, name), data)
-    atomic_write(os.path.join(folder, name + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {name}\n".encode())
+    atomic_write_bytes(os.path.join(folder, name), data)
+    atomic_write_bytes(
+        os.path.join(folder, name + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
+    )
 
 
 def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, str]]) -> dict:
@@ -243,7 +231,7 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
         "skipped": [{"path": path, "reason": reason} for path, reason in sorted(skipped)],
         "shards": shards,
     }
-    atomic_write(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 

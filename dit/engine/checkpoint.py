@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
+from dit.atomic import atomic_write
 from dit.errors import UserError
 
 FORMAT = "dit-ledger/1"
@@ -24,28 +24,8 @@ _STEP_FILE = re.compile(r"^(\d{7,})\.pt$")
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
-    """Write to a temp file in the same folder, fsync it, then rename over ``path``.
-
-    A crash at any point leaves either the old file or the new one, never a partial file under ``path``.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    """``torch.save`` that never leaves a partial file under ``path``."""
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:

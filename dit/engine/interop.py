@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
 
+from dit.atomic import atomic_write_bytes
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig, timestep_embedding
 
@@ -170,15 +171,6 @@ def transformer_difference(
     }
 
 
-def _write_json_atomic(path: Path, data: dict):
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def export_pipeline(
     model: DiT, vae, out_dir: str | os.PathLike, noise_schedule: str = "linear", id2label: dict | None = None
 ) -> Path:
@@ -203,7 +195,7 @@ def export_pipeline(
         # save_pretrained does not write id2label; DiTPipeline.__init__ reads it from model_index.json.
         index = json.loads((tmp / "model_index.json").read_text())
         index["id2label"] = {str(k): v for k, v in labels.items()}
-        _write_json_atomic(tmp / "model_index.json", index)
+        atomic_write_bytes(tmp / "model_index.json", json.dumps(index, indent=2).encode())
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)

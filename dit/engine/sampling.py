@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ from PIL import Image
 from torchvision.utils import save_image
 from tqdm import tqdm
 
+from dit.atomic import atomic_write
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.cost.peaks import peak_for_current_device
 from dit.diffusion import create_diffusion
@@ -540,22 +540,8 @@ def _set_identity(c: FidConfig, sm: SamplingModel) -> dict:
     }
 
 
-def _atomic_write(path: Path, write: Callable) -> None:
-    """``write(file)`` into a temp file beside ``path``, fsync, then rename: a kill leaves no partial file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_png(path: Path, image: np.ndarray) -> None:
-    _atomic_write(path, lambda f: Image.fromarray(image).save(f, format="PNG"))
+    atomic_write(path, lambda f: Image.fromarray(image).save(f, format="PNG"))
 
 
 def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[range]:
@@ -592,7 +578,7 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
                         )
                     member.write(image.tobytes())
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
     return path
 
 
@@ -647,7 +633,7 @@ def write_fid_samples(
         for stale in folder.glob(".*.tmp"):  # PNGs half-written when a previous run was killed
             stale.unlink()
         if not manifest.is_file():
-            _atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
+            atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
     _barrier(world)
 
     peak = device_peak(c.precision, c.peak_tflops) if rank == 0 else (None, "")
