@@ -31,7 +31,7 @@ from dit.cost.peaks import peak_for_current_device
 from dit.diffusion import create_diffusion
 from dit.engine.checkpoint import load_checkpoint, model_weights
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig, model_config, registry_name
+from dit.models import MODEL_NAMES, DiT, DiTConfig, model_config, registry_name
 from dit.vae import VAE_ALIASES, decode, latent_downsample, load_vae
 
 SAMPLERS = ("ddpm", "ddim")
@@ -669,3 +669,28 @@ def write_fid_samples(
     npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
     _barrier(world)
     return FidReport(folder, npz, generated, cost)
+
+
+def add_checkpoint_flags(p, vae_default: str):
+    """The flags both sampling faces share: where the weights come from and how to run them."""
+    p.add_argument(
+        "--ckpt", required=True, help="our training checkpoint, an official train.py file, or a bare state dict"
+    )
+    p.add_argument("--model", choices=MODEL_NAMES, help="for files without a config (default DiT-XL/2)")
+    p.add_argument("--image-size", type=int, help="pixels per side, for files without a config (default 256)")
+    p.add_argument("--num-classes", type=int, help="for files without a config (default 1000)")
+    p.add_argument(
+        "--vae",
+        help=f"ema, mse, a hub id, a folder, or none (default: {vae_default} as official, or the run's own non-SD VAE)",
+    )
+    p.add_argument(
+        "--cfg-channels", default="3", choices=["3", "all"], help="noise channels to guide (official: 3)"
+    )
+    p.add_argument("--num-sampling-steps", type=int, default=250)
+    p.add_argument("--sampler", default="ddpm", choices=SAMPLERS)
+    p.add_argument("--precision", default="tf32", choices=PRECISIONS)
+    p.add_argument("--no-ema", dest="ema", action="store_false", help="sample with the raw weights, not the EMA")
+    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.add_argument(
+        "--peak-tflops", type=float, help="device peak for MFU (default: datasheet table, else measured)"
+    )
