@@ -209,3 +209,28 @@ def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
     assert len(auto_checkpoint_blocks(xl, 128, "bf16", 1, None)) == 0
     with pytest.raises(UserError, match="does not fit"):
         auto_checkpoint_blocks(xl, 128, "bf16", 1, none / 2)
+
+
+def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
+    from dit.engine.sampling import load_sampling_model, make_diffusion
+    from dit.engine.trainer import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        max_steps=4,
+        noise_schedule="squaredcos_cap_v2",
+        predict_xstart=True,
+        learn_sigma=False,
+        warmup_steps=2,
+        lr_schedule="cosine",
+        min_lr_frac=0.1,
+    )
+    trainer = Trainer(cfg, Pixels())
+    assert trainer.model_cfg.learn_sigma is False and trainer.diffusion.betas.max() > 0.5  # cosine caps at 0.999
+    assert [trainer.lr_at(s) for s in (0, 1)] == pytest.approx([5e-4, 1e-3])
+    assert trainer.lr_at(3) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    trainer.run()
+    sm = load_sampling_model(str(latest_checkpoint(tmp_path / "run" / "checkpoints")), vae="none")
+    d = make_diffusion(sm, 10)
+    assert sm.predict_xstart and d.model_mean_type.name == "START_X" and d.model_var_type.name == "FIXED_LARGE"
+    assert d.alphas_cumprod[0] == pytest.approx(trainer.diffusion.alphas_cumprod[0])

@@ -55,6 +55,7 @@ class SamplingModel:
     vae: torch.nn.Module | None  # None: a pixel-space model whose outputs are images in [-1, 1]
     vae_spec: str | None
     noise_schedule: str = "linear"
+    predict_xstart: bool = False
 
     @property
     def config(self) -> DiTConfig:
@@ -150,7 +151,7 @@ def load_sampling_model(
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     net = net.to(device).eval().requires_grad_(False)
     schedule = run.get("noise_schedule") or "linear"
-    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule)
+    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule, bool(run.get("predict_xstart")))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -304,7 +305,12 @@ def denoise(
 def make_diffusion(sm: SamplingModel, num_steps: int):
     if num_steps < 1:
         raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
-    return create_diffusion(str(num_steps), noise_schedule=sm.noise_schedule, learn_sigma=sm.config.learn_sigma)
+    return create_diffusion(
+        str(num_steps),
+        noise_schedule=sm.noise_schedule,
+        learn_sigma=sm.config.learn_sigma,
+        predict_xstart=sm.predict_xstart,
+    )
 
 
 def generate(

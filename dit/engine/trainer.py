@@ -8,6 +8,7 @@ equal (to float tolerance) across world sizes. The hot loop touches the host onl
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import time
@@ -48,6 +49,11 @@ class TrainConfig:
     image_size: int = field(default=256, metadata={"help": "image size in pixels (latents are image_size/8)"})
     num_classes: int = field(default=1000, metadata={"help": "number of classes (the null class is added)"})
     class_dropout_prob: float = field(default=0.1, metadata={"help": "label dropout for classifier-free guidance"})
+    learn_sigma: bool = field(default=True, metadata={"help": "learn the variance (the hybrid loss) as DiT does"})
+    noise_schedule: str = field(
+        default="linear", metadata={"help": "beta schedule", "choices": ("linear", "squaredcos_cap_v2")}
+    )
+    predict_xstart: bool = field(default=False, metadata={"help": "predict x0 instead of the noise"})
     # data
     data_path: str | None = field(default=None, metadata={"help": "image folder with one sub-folder per class"})
     feature_path: str | None = field(
@@ -64,6 +70,14 @@ class TrainConfig:
     lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate (constant after warm-up)"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warm-up steps"})
+    lr_schedule: str = field(
+        default="constant",
+        metadata={
+            "help": "after warm-up: constant, or cosine decay to min_lr_frac x lr",
+            "choices": ("constant", "cosine"),
+        },
+    )
+    min_lr_frac: float = field(default=0.1, metadata={"help": "cosine schedule: final lr as a fraction of lr"})
     grad_clip: float = field(default=0.0, metadata={"help": "clip the gradient norm to this (0: off)"})
     ema_decay: float = field(default=0.9999, metadata={"help": "EMA decay"})
     ema_warmup: bool = field(default=False, metadata={"help": "EMA decay min(decay, (1+n)/(10+n)) for short runs"})
@@ -206,6 +220,7 @@ def build_model_config(cfg: TrainConfig, in_channels: int, input_size: int) -> D
         in_channels=in_channels,
         num_classes=cfg.num_classes,
         class_dropout_prob=cfg.class_dropout_prob,
+        learn_sigma=cfg.learn_sigma,
         **overrides,
     )
 
@@ -342,7 +357,9 @@ class Trainer:
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
         )
-        self.diffusion = create_diffusion(timestep_respacing="")
+        self.diffusion = create_diffusion(
+            "", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma, predict_xstart=cfg.predict_xstart
+        )
         self.diffusion.tables(self.device)
         self.order = StepOrder(
             len(ds), cfg.global_batch_size, self.world, self.rank, cfg.grad_accum_steps, cfg.seed, self.step
@@ -443,9 +460,13 @@ class Trainer:
     # ---- one step -------------------------------------------------------------------------------------------
 
     def lr_at(self, step: int) -> float:
-        if self.cfg.warmup_steps and step < self.cfg.warmup_steps:
-            return self.cfg.lr * (step + 1) / self.cfg.warmup_steps
-        return self.cfg.lr
+        cfg = self.cfg
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "cosine":
+            progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+            return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return cfg.lr
 
     def _randomness(self, step: int, shape):
         """Timesteps, noise and class dropout of the whole global batch for this step (identical on every rank)."""
@@ -699,7 +720,9 @@ class Trainer:
 
         from dit.engine.sampling import SamplingModel, generate, make_diffusion
 
-        sm = SamplingModel(ema, "ema", self.cfg.image_size, self.vae, None if self.vae is None else self.cfg.vae)
+        vae_spec = None if self.vae is None else self.cfg.vae
+        cfg = self.cfg
+        sm = SamplingModel(ema, "ema", cfg.image_size, self.vae, vae_spec, cfg.noise_schedule, cfg.predict_xstart)
         labels = list(range(min(self.model_cfg.num_classes, 16)))
         seeds = [mix_seed(self.cfg.seed, 2, i) for i in range(len(labels))]
         images = generate(sm, make_diffusion(sm, 50), labels, seeds, sampler="ddim", cfg_scale=4.0)
