@@ -443,16 +443,16 @@ class Trainer:
         s = self.sinks
         s.info(f"dit-ledger: {describe(mc)}; {n_params:,} parameters; {self.world} process(es) on {self.device}")
         s.info(
-            f"FLOPs per image (2 per multiply-add): forward {fwd / 1e9:.2f} G, training (3x forward, for MFU) "
-            f"{self.flops.model / 1e9:.2f} G, hardware (with {ckpt_blocks} recomputed blocks, for HFU) "
-            f"{self.flops.hardware / 1e9:.2f} G; measured on the meta device {self.measured_flops_per_image / 1e9:.2f} G "
-            f"({gap:+.3%} vs the analytic count of the same ops)"
+            f"FLOPs per image (2 per multiply-add): forward {fwd / 1e9:.4g} G, training (3x forward, for MFU) "
+            f"{self.flops.model / 1e9:.4g} G, hardware (with {ckpt_blocks} recomputed blocks, for HFU) "
+            f"{self.flops.hardware / 1e9:.4g} G; measured on the meta device {self.measured_flops_per_image / 1e9:.4g} G "
+            f"({gap:+.3%} vs the analytic count of the same ops: backward skips the input gradients)"
         )
         s.info(
-            f"memory estimate per device: {mem.total / 2**30:.2f} GiB ({cfg.precision}, {ckpt_blocks} blocks checkpointed)"
+            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {ckpt_blocks} blocks checkpointed)"
         )
         s.info(
-            f"peak: {self.peak.flops / 1e12:.1f} TFLOP/s for {cfg.precision} on {self.peak.device} ({self.peak.source})"
+            f"peak: {self.peak.flops / 1e12:.4g} TFLOP/s for {cfg.precision} on {self.peak.device} ({self.peak.source})"
         )
         s.text("config", "\n".join(f"{k}: {v}" for k, v in to_dict(cfg).items()))
         self.projected = False
