@@ -5,8 +5,14 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e ".[dev]"
+log=$(mktemp)
+if ! .venv/bin/python -m pip install -q -e ".[dev]" >"$log" 2>&1; then
+    cat "$log"
+    exit 1
+fi
+# pip's notes about index locations this machine's configuration lists but does not have are noise here.
+grep -v "is ignored: it is neither a file nor a directory" "$log" || true
+rm -f "$log"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python -m pytest "$@"
