@@ -668,7 +668,12 @@ class Trainer:
         try:
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
-                batches = [next(it) for _ in range(cfg.grad_accum_steps)]
+                try:
+                    batches = [next(it) for _ in range(cfg.grad_accum_steps)]
+                except UserError:  # an unreadable image: keep the work done so far, then say which file
+                    if self.world == 1:  # with several processes the others are mid-step: no collective save
+                        self.save()
+                    raise
                 wait = time.perf_counter() - t0
                 log_step = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == cfg.max_steps
                 grad_norm = self.train_step(batches, log_step)

@@ -1,6 +1,7 @@
-"""train.py on a pre-extracted latent store."""
+"""train.py on its data sources: a latent store, and an image folder encoded by a VAE on the fly."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -56,3 +57,31 @@ def test_store_that_does_not_fit_the_model_is_refused(store, tmp_path):
         train(config(store, tmp_path / "a", num_classes=5))
     with pytest.raises(UserError, match="--image-size 32"):
         train(config(store, tmp_path / "b", image_size=64))
+
+
+def test_trains_on_images_encoded_on_the_fly(tmp_path, vae_dir):
+    from helpers import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", {"cat": 5, "dog": 5})
+    os.remove(os.path.join(images, "cat", "broken.jpg"))
+    cfg = config(
+        None, tmp_path / "run", feature_path=None, data_path=images, vae=vae_dir, image_size=32, num_classes=3
+    )
+    train(cfg)
+    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    assert ckpt["config"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
+    assert (ckpt["model_config"]["in_channels"], ckpt["model_config"]["input_size"]) == (4, 4)
+    assert torch.count_nonzero(ckpt["model"]["final_layer.linear.weight"]) > 0
+
+
+def test_an_unreadable_image_names_the_file_and_keeps_the_work(tmp_path, vae_dir):
+    from helpers import make_image_folder
+
+    images = make_image_folder(tmp_path / "images", {"cat": 5, "dog": 5})  # with cat/broken.jpg
+    cfg = config(
+        None, tmp_path / "run", feature_path=None, data_path=images, vae=vae_dir, image_size=32, num_classes=3
+    )
+    with pytest.raises(UserError, match="broken.jpg"):
+        train(cfg)
+    saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert saved is not None and load_checkpoint(saved)["step"] < cfg.max_steps
