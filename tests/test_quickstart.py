@@ -3,6 +3,9 @@
 import importlib.metadata
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 
 STEPS, PER_CLASS = 6, 2
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,22 @@ def test_exits_cleanly_and_says_where_everything_is(run):
         assert str(out / path) in printed
     assert f"tensorboard --logdir {out / 'run' / 'tensorboard'}" in printed
     assert "EMA weights" in printed
+    assert "training cost:" in printed and "MFU" in printed
+
+
+def test_the_printed_commands_run(run):
+    """The sample.py and dit-cost lines the quick start ends with are real commands, not prose."""
+    out, _, printed, _ = run
+    lines = [line.strip() for line in printed.splitlines()]
+    sample = next(line for line in lines if line.startswith("python sample.py")).split()
+    proc = subprocess.run(
+        [sys.executable, *sample[1:], "--device", "cpu"], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Image.open(out / "more.png").size == (4 * 30 + 2, 3 * 30 + 2)  # 10 images, 4 per row
+    cost = next(line for line in lines if line.startswith("dit-cost train")).split("#")[0].split()
+    proc = subprocess.run([sys.executable, "-m", "dit.cost", *cost[1:]], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and "device-hours" in proc.stdout, proc.stderr
 
 
 def test_checkpoint_loads_into_the_model_it_describes(run):
