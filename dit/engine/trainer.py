@@ -681,9 +681,6 @@ class Trainer:
                 self.meter.step(self.micro * cfg.grad_accum_steps, data_wait_s=wait)
                 if bar is not None:
                     bar.update(1)
-                if self.step == self.warmup_until:
-                    self._sync()
-                    self.meter.reset_clock(time.perf_counter())
                 if log_step:
                     streak = self._log(grad_norm)
                     if streak >= cfg.max_nonfinite:
@@ -693,6 +690,9 @@ class Trainer:
                             f"the loss was non-finite for {streak} steps in a row (step {self.step}); the last good "
                             "state is saved. Lower --lr, set --grad-clip, or use --precision bf16/fp32."
                         )
+                if self.step == self.warmup_until:  # after this step's log: MFU windows start here
+                    self._sync()
+                    self.meter.reset_clock(time.perf_counter())
                 if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
                     with self._outside_mfu():
                         self.save()
