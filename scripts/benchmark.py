@@ -22,6 +22,8 @@ import torch
 
 from dit.cli import run_cli
 from dit.engine import benchmark as bench
+from dit.engine.host_memory import keep_freed_host_memory
+from dit.models import ATTENTION_BACKENDS
 
 
 def _table(rows: list[dict], keys: list[str]) -> str:
@@ -48,6 +50,7 @@ def main(argv=None) -> int:
         if mode != "accounting":
             s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
             s.add_argument("--peak-tflops", type=float, help="override the peak used for MFU")
+            s.add_argument("--attention", nargs="+", default=["auto"], choices=ATTENTION_BACKENDS)
         if mode == "train":
             s.add_argument("--checkpoint-blocks", nargs="+", default=["none"])
             s.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
@@ -71,22 +74,27 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     rows, extra = [], {}
+    if (getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+        keep_freed_host_memory()  # as the trainer and the sampler do on CPU, so peaks and steps compare
     if args.mode == "train":
         extra["matmul_peak_tflops"] = bench.bench_matmul_peaks(("fp32", "bf16"), device=args.device)
-        grid = itertools.product(args.model, args.precision, args.batch_size, args.checkpoint_blocks, args.compile)
-        for model, precision, batch, ckpt, comp in grid:
+        grid = itertools.product(
+            args.model, args.precision, args.batch_size, args.checkpoint_blocks, args.compile, args.attention
+        )
+        for model, precision, batch, ckpt, comp, attention in grid:
             row = bench.bench_train(
                 model, args.image_size, precision, batch, ckpt, comp == "on", args.steps, args.warmup,
-                args.device, args.peak_tflops,
+                args.device, args.peak_tflops, attention,
             )  # fmt: skip
             fp32_peak = extra["matmul_peak_tflops"]["fp32"]
             row["fraction_of_fp32_matmul_peak"] = row["model_tflops"] / fp32_peak
             rows.append(row)
             print(
-                f"{model} {precision} batch {batch} ckpt {ckpt} compile {comp}: {row['median_s']:.4g} s/step",
+                f"{model} {precision} batch {batch} ckpt {ckpt} compile {comp} attention {row['attention']}: "
+                f"{row['median_s']:.4g} s/step",
                 file=sys.stderr,
             )
-        keys = ["model", "precision", "batch_per_device", "checkpoint_blocks", "compile", "median_s", "p10_s", "p90_s",
+        keys = ["model", "precision", "batch_per_device", "checkpoint_blocks", "compile", "attention", "median_s", "p10_s", "p90_s",
                 "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source", "fraction_of_fp32_matmul_peak"]  # fmt: skip
         print(f"matmul peaks measured in this run (TFLOP/s): {extra['matmul_peak_tflops']}")
         if args.calibration:
@@ -97,7 +105,8 @@ def main(argv=None) -> int:
             save_calibration(cal, args.calibration, benchmark=best)
             print(f"calibration (best MFU {best['mfu']:.1%}) written to {args.calibration}")
     elif args.mode == "sample":
-        for model, precision, batch in itertools.product(args.model, args.precision, args.batch_size):
+        grid = itertools.product(args.model, args.precision, args.batch_size, args.attention)
+        for model, precision, batch, attention in grid:
             rows.append(
                 bench.bench_sample(
                     model,
@@ -109,9 +118,10 @@ def main(argv=None) -> int:
                     args.repeats,
                     args.device,
                     args.peak_tflops,
+                    attention,
                 )  # fmt: skip
             )
-        keys = ["model", "precision", "batch", "num_sampling_steps", "cfg_scale", "median_s", "images_per_sec",
+        keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "cfg_scale", "median_s", "images_per_sec",
                 "model_tflops", "mfu", "peak_source"]  # fmt: skip
     elif args.mode == "accounting":
         for model, precision, batch in itertools.product(args.model, args.precision, args.batch_size):

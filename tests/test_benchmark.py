@@ -27,7 +27,7 @@ def test_train_rows_and_calibration(tmp_path):
         "train", *common, "--precision", "fp32", "bf16", "--json", str(rows_file), "--calibration", str(cal_file)
     )
     data = json.loads(rows_file.read_text())
-    assert {r["precision"] for r in data["rows"]} == {"fp32", "bf16"}
+    assert {(r["precision"], r["attention"]) for r in data["rows"]} == {("fp32", "sdpa"), ("bf16", "explicit")}
     for r in data["rows"]:
         assert r["samples"] == 2 and r["p10_s"] <= r["median_s"] <= r["p90_s"]
         assert r["images_per_sec"] == pytest.approx(4 / r["median_s"])

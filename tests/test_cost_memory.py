@@ -53,6 +53,19 @@ def test_no_tokens_squared_term_at_512px():
     assert large.parts["activations"] == 4 * small.parts["activations"]  # linear in tokens
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,ckpt", [("bf16", 0), ("fp32", 0), ("bf16", 6)])
+def test_explicit_attention_keeps_the_probabilities(precision, ckpt):
+    cfg = model_config("DiT-S/2", input_size=64)  # 1024 tokens: the T x T matrices dominate
+    traced = trace_training_memory(cfg, 16, precision, ckpt, attention="explicit")
+    explicit = estimate_training_memory(cfg, 16, precision, ckpt, attention="explicit")
+    assert abs(explicit.total / traced.peak_bytes - 1) < 0.15, (explicit.parts, traced.at_peak)
+    fused = estimate_training_memory(cfg, 16, precision, ckpt)
+    per_block = 16 * cfg.num_heads * cfg.tokens**2 * (2 if precision == "bf16" else 4)
+    assert explicit.parts.get("attention_matrices", 0) == (cfg.depth - ckpt) * per_block
+    assert explicit.total > fused.total + per_block
+
+
 def test_checkpointing_and_16_bit_cut_activations():
     cfg = model_config("DiT-XL/2")
     fp32, bf16 = (estimate_training_memory(cfg, 64, p) for p in ("fp32", "bf16"))

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from dit.errors import UserError
-from dit.models import MODEL_NAMES, DiT, DiT_models, create_model, model_config, sincos_2d
+from dit.models import (
+    ATTENTION_BACKENDS,
+    MODEL_NAMES,
+    DiT,
+    DiT_models,
+    attention_kernel,
+    create_model,
+    model_config,
+    sincos_2d,
+)
 
 SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "spec"
 
@@ -150,6 +159,55 @@ def test_activation_checkpointing_keeps_gradients():
         torch.testing.assert_close(a, p.grad)
     assert model.set_checkpointing(2).checkpoint_mask == [True, False]
     assert model.set_checkpointing("none").num_checkpointed_blocks == 0
+
+
+def _output_and_grads(model, x, t, y):
+    model.zero_grad()
+    out = model(x, t, y)
+    out.square().mean().backward()
+    return [out.detach()] + [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("backend", ["explicit", "math", "flash", "sdpa"])
+def test_attention_backends_agree_in_fp32(backend):
+    torch.manual_seed(0)
+    model = randomize(tiny(class_dropout_prob=0.0))
+    x, t, y = torch.randn(3, 4, 8, 8), torch.tensor([1, 500, 900]), torch.tensor([1, 2, 3])
+    ref = _output_and_grads(model.set_attention("math"), x, t, y)
+    got = _output_and_grads(model.set_attention(backend), x, t, y)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_explicit_attention_in_bf16_is_as_close_to_fp32_as_sdpa():
+    torch.manual_seed(0)
+    model = randomize(tiny(class_dropout_prob=0.0))
+    x, t, y = torch.randn(4, 4, 8, 8), torch.tensor([1, 300, 600, 900]), torch.tensor([0, 1, 2, 3])
+    ref = _output_and_grads(model.set_attention("math"), x, t, y)
+    errors = {}
+    for backend in ("explicit", "sdpa"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = _output_and_grads(model.set_attention(backend), x, t, y)
+        errors[backend] = max(((b.float() - a).norm() / a.norm()).item() for a, b in zip(ref, got))
+    assert errors["explicit"] < 2e-2 and errors["explicit"] < 2 * errors["sdpa"], errors
+
+
+def test_auto_attention_is_explicit_only_for_bf16_on_cpu():
+    assert attention_kernel("auto", "cpu", torch.bfloat16) == "explicit"
+    assert attention_kernel("auto", "cpu", torch.float32) == "sdpa"
+    assert attention_kernel("auto", "cuda", torch.bfloat16) == "sdpa"
+    assert attention_kernel("cudnn", "cpu", torch.float32) == "cudnn"
+    assert set(ATTENTION_BACKENDS) >= {"auto", "sdpa", "flash", "efficient", "cudnn", "math", "explicit"}
+    with pytest.raises(UserError, match="unknown attention backend 'fast'.*explicit"):
+        tiny().set_attention("fast")
+
+
+def test_residual_stream_is_token_major():
+    """A channel-major stream made every LayerNorm and Linear copy its input (about 4% of a CPU step)."""
+    model = tiny()
+    tokens = model.x_embedder(torch.randn(2, 4, 8, 8))
+    assert tokens.shape == (2, 16, 32) and tokens.is_contiguous()
+    assert model.blocks[0](tokens + model.pos_embed, torch.randn(2, 32)).is_contiguous()
 
 
 def test_unknown_model_lists_valid_names():

@@ -211,6 +211,26 @@ def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
         auto_checkpoint_blocks(xl, 128, "bf16", 1, none / 2)
 
 
+@pytest.mark.parametrize(
+    "precision,attention,kernel",
+    [("fp32", "auto", "sdpa"), ("bf16", "auto", "explicit"), ("bf16", "math", "math")],
+)
+def test_attention_kernel_sets_hardware_flops_and_memory(tmp_path, precision, attention, kernel):
+    from dit.cost.memory import estimate_training_memory
+    from dit.engine.trainer import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, precision=precision, attention=attention), Pixels())
+    assert trainer.attention == kernel
+    assert {b.attn.backend for b in trainer.model.blocks} == {attention}
+    expected = training_flops_per_image(trainer.model_cfg, fused_attention=kernel == "sdpa")
+    assert trainer.flops == expected
+    assert (trainer.flops.hardware > trainer.flops.model) == (kernel == "sdpa")  # flash recomputes QK^T
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"{kernel} attention" in log
+    explicit = estimate_training_memory(trainer.model_cfg, 8, precision, attention="explicit")
+    assert explicit.parts["attention_matrices"] > 0
+
+
 def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
     from dit.engine.sampling import load_sampling_model, make_diffusion
     from dit.engine.trainer import Trainer

@@ -16,6 +16,9 @@ from dit.model_config import DiTConfig
 
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtype names; torch loads lazily
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# "fused": flash / memory-efficient / cuDNN SDPA kernels; "explicit": the T x T matrix is materialised
+# (dit.models' explicit and math backends).
+ATTENTION_KINDS = ("fused", "explicit")
 
 # Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md).
 _FINAL_SAVED = {"fp32": 12, "tf32": 12, "bf16": 10, "fp16": 10}  # final layer: x, LN, modulated input
@@ -27,9 +30,18 @@ def _block_saved(precision: str, mlp_ratio: float) -> float:
     """A block keeps 12 + 2r tensors of one element each (x, LN, modulated, q, k, v, attention out, proj
     out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4. Under
     16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half: 48.
-    No tokens^2 term: SDPA keeps its output and a logsumexp, not the attention matrix."""
+    No tokens^2 term here: fused attention keeps its output and a logsumexp (see ``_attention_matrix``)."""
     tensors = 12 + 2 * mlp_ratio
     return 4 * tensors if precision not in _AUTOCAST else 4 * 4 + 2 * (tensors - 4)
+
+
+def _attention_matrix(cfg: DiTConfig, precision: str, attention: str) -> int:
+    """Bytes per image of one block's softmax probabilities, which only explicit attention keeps."""
+    if attention not in ATTENTION_KINDS:
+        raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}.")
+    if attention == "fused":
+        return 0
+    return cfg.num_heads * cfg.tokens**2 * (2 if precision in _AUTOCAST else 4)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ def estimate_training_memory(
     sharding: str = "ddp",
     world_size: int = 1,
     gradient_as_bucket_view: bool = False,
+    attention: str = "fused",
 ) -> MemoryEstimate:
     """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA, autocast for bf16/fp16.
 
@@ -69,6 +82,7 @@ def estimate_training_memory(
     block), and the AdamW step (gradients plus the foreach update's temporary). ``sharding="fsdp"``
     divides weights, gradients, optimizer state and EMA by ``world_size`` and adds two blocks of
     unsharded weights and gradients in flight; DDP with ``world_size > 1`` adds its gradient buckets.
+    ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
     """
     if batch_per_device < 1:
         raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
@@ -89,6 +103,7 @@ def estimate_training_memory(
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     plain = cfg.depth - checkpointed_blocks
     autocast = precision in _AUTOCAST
+    attn_matrix = batch_per_device * _attention_matrix(cfg, precision, attention)
     block_saved = _block_saved(precision, cfg.mlp_ratio)
 
     static = {
@@ -109,13 +124,16 @@ def estimate_training_memory(
         "final_layer": elems * _FINAL_SAVED[precision],
         "backward_working": elems * _BACKWARD_WORKING,
     }
+    if attn_matrix:
+        backward_start["attention_matrices"] = plain * attn_matrix
+        backward_start["backward_working"] += 2 * attn_matrix  # dP and dS of the block in backward
     phases = {"backward start": backward_start}
     if checkpointed_blocks:
         phases["last checkpointed block"] = {
             "gradients": grads,
             "activations": elems * checkpointed_blocks * _CHECKPOINT_SAVED,
-            "recomputed_block": int(elems * block_saved) + (2 * block_matmul if autocast else 0),
-            "backward_working": elems * _BACKWARD_WORKING,
+            "recomputed_block": int(elems * block_saved) + attn_matrix + (2 * block_matmul if autocast else 0),
+            "backward_working": elems * _BACKWARD_WORKING + 2 * attn_matrix,
         }
     phases["optimizer step"] = {"gradients": grads, "optimizer_step_temp": 4 * trainable}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
@@ -168,6 +186,7 @@ def trace_training_memory(
     precision: str = "fp32",
     checkpointed_blocks: int = 0,
     ema: bool = True,
+    attention: str = "fused",
 ) -> MemoryTrace:
     """Peak memory of one steady-state training step on one device, traced on fake tensors (CPU, no memory).
 
@@ -183,6 +202,8 @@ def trace_training_memory(
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(range(checkpointed_blocks)).train()
+        _attention_matrix(cfg, precision, attention)  # validates the name
+        model.set_attention("sdpa" if attention == "fused" else "explicit")
         trainable = [p for p in model.parameters() if p.requires_grad]
         # MemTracker (torch 2.14.1) hooks every parameter's gradient and fails on the frozen pos_embed;
         # letting it take a gradient adds tokens x hidden x 4 bytes (1.2 MB for DiT-XL/2 at 256 px).

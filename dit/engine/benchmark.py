@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from dit.cost.analytic import sampling_flops_per_image
 from dit.cost.peaks import measure_matmul_peak, resolve_peak
 from dit.engine.trainer import TrainConfig, Trainer
+from dit.models import attention_kernel
 
 
 class SyntheticLatents(Dataset):
@@ -59,6 +60,7 @@ def bench_train(
     warmup: int = 3,
     device: str | None = None,
     peak_tflops: float | None = None,
+    attention: str = "auto",
 ) -> dict:
     """One training-step configuration through ``Trainer.train_step`` (data already on the device)."""
     size = image_size // 8
@@ -72,6 +74,7 @@ def bench_train(
             precision=precision,
             checkpoint_blocks=checkpoint_blocks,
             compile=compile,
+            attention=attention,
             num_workers=0,
             results_dir=out,
             device=device,
@@ -104,6 +107,7 @@ def bench_train(
             "batch_per_device": batch_size,
             "checkpoint_blocks": trainer.model.num_checkpointed_blocks,
             "compile": compile,
+            "attention": trainer.attention,
             "device": _device_name(trainer.device),
             **spread,
             "images_per_sec": rate,
@@ -136,13 +140,15 @@ def bench_sample(
     repeats: int = 3,
     device: str | None = None,
     peak_tflops: float | None = None,
+    attention: str = "auto",
 ) -> dict:
     """Images/s and MFU of the guided DDPM sampler on random weights (speed does not depend on them)."""
     from dit.engine.sampling import SamplingModel, generate, make_diffusion, precision_scope, resolve_device
     from dit.models import create_model
 
     dev = resolve_device(device)
-    net = create_model(model, input_size=image_size // 8).to(dev).eval()
+    net = create_model(model, input_size=image_size // 8).to(dev).eval().set_attention(attention)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     sm = SamplingModel(net, "random", image_size, None, None)
     diffusion = make_diffusion(sm, num_sampling_steps)
     labels, seeds = [i % 1000 for i in range(batch_size)], list(range(batch_size))
@@ -167,6 +173,7 @@ def bench_sample(
         "batch": batch_size,
         "num_sampling_steps": num_sampling_steps,
         "cfg_scale": cfg_scale,
+        "attention": attention_kernel(attention, dev.type, dtype),
         "device": _device_name(dev),
         **spread,
         "images_per_sec": rate,

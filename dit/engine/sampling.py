@@ -30,6 +30,7 @@ from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.cost.peaks import peak_for_current_device
 from dit.diffusion import create_diffusion
 from dit.engine.checkpoint import load_checkpoint, model_weights
+from dit.engine.host_memory import keep_freed_host_memory
 from dit.errors import UserError
 from dit.models import MODEL_NAMES, DiT, DiTConfig, model_config, registry_name
 from dit.vae import VAE_ALIASES, decode, latent_downsample, load_vae
@@ -99,6 +100,8 @@ def load_sampling_model(
     ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
     when the run was pixel space.
     """
+    if torch.device(device).type == "cpu":
+        keep_freed_host_memory()
     ckpt = load_checkpoint(ckpt_path)
     run = recorded_run_config(ckpt)
     weights, which = model_weights(ckpt, use_ema)

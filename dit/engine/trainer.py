@@ -24,10 +24,11 @@ from dit.diffusion import create_diffusion
 from dit.engine.checkpoint import latest_checkpoint, load_checkpoint, save_training_checkpoint
 from dit.engine.data_order import SeededItems, StepOrder, mix_seed
 from dit.engine.ema import EMA
+from dit.engine.host_memory import keep_freed_host_memory
 from dit.engine.metrics import MetricSinks
 from dit.engine.sharding import full_model_state, full_optimizer_state, load_optimizer_state, shard
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig, describe, model_config
+from dit.models import ATTENTION_BACKENDS, DiT, DiTConfig, attention_kernel, describe, model_config
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -89,6 +90,14 @@ class TrainConfig:
         metadata={"help": "activation checkpointing: none, all, every k-th block (k), or auto (fewest that fit)"},
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile each DiT block"})
+    attention: str = field(
+        default="auto",
+        metadata={
+            "help": "attention kernel: auto (explicit matmuls for bf16 on CPU, else SDPA's pick), sdpa, "
+            "flash, efficient, cudnn, math, explicit",
+            "choices": ATTENTION_BACKENDS,
+        },
+    )
     fsdp: bool = field(
         default=False,
         metadata={"help": "shard weights, gradients, AdamW and EMA over the processes (FSDP2) instead of DDP"},
@@ -239,7 +248,7 @@ def parse_checkpoint_blocks(value: str) -> int | str:
 
 
 def auto_checkpoint_blocks(
-    mc: DiTConfig, batch_per_device: int, precision: str, world: int, budget_bytes
+    mc: DiTConfig, batch_per_device: int, precision: str, world: int, budget_bytes, attention: str = "fused"
 ) -> range:
     """The fewest checkpointed blocks (the first k) whose estimated step memory fits ``budget_bytes``."""
     from dit.cost.memory import estimate_training_memory
@@ -247,7 +256,9 @@ def auto_checkpoint_blocks(
     if budget_bytes is None:  # no device limit to fit (CPU): recompute nothing
         return range(0)
     for k in range(mc.depth + 1):
-        est = estimate_training_memory(mc, batch_per_device, precision, checkpointed_blocks=k, world_size=world)
+        est = estimate_training_memory(
+            mc, batch_per_device, precision, checkpointed_blocks=k, world_size=world, attention=attention
+        )
         if est.total <= budget_bytes:
             return range(k)
     raise UserError(
@@ -298,6 +309,8 @@ class Trainer:
         self.cfg = cfg
         self.acc = build_accelerator(cfg)
         self.device = self.acc.device
+        if self.device.type == "cpu":
+            keep_freed_host_memory()
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self.out = Path(cfg.results_dir)
         self.ckpt_dir = self.out / "checkpoints"
@@ -316,14 +329,25 @@ class Trainer:
             self._check_resume_config(ckpt)
 
         torch.manual_seed(cfg.seed)
-        self.model = DiT.from_config(self.model_cfg).to(self.device)
+        self.model = DiT.from_config(self.model_cfg).to(self.device).set_attention(cfg.attention)
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.attention = attention_kernel(cfg.attention, self.device.type, amp_dtype or torch.float32)
+        # The T x T matrix is kept (explicit, math) or recomputed in backward (the fused kernels).
+        self.fused_attention = self.attention not in ("explicit", "math")
         self.ckpt_policy = parse_checkpoint_blocks(cfg.checkpoint_blocks)
         if self.ckpt_policy == "auto":
             budget = None
             if self.device.type == "cuda":  # leave 10% for the allocator's fragmentation and the CUDA context
                 budget = 0.9 * torch.cuda.get_device_properties(self.device).total_memory
             micro = cfg.global_batch_size // (self.world * cfg.grad_accum_steps)
-            self.ckpt_policy = auto_checkpoint_blocks(self.model_cfg, micro, cfg.precision, self.world, budget)
+            self.ckpt_policy = auto_checkpoint_blocks(
+                self.model_cfg,
+                micro,
+                cfg.precision,
+                self.world,
+                budget,
+                "fused" if self.fused_attention else "explicit",
+            )
         self.model.set_checkpointing(self.ckpt_policy)
         if ckpt is not None:
             self.model.load_weights(ckpt["model"], source=str(self.resume_from))
@@ -353,7 +377,6 @@ class Trainer:
             for block in self.model.blocks:
                 block.compile()
         self.ddp_model = self.model if self.sharded else self.acc.prepare(self.model)
-        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
         )
@@ -417,7 +440,9 @@ class Trainer:
 
         mc, cfg = self.model_cfg, self.cfg
         ckpt_blocks = self.model.num_checkpointed_blocks
-        self.flops = training_flops_per_image(mc, checkpointed_blocks=ckpt_blocks, fused_attention=True)
+        self.flops = training_flops_per_image(
+            mc, checkpointed_blocks=ckpt_blocks, fused_attention=self.fused_attention
+        )
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=ckpt_blocks)
         self.measured_flops_per_image = float(measured["train_flops_per_image"])
         # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
@@ -436,6 +461,7 @@ class Trainer:
             sharding="fsdp" if self.sharded else "ddp",
             world_size=self.world,
             gradient_as_bucket_view=True,
+            attention="fused" if self.fused_attention else "explicit",
         )
         n_params = sum(p.numel() for p in self.model.parameters())
         fwd = 2 * forward_macs(mc).total
@@ -449,7 +475,8 @@ class Trainer:
             f"({gap:+.3%} vs the analytic count of the same ops: backward skips the input gradients)"
         )
         s.info(
-            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {ckpt_blocks} blocks checkpointed)"
+            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {ckpt_blocks} blocks "
+            f"checkpointed, {self.attention} attention)"
         )
         s.info(
             f"peak: {self.peak.flops / 1e12:.4g} TFLOP/s for {cfg.precision} on {self.peak.device} ({self.peak.source})"
