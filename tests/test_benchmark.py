@@ -1,6 +1,7 @@
 """scripts/benchmark.py writes what it claims: rows with timings, a calibration dit-cost accepts."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,20 @@ def test_reader_and_accounting_modes(tmp_path):
     )
     acc = json.loads((tmp_path / "a.json").read_text())["rows"][0]
     assert 0 < acc["overhead_frac"] < 1 and acc["meter_step_us"] > 0
+
+
+def test_loss_curves_compare_precisions_with_seed_noise(tmp_path):
+    from test_train import Pixels, tiny_config
+
+    from dit.engine.benchmark import bench_loss_curves
+
+    base = tiny_config(tmp_path, max_steps=6, log_every=2, precision="fp32")
+    result = bench_loss_curves(base, Pixels(), tail=0.5)
+    curves = result["curves"]
+    assert set(curves) == {"fp32 seed 0", "bf16 seed 0", "fp32 seed 1"}
+    assert all([step for step, _ in c] == [2, 4, 6] for c in curves.values())
+    assert curves["bf16 seed 0"] != curves["fp32 seed 0"] != curves["fp32 seed 1"]
+    ref = statistics.fmean(loss for _, loss in curves["fp32 seed 0"][-2:])
+    bf16 = statistics.fmean(loss for _, loss in curves["bf16 seed 0"][-2:])
+    assert result["tail_gap_to_reference"]["bf16 seed 0"] == pytest.approx(bf16 / ref - 1)
+    assert result["seed_noise"] == pytest.approx(abs(result["tail_gap_to_reference"]["fp32 seed 1"]))

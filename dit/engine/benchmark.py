@@ -254,3 +254,55 @@ def bench_reader(store: str, batch_size: int = 256, seconds: float = 3.0, repeat
         "median_samples_per_sec": statistics.median(rates),
         "threads": torch.get_num_threads(),
     }
+
+
+def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0), ("fp32", 1)), tail=0.25) -> dict:
+    """Does a precision change the training curve by more than another seed does?
+
+    Each (precision, seed) in ``runs`` trains ``base`` on ``dataset`` through the real loop and keeps its
+    logged window losses. The first run is the reference; every other run's gap to it, the mean loss over
+    the last ``tail`` of the logged windows relative to the reference's, is set beside the gap of the
+    reference precision's other seeds: the noise a loss curve has anyway.
+    """
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from dit.engine.trainer import train
+
+    curves = {}
+    for precision, seed in runs:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = dataclasses.replace(
+                base,
+                precision=precision,
+                seed=seed,
+                results_dir=out,
+                ckpt_every=10 * base.max_steps,
+                progress=False,
+            )
+            train(cfg, dataset)
+            lines = (json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines())
+            curves[f"{precision} seed {seed}"] = [
+                (r["step"], r["loss"]) for r in lines if r.get("loss") is not None
+            ]
+
+    def tail_mean(curve):
+        losses = [loss for _, loss in curve]
+        return statistics.fmean(losses[-max(1, round(tail * len(losses))) :])
+
+    (ref_name, ref), *others = curves.items()
+    ref_precision = runs[0][0]
+    gaps = {name: tail_mean(curve) / tail_mean(ref) - 1 for name, curve in others}
+    seed_gaps = [abs(gap) for name, gap in gaps.items() if name.startswith(ref_precision + " ")]
+    return {
+        "mode": "loss",
+        "reference": ref_name,
+        "steps": base.max_steps,
+        "log_every": base.log_every,
+        "tail_fraction": tail,
+        "tail_mean_loss": {name: tail_mean(curve) for name, curve in curves.items()},
+        "tail_gap_to_reference": gaps,
+        "seed_noise": max(seed_gaps) if seed_gaps else None,
+        "curves": curves,
+    }
