@@ -104,7 +104,12 @@ def main(argv=None) -> int:
             )
         keys = ["model", "precision", "batch_per_device", "checkpoint_blocks", "compile", "attention", "median_s", "p10_s", "p90_s",
                 "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source", "fraction_of_fp32_matmul_peak"]  # fmt: skip
-        print(f"matmul peaks measured in this run (TFLOP/s): {extra['matmul_peak_tflops']}")
+        # Measured again at the end: a drift between the two says the machine's speed changed during the run.
+        extra["matmul_peak_tflops_after"] = bench.bench_matmul_peaks(("fp32", "bf16"), device=args.device)
+        print(
+            f"matmul peaks measured in this run (TFLOP/s): before {extra['matmul_peak_tflops']}, "
+            f"after {extra['matmul_peak_tflops_after']}"
+        )
         if args.calibration:
             from dit.cost.plan import Calibration, save_calibration
 
