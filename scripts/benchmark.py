@@ -59,6 +59,13 @@ def main(argv=None) -> int:
             s.add_argument("--steps", type=int, default=10)
             s.add_argument("--warmup", type=int, default=3)
             s.add_argument("--calibration", help="write the best row as a dit-cost calibration JSON")
+            s.add_argument(
+                "--peak-probe",
+                type=float,
+                default=0.25,
+                help="seconds of fp32 and bf16 matmul-peak probes between step rounds (0: off); the fp32 "
+                "fraction divides by their median",
+            )
         if mode == "sample":
             s.add_argument("--num-sampling-steps", type=int, default=10)
             s.add_argument("--cfg-scale", type=float, default=4.0)
@@ -86,24 +93,27 @@ def main(argv=None) -> int:
         keep_freed_host_memory()  # as the trainer and the sampler do on CPU, so peaks and steps compare
     if args.mode == "train":
         extra["matmul_peak_tflops"] = bench.bench_matmul_peaks(("fp32", "bf16"), device=args.device)
-        grid = itertools.product(
-            args.model, args.precision, args.batch_size, args.checkpoint_blocks, args.compile, args.attention
-        )
-        for model, precision, batch, ckpt, comp, attention in grid:
-            row = bench.bench_train(
-                model, args.image_size, precision, batch, ckpt, comp == "on", args.steps, args.warmup,
-                args.device, args.peak_tflops, attention,
+        grid = itertools.product(args.model, args.batch_size, args.checkpoint_blocks, args.compile, args.attention)
+        for model, batch, ckpt, comp, attention in grid:
+            group = bench.bench_train(
+                model, args.image_size, tuple(args.precision), batch, ckpt, comp == "on", args.steps, args.warmup,
+                args.device, args.peak_tflops, attention, args.peak_probe,
             )  # fmt: skip
-            fp32_peak = extra["matmul_peak_tflops"]["fp32"]
-            row["fraction_of_fp32_matmul_peak"] = row["model_tflops"] / fp32_peak
-            rows.append(row)
-            print(
-                f"{model} {precision} batch {batch} ckpt {ckpt} compile {comp} attention {row['attention']}: "
-                f"{row['median_s']:.4g} s/step",
-                file=sys.stderr,
-            )
+            fp32 = next((r for r in group if r["precision"] == "fp32"), None)
+            for row in group:
+                during = row.get("matmul_peak_tflops_during", extra["matmul_peak_tflops"])
+                row["fraction_of_fp32_matmul_peak"] = row["model_tflops"] / during["fp32"]
+                if fp32 is not None:  # paired: the precisions took turns step by step
+                    row["speedup_vs_fp32"] = fp32["median_s"] / row["median_s"]
+                print(
+                    f"{model} {row['precision']} batch {batch} ckpt {ckpt} compile {comp} attention "
+                    f"{row['attention']}: {row['median_s']:.4g} s/step",
+                    file=sys.stderr,
+                )
+            rows += group
         keys = ["model", "precision", "batch_per_device", "checkpoint_blocks", "compile", "attention", "median_s", "p10_s", "p90_s",
-                "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source", "fraction_of_fp32_matmul_peak"]  # fmt: skip
+                "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source", "fraction_of_fp32_matmul_peak",
+                "speedup_vs_fp32"]  # fmt: skip
         # Measured again at the end: a drift between the two says the machine's speed changed during the run.
         extra["matmul_peak_tflops_after"] = bench.bench_matmul_peaks(("fp32", "bf16"), device=args.device)
         print(

@@ -34,6 +34,10 @@ def test_train_rows_and_calibration(tmp_path):
         assert r["images_per_sec"] == pytest.approx(4 / r["median_s"])
         assert r["mfu"] == pytest.approx(r["model_tflops"] / r["peak_tflops"])
         assert len(r["losses"]) == 3
+        during = r["matmul_peak_tflops_during"]  # probed between the paired steps
+        assert r["fraction_of_fp32_matmul_peak"] == pytest.approx(r["model_tflops"] / during["fp32"])
+    fp32, bf16 = sorted(data["rows"], key=lambda r: r["precision"] != "fp32")
+    assert bf16["speedup_vs_fp32"] == pytest.approx(fp32["median_s"] / bf16["median_s"])
     assert set(data["matmul_peak_tflops"]) == {"fp32", "bf16"}
     cal = load_calibration(str(cal_file))
     best = max(data["rows"], key=lambda r: r["mfu"])

@@ -49,10 +49,42 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def _train_row(
+    trainer: Trainer, model: str, image_size: int, precision: str, compile: bool, times, losses
+) -> dict:
+    spread = _spread(times)
+    batch = trainer.cfg.global_batch_size
+    rate = batch / spread["median_s"]
+    peak = trainer.peak
+    row = {
+        "mode": "train",
+        "model": model,
+        "image_size": image_size,
+        "precision": precision,
+        "batch_per_device": batch,
+        "checkpoint_blocks": trainer.model.num_checkpointed_blocks,
+        "compile": compile,
+        "attention": trainer.attention,
+        "device": _device_name(trainer.device),
+        **spread,
+        "images_per_sec": rate,
+        "model_tflops": rate * trainer.flops.model / 1e12,
+        "hardware_tflops": rate * trainer.flops.hardware / 1e12,
+        "peak_tflops": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": rate * trainer.flops.model / peak.flops,
+        "hfu": rate * trainer.flops.hardware / peak.flops,
+        "losses": losses,
+    }
+    if trainer.device.type == "cuda":
+        row["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
+    return row
+
+
 def bench_train(
     model: str = "DiT-S/2",
     image_size: int = 256,
-    precision: str = "fp32",
+    precisions: tuple[str, ...] = ("fp32",),
     batch_size: int = 8,
     checkpoint_blocks: str = "none",
     compile: bool = False,
@@ -61,68 +93,62 @@ def bench_train(
     device: str | None = None,
     peak_tflops: float | None = None,
     attention: str = "auto",
-) -> dict:
-    """One training-step configuration through ``Trainer.train_step`` (data already on the device)."""
+    peak_probe_s: float = 0.0,
+) -> list[dict]:
+    """Training steps through ``Trainer.train_step`` (data on the device), one row per precision.
+
+    The precisions take turns step by step, so that a ratio between them is paired: on a shared machine
+    whose speed drifts by 10% from minute to minute, separate runs would measure the drift. With
+    ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
+    gets the median of those probes: a peak measured under the same conditions as the steps.
+    """
     size = image_size // 8
+    runs = []
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig(
-            model=model,
-            image_size=image_size,
-            vae="none",  # the synthetic data are latents already
-            global_batch_size=batch_size,
-            max_steps=steps + warmup,
-            precision=precision,
-            checkpoint_blocks=checkpoint_blocks,
-            compile=compile,
-            attention=attention,
-            num_workers=0,
-            results_dir=out,
-            device=device,
-            peak_tflops=peak_tflops,
-        )
-        trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, size))
-        trainer.reset_counters()
-        trainer.model.train()
-        x, y = next(iter(trainer.loader))
-        batches = [(x.to(trainer.device), y.to(trainer.device))]
-        times, losses = [], []
-        for i in range(warmup + steps):
-            _sync(trainer.device)
-            start = time.perf_counter()
-            trainer.train_step(batches, log_step=False)
-            _sync(trainer.device)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-            trainer.step += 1
-            losses.append(float(trainer.loss_sum) / max(int(trainer.loss_count), 1))
+        for precision in precisions:
+            cfg = TrainConfig(
+                model=model,
+                image_size=image_size,
+                vae="none",  # the synthetic data are latents already
+                global_batch_size=batch_size,
+                max_steps=steps + warmup,
+                precision=precision,
+                checkpoint_blocks=checkpoint_blocks,
+                compile=compile,
+                attention=attention,
+                num_workers=0,
+                results_dir=f"{out}/{precision}",
+                device=device,
+                peak_tflops=peak_tflops,
+            )
+            trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, size))
             trainer.reset_counters()
-        spread = _spread(times)
-        rate = batch_size / spread["median_s"]
-        peak = trainer.peak
-        result = {
-            "mode": "train",
-            "model": model,
-            "image_size": image_size,
-            "precision": precision,
-            "batch_per_device": batch_size,
-            "checkpoint_blocks": trainer.model.num_checkpointed_blocks,
-            "compile": compile,
-            "attention": trainer.attention,
-            "device": _device_name(trainer.device),
-            **spread,
-            "images_per_sec": rate,
-            "model_tflops": rate * trainer.flops.model / 1e12,
-            "hardware_tflops": rate * trainer.flops.hardware / 1e12,
-            "peak_tflops": peak.flops / 1e12,
-            "peak_source": peak.source,
-            "mfu": rate * trainer.flops.model / peak.flops,
-            "hfu": rate * trainer.flops.hardware / peak.flops,
-            "losses": losses,
-        }
-        if trainer.device.type == "cuda":
-            result["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
-        trainer.sinks.close()
-    return result
+            trainer.model.train()
+            x, y = next(iter(trainer.loader))
+            runs.append((precision, trainer, [(x.to(trainer.device), y.to(trainer.device))], [], []))
+        probes = {"fp32": [], "bf16": []}
+        for i in range(warmup + steps):
+            for _, trainer, batches, times, losses in runs:
+                _sync(trainer.device)
+                start = time.perf_counter()
+                trainer.train_step(batches, log_step=False)
+                _sync(trainer.device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+                trainer.step += 1
+                losses.append(float(trainer.loss_sum) / max(int(trainer.loss_count), 1))
+                trainer.reset_counters()
+            if peak_probe_s and i >= warmup:
+                for p in probes:
+                    probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
+        rows = []
+        for precision, trainer, _, times, losses in runs:
+            row = _train_row(trainer, model, image_size, precision, compile, times, losses)
+            if peak_probe_s:
+                row["matmul_peak_tflops_during"] = {p: statistics.median(v) for p, v in probes.items()}
+            rows.append(row)
+            trainer.sinks.close()
+    return rows
 
 
 def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
@@ -193,7 +219,7 @@ def bench_accounting(
 ) -> dict:
     """What cost accounting adds to a step: the meter's per-step counters, and one log (window + sinks)
     amortised over ``log_every`` steps, against the measured step time of the same configuration."""
-    step = bench_train(model, image_size, precision, batch_size, steps=5, warmup=2)
+    (step,) = bench_train(model, image_size, (precision,), batch_size, steps=5, warmup=2)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(
             TrainConfig(model=model, vae="none", global_batch_size=batch_size, num_workers=0, results_dir=out),
