@@ -7,6 +7,8 @@
   python scripts/benchmark.py accounting --model DiT-S/2
   python scripts/benchmark.py reader [--store STORE]   # default: a synthetic 10,000-image 4x32x32 store
   python scripts/benchmark.py loss --steps 400 --plot curves.png   # bf16 vs fp32 training curves
+  python scripts/benchmark.py profile --model DiT-S/2 --precision fp32     # one step's op table
+  python scripts/benchmark.py attention --model DiT-B/2 --precision bf16   # attention kernels, one block
 
 Each run prints a table and, with --json FILE, writes every row (the machine's measured matmul peaks too).
 """
@@ -86,6 +88,17 @@ def main(argv=None) -> int:
     lc.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     lc.add_argument("--plot", help="write the curves to this PNG")
     lc.add_argument("--json")
+    pr = sub.add_parser("profile", help="torch.profiler's op table of one training step")
+    at = sub.add_parser("attention", help="one block's attention forward + backward per kernel")
+    for s in (pr, at):
+        s.add_argument("--model", default="DiT-S/2")
+        s.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+        s.add_argument("--batch-size", type=int, default=8)
+        s.add_argument("--image-size", type=int, default=256)
+    pr.add_argument("--rows", type=int, default=25)
+    at.add_argument("--attention", nargs="+", default=["flash", "math", "explicit"], choices=ATTENTION_BACKENDS)
+    at.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    at.add_argument("--json")
     args = p.parse_args(argv)
 
     rows, extra = [], {}
@@ -150,6 +163,14 @@ def main(argv=None) -> int:
         for model, precision, batch in itertools.product(args.model, args.precision, args.batch_size):
             rows.append(bench.bench_accounting(model, batch, args.log_every, precision, args.image_size))
         keys = ["model", "batch", "log_every", "meter_step_us", "log_ms", "step_median_s", "overhead_frac"]
+    elif args.mode == "profile":
+        print(bench.profile_train_step(args.model, args.precision, args.batch_size, args.image_size, args.rows))
+        return 0
+    elif args.mode == "attention":
+        rows = bench.bench_attention(
+            args.model, args.precision, args.batch_size, args.image_size, tuple(args.attention), device=args.device
+        )
+        keys = ["model", "precision", "batch", "attention", "median_s", "p10_s", "p90_s"]
     elif args.mode == "loss":
         result = _loss_curves(args)
         rows = [

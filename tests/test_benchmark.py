@@ -81,3 +81,14 @@ def test_loss_curves_compare_precisions_with_seed_noise(tmp_path):
     bf16 = statistics.fmean(loss for _, loss in curves["bf16 seed 0"][-2:])
     assert result["tail_gap_to_reference"]["bf16 seed 0"] == pytest.approx(bf16 / ref - 1)
     assert result["seed_noise"] == pytest.approx(abs(result["tail_gap_to_reference"]["fp32 seed 1"]))
+
+
+def test_profile_and_attention_modes(tmp_path):
+    common = ["--model", "DiT-S/8", "--image-size", "64", "--batch-size", "2"]
+    table = bench("profile", *common, "--rows", "5").stdout
+    assert "aten::addmm" in table or "aten::mm" in table
+    rows_file = tmp_path / "attn.json"
+    bench("attention", *common, "--precision", "bf16", "--attention", "auto", "flash", "--json", str(rows_file))
+    rows = json.loads(rows_file.read_text())["rows"]
+    assert [r["attention"] for r in rows] == ["explicit", "flash"]  # auto resolves to explicit for bf16 on CPU
+    assert all(0 < r["p10_s"] <= r["median_s"] <= r["p90_s"] for r in rows)

@@ -332,3 +332,77 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
         "seed_noise": max(seed_gaps) if seed_gaps else None,
         "curves": curves,
     }
+
+
+def profile_train_step(
+    model: str = "DiT-S/2", precision: str = "fp32", batch_size: int = 8, image_size: int = 256, rows: int = 25
+) -> str:
+    """Where one training step's time goes: torch.profiler's op table (self time) after two warm-up steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TrainConfig(
+            model=model,
+            image_size=image_size,
+            vae="none",
+            global_batch_size=batch_size,
+            precision=precision,
+            num_workers=0,
+            results_dir=out,
+        )
+        trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
+        trainer.reset_counters()
+        trainer.model.train()
+        x, y = next(iter(trainer.loader))
+        batches = [(x.to(trainer.device), y.to(trainer.device))]
+        for _ in range(2):
+            trainer.train_step(batches, log_step=False)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            trainer.train_step(batches, log_step=False)
+            _sync(trainer.device)
+        trainer.sinks.close()
+    key = "self_cuda_time_total" if trainer.device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows)
+
+
+def bench_attention(
+    model: str = "DiT-S/2",
+    precision: str = "fp32",
+    batch_size: int = 8,
+    image_size: int = 256,
+    backends=("flash", "math", "explicit"),
+    repeats: int = 9,
+    device: str | None = None,
+) -> list[dict]:
+    """Forward + backward of one block's attention per kernel, at the model's shapes (median of ``repeats``)."""
+    from dit.models import Attention, model_config
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    mc = model_config(model, input_size=image_size // 8)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    attn = Attention(mc.hidden_size, mc.num_heads).to(dev, dtype)
+    x = torch.randn(batch_size, mc.tokens, mc.hidden_size, device=dev, dtype=dtype, requires_grad=True)
+    out = []
+    for backend in backends:
+        attn.backend = backend
+        times = []
+        for i in range(repeats + 1):
+            _sync(dev)
+            start = time.perf_counter()
+            attn(x).sum().backward()
+            _sync(dev)
+            if i:
+                times.append(time.perf_counter() - start)
+        out.append(
+            {
+                "mode": "attention",
+                "model": model,
+                "precision": precision,
+                "batch": batch_size,
+                "attention": attention_kernel(backend, dev.type, dtype),
+                "device": _device_name(dev),
+                **_spread(times),
+            }
+        )
+    return out
