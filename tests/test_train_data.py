@@ -5,10 +5,11 @@ import os
 
 import pytest
 import torch
+from test_train import tiny_config
 
 from dit.data.latents import write_moments_store
 from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
-from dit.engine.trainer import TrainConfig, train
+from dit.engine.trainer import train
 from dit.errors import UserError
 
 
@@ -23,23 +24,9 @@ def store(tmp_path_factory):
 
 
 def config(store, out, **kw):
-    base = dict(
-        model="DiT-S/2",
-        depth=2,
-        hidden_size=32,
-        num_heads=2,
-        image_size=32,
-        num_classes=3,
-        feature_path=str(store),
-        global_batch_size=8,
-        max_steps=4,
-        precision="fp32",
-        num_workers=0,
-        log_every=2,
-        results_dir=str(out),
-        peak_tflops=0.05,
-    )
-    return TrainConfig(**{**base, **kw})
+    """The trainer tests' tiny model on the store: 4x4 latents of 32 px images, 3 classes."""
+    store_kw = dict(image_size=32, num_classes=3, feature_path=str(store), vae="ema", max_steps=4, lr=1e-4)
+    return tiny_config(out, **{**store_kw, "results_dir": str(out), **kw})
 
 
 def test_trains_on_the_store(store, tmp_path):
