@@ -49,6 +49,24 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def _bench_trainer(model: str, image_size: int, batch_size: int, results_dir: str, **options):
+    """A trainer on synthetic latents, its counters reset, and one batch already on its device."""
+    cfg = TrainConfig(
+        model=model,
+        image_size=image_size,
+        vae="none",  # the synthetic data are latents already
+        global_batch_size=batch_size,
+        num_workers=0,
+        results_dir=results_dir,
+        **options,
+    )
+    trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
+    trainer.reset_counters()
+    trainer.model.train()
+    x, y = next(iter(trainer.loader))
+    return trainer, [(x.to(trainer.device), y.to(trainer.device))]
+
+
 def _train_row(
     trainer: Trainer, model: str, image_size: int, precision: str, compile: bool, times, losses
 ) -> dict:
@@ -102,30 +120,23 @@ def bench_train(
     ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
     gets the median of those probes: a peak measured under the same conditions as the steps.
     """
-    size = image_size // 8
     runs = []
     with tempfile.TemporaryDirectory() as out:
         for precision in precisions:
-            cfg = TrainConfig(
-                model=model,
-                image_size=image_size,
-                vae="none",  # the synthetic data are latents already
-                global_batch_size=batch_size,
+            trainer, batches = _bench_trainer(
+                model,
+                image_size,
+                batch_size,
+                f"{out}/{precision}",
                 max_steps=steps + warmup,
                 precision=precision,
                 checkpoint_blocks=checkpoint_blocks,
                 compile=compile,
                 attention=attention,
-                num_workers=0,
-                results_dir=f"{out}/{precision}",
                 device=device,
                 peak_tflops=peak_tflops,
             )
-            trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, size))
-            trainer.reset_counters()
-            trainer.model.train()
-            x, y = next(iter(trainer.loader))
-            runs.append((precision, trainer, [(x.to(trainer.device), y.to(trainer.device))], [], []))
+            runs.append((precision, trainer, batches, [], []))
         probes = {"fp32": [], "bf16": []}
         for i in range(warmup + steps):
             for _, trainer, batches, times, losses in runs:
@@ -221,10 +232,7 @@ def bench_accounting(
     amortised over ``log_every`` steps, against the measured step time of the same configuration."""
     (step,) = bench_train(model, image_size, (precision,), batch_size, steps=5, warmup=2)
     with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(
-            TrainConfig(model=model, vae="none", global_batch_size=batch_size, num_workers=0, results_dir=out),
-            SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8),
-        )
+        trainer, _ = _bench_trainer(model, image_size, batch_size, out, precision=precision)
         n = 20000
         start = time.perf_counter()
         for _ in range(n):
@@ -341,20 +349,7 @@ def profile_train_step(
     from torch.profiler import ProfilerActivity, profile
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig(
-            model=model,
-            image_size=image_size,
-            vae="none",
-            global_batch_size=batch_size,
-            precision=precision,
-            num_workers=0,
-            results_dir=out,
-        )
-        trainer = Trainer(cfg, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
-        trainer.reset_counters()
-        trainer.model.train()
-        x, y = next(iter(trainer.loader))
-        batches = [(x.to(trainer.device), y.to(trainer.device))]
+        trainer, batches = _bench_trainer(model, image_size, batch_size, out, precision=precision)
         for _ in range(2):
             trainer.train_step(batches, log_step=False)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
