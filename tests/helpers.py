@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 from pathlib import Path
@@ -15,7 +16,14 @@ from dit.engine.checkpoint import save_training_checkpoint
 from dit.models import DiT
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"  # ground truth copied from the spec (data/README.md)
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4, num_classes=10)
+
+
+def spec_rows() -> list[dict]:
+    """The 13 rows of tests/data/dit_configs.csv (official parameter counts and forward GMACs)."""
+    with open(DATA / "dit_configs.csv") as f:
+        return list(csv.DictReader(f))
 
 
 def randomize(model: DiT, seed: int, std: float = 0.1) -> DiT:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import spec_rows
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import (
@@ -17,24 +18,12 @@ from dit.cost.analytic import (
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig, model_config
 
-# ../shared/spec/dit_configs.csv, the ground truth the project was given (the official code's GMACs and
-# parameter counts, and the paper's "Gflops"), copied so that the test runs in a clean clone; the
-# before-stop hook checks `dit-cost flops --json` against the file itself.
+# tests/data/dit_configs.csv: the official code's GMACs and parameter counts, and the paper's "Gflops".
 ROWS = [
-    ("DiT-S/8", 256, 33148160, 33142016, 0.3580, 0.36),
-    ("DiT-S/4", 256, 32945024, 32920448, 1.4126, 1.41),
-    ("DiT-S/2", 256, 32963360, 32865056, 6.0557, 6.06),
-    ("DiT-B/8", 256, 130881536, 130869248, 1.4175, 1.42),
-    ("DiT-B/4", 256, 130475648, 130426496, 5.5652, 5.56),
-    ("DiT-B/2", 256, 130512416, 130315808, 23.0051, 23.01),
-    ("DiT-L/8", 256, 458594816, 458578432, 5.0114, None),
-    ("DiT-L/4", 256, 458053760, 457988224, 19.6957, 19.7),
-    ("DiT-L/2", 256, 458102816, 457840672, 80.6976, 80.71),
-    ("DiT-XL/8", 256, 675683072, 675664640, 7.3924, 7.39),
-    ("DiT-XL/4", 256, 675074432, 675000704, 29.0437, 29.05),
-    ("DiT-XL/2", 256, 675129632, 674834720, 118.6214, 118.64),
-    ("DiT-XL/2", 512, 676014368, 674834720, 524.5383, 524.60),
-]
+    (r["model"], int(r["image_size"]), int(r["params_total"]), int(r["params_trainable"]),
+     float(r["forward_gmacs_official_code"]), float(r["paper_gflops"]) if r["paper_gflops"] else None)
+    for r in spec_rows()
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name,image,params,trainable,gmacs,paper", ROWS, ids=[f"{r[0]}@{r[1]}" for r in ROWS])

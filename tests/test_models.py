@@ -1,12 +1,11 @@
-"""The DiT against the ground truth in ../shared/spec and the official semantics."""
+"""The DiT against the ground truth in tests/data (copied from the spec) and the official semantics."""
 
-import csv
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import DATA, spec_rows
 
 from dit.errors import UserError
 from dit.models import (
@@ -19,13 +18,6 @@ from dit.models import (
     model_config,
     sincos_2d,
 )
-
-SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "spec"
-
-
-def spec_rows():
-    with open(SPEC / "dit_configs.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def meta_model(name, image_size=256):
@@ -54,7 +46,7 @@ def test_parameter_counts_match_spec(row):
 
 def test_state_dict_keys_and_shapes_equal_official_xl2():
     expected = []
-    for line in (SPEC / "official_dit_xl2_state_dict.txt").read_text().splitlines():
+    for line in (DATA / "official_dit_xl2_state_dict.txt").read_text().splitlines():
         name, shape = line.split(" ", 1)
         expected.append((name, tuple(int(s) for s in shape.strip("[]").split(","))))
     got = [(k, tuple(v.shape)) for k, v in meta_model("DiT-XL/2").state_dict().items()]
