@@ -4,12 +4,11 @@ import sys
 
 from dit.cli import run_cli
 from dit.config import parse_config
-from dit.engine.trainer import TrainConfig, train
+from dit.train import TrainConfig, train
 
 
 def main(argv=None):
-    cfg = parse_config(TrainConfig, argv, description=__doc__)
-    train(cfg)
+    train(parse_config(TrainConfig, argv, description=__doc__))
 
 
 if __name__ == "__main__":

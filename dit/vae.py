@@ -129,25 +129,3 @@ def decode(vae: AutoencoderKL, latents: torch.Tensor) -> torch.Tensor:
     """Scaled latents back to float32 images in [-1, 1]."""
     images = vae.decode((latents / scaling_factor(vae)).to(dtype=vae.dtype)).sample
     return images.float().clamp_(-1.0, 1.0)
-
-
-def build_tiny_vae(seed: int = 0, latent_channels: int = 4) -> AutoencoderKL:
-    """A random 6.8k-parameter AutoencoderKL with the SD VAE's interface and 8x downsampling.
-
-    For tests and CPU smoke runs, where the real 84M-parameter VAE (about 2 s per 256 px image here) is too
-    slow and cannot be downloaded. Its latents mean nothing.
-    """
-    from diffusers import AutoencoderKL
-
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        vae = AutoencoderKL(
-            block_out_channels=[4, 4, 4, 4],
-            down_block_types=["DownEncoderBlock2D"] * 4,
-            up_block_types=["UpDecoderBlock2D"] * 4,
-            layers_per_block=1,
-            norm_num_groups=2,
-            latent_channels=latent_channels,
-            sample_size=32,
-        )
-    return vae.eval().requires_grad_(False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from dit.cli import run_cli
-from dit.engine.interop import export_checkpoint, timestep_embedding_gap
 from dit.models import MODEL_NAMES
+from dit.sample.export import export_checkpoint, timestep_embedding_gap
 
 
 def main(argv: list[str] | None = None) -> int:

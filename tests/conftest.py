@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import write_our_checkpoint
-
-from dit.vae import build_tiny_vae
+from helpers import build_tiny_vae, write_our_checkpoint
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -19,6 +18,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def peak_cache(tmp_path_factory):
+    """Measured CPU peaks are kept in a temp folder (subprocesses inherit it), not the user's ~/.cache."""
+    saved = os.environ.get("DIT_CACHE_DIR")
+    os.environ["DIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if saved is None:
+        os.environ.pop("DIT_CACHE_DIR", None)
+    else:
+        os.environ["DIT_CACHE_DIR"] = saved
 
 
 @pytest.fixture(scope="module")

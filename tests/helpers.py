@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from dit.checkpoint import save_training_checkpoint
 from dit.cli import run_cli
-from dit.engine.checkpoint import save_training_checkpoint
 from dit.models import DiT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +53,27 @@ def write_our_checkpoint(folder: Path, vae: str | None, seed: int = 0, **overrid
         "model_config": cfg.to_dict(),
     }
     return save_training_checkpoint(folder, 100, payload)
+
+
+def build_tiny_vae(seed: int = 0, latent_channels: int = 4):
+    """A random 6.8k-parameter AutoencoderKL with the SD VAE's interface and 8x downsampling.
+
+    The real 84M-parameter VAE (about 2 s per 256 px image here) is too slow for tests and cannot be
+    downloaded; this one's latents mean nothing."""
+    from diffusers import AutoencoderKL
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        vae = AutoencoderKL(
+            block_out_channels=[4, 4, 4, 4],
+            down_block_types=["DownEncoderBlock2D"] * 4,
+            up_block_types=["UpDecoderBlock2D"] * 4,
+            layers_per_block=1,
+            norm_num_groups=2,
+            latent_channels=latent_channels,
+            sample_size=32,
+        )
+    return vae.eval().requires_grad_(False)
 
 
 def face(relative_path: str):

@@ -23,7 +23,8 @@ def bench(*args):
 
 def test_train_rows_and_calibration(tmp_path):
     rows_file, cal_file = tmp_path / "rows.json", tmp_path / "cal.json"
-    common = ["--model", "DiT-S/8", "--image-size", "64", "--batch-size", "4", "--steps", "2", "--warmup", "1"]
+    common = ["--model", "DiT-S/8", "--image-size", "64", "--global-batch-size", "4", "--timed-steps", "2"]
+    common += ["--untimed-steps", "1"]
     bench(
         "train", *common, "--precision", "fp32", "bf16", "--json", str(rows_file), "--calibration", str(cal_file)
     )
@@ -57,7 +58,7 @@ def test_reader_and_accounting_modes(tmp_path):
         "DiT-S/8",
         "--image-size",
         "64",
-        "--batch-size",
+        "--global-batch-size",
         "4",
         "--json",
         str(tmp_path / "a.json"),
@@ -69,7 +70,7 @@ def test_reader_and_accounting_modes(tmp_path):
 def test_loss_curves_compare_precisions_with_seed_noise(tmp_path):
     from test_train import Pixels, tiny_config
 
-    from dit.engine.benchmark import bench_loss_curves
+    from dit.bench.steps import bench_loss_curves
 
     base = tiny_config(tmp_path, max_steps=6, log_every=2, precision="fp32")
     result = bench_loss_curves(base, Pixels(), tail=0.5)
@@ -84,7 +85,7 @@ def test_loss_curves_compare_precisions_with_seed_noise(tmp_path):
 
 
 def test_profile_and_attention_modes(tmp_path):
-    common = ["--model", "DiT-S/8", "--image-size", "64", "--batch-size", "2"]
+    common = ["--model", "DiT-S/8", "--image-size", "64", "--global-batch-size", "2"]
     table = bench("profile", *common, "--rows", "5").stdout
     assert "aten::addmm" in table or "aten::mm" in table
     rows_file = tmp_path / "attn.json"

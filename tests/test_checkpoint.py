@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from dit.engine import checkpoint as ck
+from dit import checkpoint as ck
 from dit.errors import UserError
 
 
@@ -66,3 +66,16 @@ def test_bare_state_dict_and_hostile_pickles(tmp_path):
     truncated.write_bytes(bare.read_bytes()[:50])
     with pytest.raises(UserError, match="cannot read"):
         ck.load_checkpoint(truncated)
+
+
+def test_resume_reads_only_our_format(tmp_path):
+    ours = ck.save_training_checkpoint(tmp_path / "ours", 5, {"model": {}, "model_config": {"depth": 1}})
+    assert ck.load_training_checkpoint(ours)["format"] == ck.FORMAT
+    official = tmp_path / "official.pt"
+    torch.save({"model": {}, "ema": {}, "opt": {}, "args": argparse.Namespace(model="DiT-XL/2")}, official)
+    with pytest.raises(UserError, match="official DiT file"):
+        ck.load_training_checkpoint(official)
+    future = tmp_path / "future.pt"
+    torch.save({"format": "dit-ledger/9", "model": {}, "model_config": {}}, future)
+    with pytest.raises(UserError, match="dit-ledger/9"):
+        ck.load_training_checkpoint(future)

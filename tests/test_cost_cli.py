@@ -43,7 +43,7 @@ def test_flops_all_is_a_list_over_the_registry(capsys):
 
 
 def test_flops_tables_and_measure(capsys):
-    code, out, _ = run(capsys, "flops", "--model", "DiT-S/8", "--measure", "--checkpointed-blocks", "all")
+    code, out, _ = run(capsys, "flops", "--model", "DiT-S/8", "--measure", "--activation-checkpointing", "all")
     assert code == 0 and "attention_scores" in out and "FlopCounterMode on meta" in out and "6*N*T" in out
     code, out, _ = run(capsys, "flops", "--all")
     assert code == 0 and all(name in out for name in MODEL_NAMES)
@@ -53,7 +53,8 @@ def test_custom_pixel_model(capsys):
     code, out, _ = run(
         capsys,
         "flops",
-        "--no-vae",
+        "--vae",
+        "none",
         "--image-size",
         "32",
         "--depth",
@@ -78,7 +79,7 @@ def test_custom_pixel_model(capsys):
         (["flops", "--model", "DiT-Q/3"], "DiT-XL/2"),
         (["flops"], "--model"),
         (["flops", "--model", "DiT-S/2", "--image-size", "250"], "--image-size"),
-        (["flops", "--model", "DiT-S/2", "--checkpointed-blocks", "40"], "--checkpointed-blocks"),
+        (["flops", "--model", "DiT-S/2", "--activation-checkpointing", "40"], "--activation-checkpointing"),
         (
             [
                 "train",
@@ -86,7 +87,7 @@ def test_custom_pixel_model(capsys):
                 "DiT-S/2",
                 "--global-batch-size",
                 "8",
-                "--steps",
+                "--max-steps",
                 "10",
                 "--gpu",
                 "Imaginary X9000",
@@ -102,7 +103,7 @@ def test_custom_pixel_model(capsys):
                 "DiT-S/2",
                 "--global-batch-size",
                 "-8",
-                "--steps",
+                "--max-steps",
                 "10",
                 "--gpu",
                 "A100",
@@ -114,7 +115,20 @@ def test_custom_pixel_model(capsys):
         (["memory", "--model", "DiT-S/2"], "--batch-per-device"),
         (["memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--gpu", "A100"], "--memory-gib"),
         (["peaks", "--device", "H100-SXM", "--peak-tflops", "-3"], "--peak-tflops"),
-        (["memory", "--model", "DiT-S/2", "--batch-per-device", "8", "--reserve-gib", "-1"], "--reserve-gib"),
+        (
+            [
+                "memory",
+                "--model",
+                "DiT-S/2",
+                "--batch-per-device",
+                "8",
+                "--gpu",
+                "A100-80GB",
+                "--memory-reserve-gib",
+                "-1",
+            ],
+            "--memory-reserve-gib",
+        ),
         (
             ["sample", "--model", "DiT-S/2", "--gpu", "A100", "--mfu", "0.3", "--num-sampling-steps", "0"],
             "--num-sampling-steps",

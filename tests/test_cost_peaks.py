@@ -149,8 +149,42 @@ def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
 
 
+def test_cpu_peak_is_the_best_of_several_probes_kept_per_machine(tmp_path, monkeypatch):
+    """One probe per run let MFU follow the probe's noise; the best of several, kept with its date, does not."""
+    import datetime
+    import json
+
+    from dit.cost import peaks
+
+    monkeypatch.setenv("DIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    calls = []
+
+    def probes(precision, seconds, device, probes):
+        calls.append((precision, probes))
+        return [1e12, 3e12, 2e12][:probes] + [1.5e12] * (probes - 3)
+
+    monkeypatch.setattr(peaks, "measure_matmul_peak", probes)
+    first = resolve_peak("cpu", "bf16")
+    assert first.flops == 3e12 and calls == [("bf16", peaks.CPU_PEAK_PROBES)]  # the dtype follows the run
+    assert "spread 1-3 TFLOP/s" in first.detail and str(tmp_path) in first.detail
+    again = resolve_peak("cpu", "bf16")  # from the file: no new probe, the same number
+    assert again.flops == first.flops and len(calls) == 1
+    assert resolve_peak("cpu", "fp32").flops == 3e12 and len(calls) == 2  # another dtype is its own entry
+    cache = json.loads((tmp_path / "cpu_peaks.json").read_text())
+    for entry in cache.values():
+        entry["date"] = (
+            datetime.date.today() - datetime.timedelta(days=peaks.CPU_PEAK_MAX_AGE_DAYS + 1)
+        ).isoformat()
+    (tmp_path / "cpu_peaks.json").write_text(json.dumps(cache))
+    resolve_peak("cpu", "bf16")
+    assert len(calls) == 3  # an old measurement is taken again
+
+
 def test_measured_matmul_peak_is_positive_and_fp8_is_refused():
     assert measure_matmul_peak("fp32", seconds=0.05, device="cpu") > 1e8
+    bursts = measure_matmul_peak("fp32", seconds=0.05, device="cpu", probes=3)
+    assert len(bursts) == 3 and min(bursts) > 1e8
     with pytest.raises(UserError, match="--peak-tflops"):
         measure_matmul_peak("fp8", seconds=0.05, device="cpu")
 

@@ -18,7 +18,7 @@ from dit.errors import UserError
 from dit.models import model_config
 
 ISSUE_COMMAND = (
-    "train --model DiT-XL/2 --image-size 256 --global-batch-size 256 --steps 400000 --gpu H100-SXM "
+    "train --model DiT-XL/2 --image-size 256 --global-batch-size 256 --max-steps 400000 --gpu H100-SXM "
     "--num-gpus 8 --mfu 0.4"
 ).split()
 
@@ -120,7 +120,7 @@ def test_pixel_space_and_custom_models():
         (lambda: model_for_image("DiT-S/2", -8), "--image-size"),
         (lambda: model_for_image(None, 256, depth=4), "--hidden-size"),
         (lambda: model_for_image("DiT-Q/2", 256), "DiT-XL/2"),
-        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, -5, 8, "A100", mfu=0.4), "--steps"),
+        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, -5, 8, "A100", mfu=0.4), "--max-steps"),
         (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 6, "A100", mfu=0.4), "--num-gpus"),
         (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 8, "A100", mfu=1.5), "--mfu"),
         (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 8, "A100"), "--mfu"),
@@ -146,3 +146,36 @@ def test_unknown_gpu_lists_devices_and_the_override():
     assert "H100 SXM" in str(err.value) and "--peak-tflops" in str(err.value)
     plan = plan_training(cfg, 256, 256, 5, 8, "Imaginary X9000", mfu=0.4, peak_tflops=500)
     assert plan["peak_tflops_per_device"] == 500 and plan["peak_source"] == "override"
+
+
+def test_compute_without_a_device_has_the_same_keys(capsys):
+    """FLOPs need no device: the plan without --gpu/--mfu has every key, the time and money ones null."""
+    with_device = ISSUE_COMMAND + ["--json"]
+    assert main(with_device) == 0
+    timed = json.loads(capsys.readouterr().out)
+    compute_only = [a for a in with_device if a not in ("--gpu", "H100-SXM", "--mfu", "0.4")]
+    assert main(compute_only) == 0
+    untimed = json.loads(capsys.readouterr().out)
+    assert untimed.keys() == timed.keys()
+    assert all(untimed[k] is None for k in ("device", "mfu", "seconds", "device_hours", "days", "cost"))
+    for k in ("total_flops", "total_macs", "step_flops", "train_gflops_per_image", "vae_encode_gflops_per_image"):
+        assert untimed[k] == timed[k] and untimed[k] > 0
+    assert untimed["vae_encode_gflops_per_image"] == pytest.approx(vae_flops(SD_VAE_CONFIG, 256).encode / 1e9)
+    assert untimed["step_flops"] == pytest.approx(256 * untimed["train_gflops_per_image"] * 1e9)
+
+    sample = "sample --model DiT-XL/2 --num-sampling-steps 250 --cfg-scale 1.5 --json".split()
+    assert main(sample) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["seconds"] is None and got["forward_passes_per_image"] == 500 and got["guided"]
+    assert got["total_flops"] == pytest.approx(got["total_model_flops"] + got["total_vae_flops"])
+    assert got["total_macs"] == got["total_flops"] / 2
+    assert main([*sample[:-1], "--vae", "none", "--guidance-scale", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "1 pass (no guidance)" in text and "VAE decode" not in text and "--gpu and --mfu" in text
+
+
+def test_a_device_without_an_mfu_or_a_price_without_a_device_is_refused(capsys):
+    assert main("train --model DiT-S/2 --gpu A100".split()) == 2
+    assert "--mfu" in capsys.readouterr().err
+    assert main("sample --model DiT-S/2 --price-per-hour 2".split()) == 2
+    assert "--price-per-hour needs" in capsys.readouterr().err

@@ -15,7 +15,8 @@ from helpers import face, run_face, tiny_dit, write_our_checkpoint
 
 from dit.cli import run_cli
 from dit.diffusion import create_diffusion
-from dit.engine.interop import (
+from dit.errors import UserError
+from dit.sample.export import (
     PIPELINE_NULL_CLASS,
     exported_label_table,
     timestep_embedding_gap,
@@ -23,8 +24,8 @@ from dit.engine.interop import (
     transformer_difference,
     use_dit_timestep_frequencies,
 )
-from dit.engine.sampling import denoise, guided_model_fn, load_sampling_model
-from dit.errors import UserError
+from dit.sample.generate import denoise, guided_model_fn
+from dit.sample.loading import load_sampling_model
 from dit.vae import decode
 
 

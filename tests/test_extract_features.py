@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_image_folder
+from helpers import build_tiny_vae, make_image_folder
 
 from dit.cli import run_cli
 from dit.data.images import read_image, to_model_range
-from dit.data.latents import MANIFEST, LatentStoreDataset, read_header, sha256_file, shard_file
+from dit.data.reader import LatentStoreDataset
+from dit.data.store import MANIFEST, read_header, sha256_file, shard_file
 from dit.errors import UserError
-from dit.vae import build_tiny_vae, encode_moments, load_vae
+from dit.vae import encode_moments, load_vae
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("extract_features", REPO / "extract_features.py")

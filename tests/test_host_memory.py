@@ -6,7 +6,7 @@ import resource
 import pytest
 import torch
 
-from dit.engine.host_memory import keep_freed_host_memory
+from dit.runtime.host_memory import keep_freed_host_memory
 
 
 def _faults_to_touch(numel: int) -> int:

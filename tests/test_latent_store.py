@@ -1,4 +1,4 @@
-"""dit.data.latents store format and reader, on synthetic moments (no VAE, no images)."""
+"""dit.data.store format and dit.data.reader, on synthetic moments (no VAE, no images)."""
 
 import json
 import os
@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from dit.data.latents import (
+from dit.data.reader import LatentStoreDataset
+from dit.data.store import (
     MANIFEST,
-    LatentStoreDataset,
     StoreSpec,
     begin_store,
     finalize_store,

@@ -14,8 +14,8 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dit import quickstart
+from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.cli import run_cli
-from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 

@@ -14,8 +14,8 @@ import torch
 from helpers import face, run_face
 
 from dit.cli import run_cli
-from dit.engine.sampling import pack_npz, png_path
 from dit.errors import UserError
+from dit.sample.fid_set import pack_npz, png_path
 
 ROOT = Path(__file__).resolve().parents[1]
 N, BATCH = 6, 2
@@ -105,7 +105,7 @@ def test_missing_samples_are_named_when_packing(tmp_path):
 
 def test_bad_fid_requests(our_ckpt, tmp_path, capsys):  # noqa: F811
     code, _, err = run_face("scripts/sample_ddp.py", fid_args(our_ckpt, tmp_path, "--cfg-scale", "0.9"), capsys)
-    assert code == 2 and "--cfg-scale must be >= 1" in err
+    assert code == 2 and "--cfg-scale) must be >= 1" in err
     code, _, err = run_face("scripts/sample_ddp.py", fid_args(tmp_path / "x.pt", tmp_path), capsys)
     assert code == 2 and "does not exist" in err
     assert torch.get_num_threads() == 1

@@ -1,4 +1,4 @@
-"""sample.py and dit.engine.sampling: checkpoints of every kind sample, guidance and samplers, cost, bad input.
+"""sample.py and dit.sample: checkpoints of every kind sample, guidance and samplers, cost, bad input.
 
 Tiny random DiTs (weights redrawn so that the adaLN-Zero model does not output zeros) and the tiny random
 AutoencoderKL saved to a temp folder; 64 px images (8x8 latents), 10 sampling steps.
@@ -12,24 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import randomize, run_face, tiny_dit, write_our_checkpoint
+from helpers import build_tiny_vae, randomize, run_face, tiny_dit, write_our_checkpoint
 from PIL import Image
 
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
-from dit.engine.sampling import (
-    SampleConfig,
-    batches,
-    fid_label,
-    generate,
-    load_sampling_model,
-    make_diffusion,
-    noise_seed,
-    run_sample,
-    to_uint8,
-)
 from dit.errors import UserError
-from dit.models import DiT, create_model
-from dit.vae import build_tiny_vae
+from dit.models import DiT, DiT_models
+from dit.runtime import Runtime
+from dit.sample.config import SampleConfig
+from dit.sample.fid_set import batches
+from dit.sample.generate import fid_label, generate, make_diffusion, noise_seed, to_uint8
+from dit.sample.grid import run_sample
+from dit.sample.loading import load_sampling_model
 
 STEPS = "10"
 
@@ -38,7 +32,7 @@ STEPS = "10"
 def official_files(tmp_path_factory) -> dict[str, Path]:
     """A bare state dict in the official layout (DiT-S/8 at 64 px, 10 classes) and an official train.py file."""
     folder = tmp_path_factory.mktemp("official")
-    sd = randomize(create_model("DiT-S/8", input_size=8, num_classes=10), seed=3).state_dict()
+    sd = randomize(DiT_models["DiT-S/8"](input_size=8, num_classes=10), seed=3).state_dict()
     torch.save(sd, folder / "bare.pt")
     args = argparse.Namespace(model="DiT-S/8", image_size=64, num_classes=10, vae="ema", global_seed=0)
     torch.save({"model": sd, "ema": sd, "opt": {}, "args": args}, folder / "train.pt")
@@ -85,8 +79,10 @@ def test_no_ema_samples_the_raw_weights(our_ckpt, tmp_path):
     common = dict(
         ckpt=str(our_ckpt), num_sampling_steps=int(STEPS), class_labels=[1, 2], precision="fp32", peak_tflops=1.0
     )
-    ema = run_sample(SampleConfig(**common, out=str(tmp_path / "ema.png"), progress=False))
-    raw = run_sample(SampleConfig(**common, out=str(tmp_path / "raw.png"), ema=False, progress=False))
+    ema = run_sample(SampleConfig(**common, out=str(tmp_path / "ema.png"), progress=False), Runtime("cpu"))
+    raw = run_sample(
+        SampleConfig(**common, out=str(tmp_path / "raw.png"), ema=False, progress=False), Runtime("cpu")
+    )
     assert (ema.weights, raw.weights) == ("ema", "model")
     assert not np.array_equal(pixels(ema.path), pixels(raw.path))
 
@@ -198,10 +194,11 @@ def test_batches_cover_every_index_once_for_any_world_size():
 @pytest.mark.parametrize("channels", [1, 3])
 def test_pixel_space_checkpoint_skips_the_vae(tmp_path, channels, capsys):
     ckpt = write_our_checkpoint(tmp_path, None, in_channels=channels, input_size=16)
-    code, out, err = run_face("sample.py", sample_args(ckpt, tmp_path / "p.png", "--class-labels", 1, 2), capsys)
+    argv = sample_args(ckpt, tmp_path / "p.png", "--class-labels", 1, 2, "--cfg-scale", 1)
+    code, out, err = run_face("sample.py", argv, capsys)
     assert code == 0, err
     assert pixels(tmp_path / "p.png").shape == (20, 38, 3)
-    assert "+ 0 TFLOP/image VAE decode" in out
+    assert "TFLOP/image" in out and "VAE decode" not in out and "guidance" not in out  # pixels, unguided
 
 
 def test_bare_pixel_state_dict_with_vae_none(tmp_path):
@@ -213,30 +210,34 @@ def test_bare_pixel_state_dict_with_vae_none(tmp_path):
 # ---- cost ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cfg_scale", [1.0, 2.0])
-def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, cfg_scale):
+@pytest.mark.parametrize("guidance_scale", [1.0, 2.0])
+def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, guidance_scale):
     report = run_sample(
         SampleConfig(
             ckpt=str(our_ckpt),
             out=str(tmp_path / "g.png"),
             num_sampling_steps=int(STEPS),
             class_labels=[1, 2, 3],
-            cfg_scale=cfg_scale,
+            guidance_scale=guidance_scale,
             precision="fp32",
             peak_tflops=0.5,
             progress=False,
-        )
+        ),
+        Runtime("cpu", "fp32"),
     )
     sm = load_sampling_model(our_ckpt)
     decode = vae_flops(dict(sm.vae.config), 64).decode
-    expected = sampling_flops_per_image(sm.config, int(STEPS), cfg_scale, vae_decode_flops=decode)
+    expected = sampling_flops_per_image(sm.config, int(STEPS), guidance_scale, vae_decode_flops=decode)
     cost = report.cost
     assert cost.model_flops_per_image == expected.model and cost.vae_flops_per_image == expected.vae_decode > 0
     assert cost.flops_per_image == expected.total
-    assert cost.images == 3 and cost.wall_s > 0
+    assert cost.images == 3 and cost.dit_s > 0 and cost.decode_s > 0 and cost.wall_s == cost.dit_s + cost.decode_s
     assert cost.images_per_s == pytest.approx(3 / cost.wall_s)
-    assert cost.peak_flops == 0.5e12
-    assert cost.mfu == pytest.approx(expected.model * 3 / cost.wall_s / 0.5e12)
+    assert cost.peak.flops == 0.5e12
+    # each MFU divides the FLOPs of one part by the time of that part
+    assert cost.mfu == pytest.approx(expected.model * 3 / cost.dit_s / 0.5e12)
+    assert cost.mfu_with_vae == pytest.approx(expected.total * 3 / cost.wall_s / 0.5e12)
+    assert ("guidance doubles the batch" in cost.summary()) == (guidance_scale > 1)
 
 
 # ---- bad input ------------------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ def test_checkpoint_for_another_image_size_names_the_shapes(official_files, vae_
     [
         (["--class-labels", "3", "10"], "class labels [10] are out of range"),
         (["--class-labels", "-1"], "class labels [-1] are out of range"),
-        (["--cfg-scale", "0.5"], "--cfg-scale must be >= 1"),
+        (["--cfg-scale", "0.5"], "--guidance-scale (--cfg-scale) must be >= 1"),
         (["--image-size", "128"], "--image-size 128 does not match"),
         (["--vae", "none"], "--vae none asks for a pixel-space model"),
         (["--model", "DiT-S/2"], "--model DiT-S/2 does not match"),
@@ -280,7 +281,7 @@ def test_sd_runs_decode_with_the_official_default_decoders(tmp_path, monkeypatch
     """sample.py decodes SD latents with mse, sample_ddp.py with ema (as the official scripts); --vae wins."""
     asked = []
     monkeypatch.setattr(
-        "dit.engine.sampling.load_vae", lambda spec, device, dtype: asked.append(spec) or build_tiny_vae()
+        "dit.sample.loading.load_vae", lambda spec, device, dtype: asked.append(spec) or build_tiny_vae()
     )
     ckpt = write_our_checkpoint(tmp_path, "ema")
     assert load_sampling_model(ckpt).vae_spec == "mse"

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
+from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from dit.cost.analytic import training_flops_per_image
-from dit.engine.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from dit.engine.trainer import TrainConfig, train
 from dit.errors import UserError
 from dit.models import DiTConfig
+from dit.train import TrainConfig, train
 
 METRIC_KEYS = {
     "step",
@@ -171,10 +171,10 @@ def test_bad_configs_name_the_fix(tmp_path):
 
 def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch):
     """Count every way a step could read a device value back (item, tolist, bool, float, int, numpy)."""
-    from dit.engine.trainer import Trainer
+    from dit.runtime import Runtime
+    from dit.train import Trainer
 
-    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Pixels())
-    trainer.reset_counters()
+    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Runtime("cpu"), Pixels())
     batches = [next(iter(trainer.loader))]
     calls = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "numpy"):
@@ -187,28 +187,28 @@ def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, spy)
     for _ in range(3):
         trainer.train_step(batches, log_step=False)
-        trainer.step += 1
-    assert calls == []
-    trainer.loss_sum.item()  # the spies do see a read when there is one
+    assert calls == [] and trainer.state.step == 3
+    trainer.counters.loss_sum.item()  # the spies do see a read when there is one
     assert calls == ["item"]
 
 
 def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
-    from dit.cost.memory import estimate_training_memory
-    from dit.engine.trainer import auto_checkpoint_blocks
+    from dit.cost.memory import estimate_training_memory, fewest_checkpointed_blocks, usable_memory
     from dit.models import model_config
 
     xl = model_config("DiT-XL/2")
     full = estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=0).total
     none = estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=xl.depth).total
     budget = (full + none) / 2
-    k = len(auto_checkpoint_blocks(xl, 128, "bf16", 1, budget))
+    k = fewest_checkpointed_blocks(xl, 128, budget, precision="bf16")
     assert 0 < k < xl.depth
     assert estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=k).total <= budget
     assert estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=k - 1).total > budget
-    assert len(auto_checkpoint_blocks(xl, 128, "bf16", 1, None)) == 0
     with pytest.raises(UserError, match="does not fit"):
-        auto_checkpoint_blocks(xl, 128, "bf16", 1, none / 2)
+        fewest_checkpointed_blocks(xl, 128, none / 2, precision="bf16")
+    # one headroom rule: 10% of the device, at least 2 GiB, unless a reserve is given
+    assert usable_memory(80 * 2**30) == 72 * 2**30 and usable_memory(8 * 2**30) == 6 * 2**30
+    assert usable_memory(80 * 2**30, reserve_gib=1) == 79 * 2**30
 
 
 @pytest.mark.parametrize(
@@ -217,23 +217,27 @@ def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
 )
 def test_attention_kernel_sets_hardware_flops_and_memory(tmp_path, precision, attention, kernel):
     from dit.cost.memory import estimate_training_memory
-    from dit.engine.trainer import Trainer
+    from dit.runtime import Runtime
+    from dit.train import Trainer
 
-    trainer = Trainer(tiny_config(tmp_path, precision=precision, attention=attention), Pixels())
+    cfg = tiny_config(tmp_path, precision=precision, attention=attention)
+    trainer = Trainer(cfg, Runtime("cpu", precision), Pixels())
+    model_cfg, flops = trainer.state.model.config, trainer.ledger.flops
     assert trainer.attention == kernel
-    assert {b.attn.backend for b in trainer.model.blocks} == {attention}
-    expected = training_flops_per_image(trainer.model_cfg, fused_attention=kernel == "sdpa")
-    assert trainer.flops == expected
-    assert (trainer.flops.hardware > trainer.flops.model) == (kernel == "sdpa")  # flash recomputes QK^T
+    assert {b.attn.backend for b in trainer.state.model.blocks} == {attention}
+    assert flops == training_flops_per_image(model_cfg, fused_attention=kernel == "sdpa")
+    assert (flops.hardware > flops.model) == (kernel == "sdpa")  # flash recomputes QK^T
     log = (tmp_path / "run" / "log.txt").read_text()
     assert f"{kernel} attention" in log
-    explicit = estimate_training_memory(trainer.model_cfg, 8, precision, attention="explicit")
+    explicit = estimate_training_memory(model_cfg, 8, precision, attention="explicit")
     assert explicit.parts["attention_matrices"] > 0
 
 
 def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
-    from dit.engine.sampling import load_sampling_model, make_diffusion
-    from dit.engine.trainer import Trainer
+    from dit.runtime import Runtime
+    from dit.sample.generate import make_diffusion
+    from dit.sample.loading import load_sampling_model
+    from dit.train import Trainer
 
     cfg = tiny_config(
         tmp_path,
@@ -245,10 +249,10 @@ def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
         lr_schedule="cosine",
         min_lr_frac=0.1,
     )
-    trainer = Trainer(cfg, Pixels())
-    assert trainer.model_cfg.learn_sigma is False and trainer.diffusion.betas.max() > 0.5  # cosine caps at 0.999
-    assert [trainer.lr_at(s) for s in (0, 1)] == pytest.approx([5e-4, 1e-3])
-    assert trainer.lr_at(3) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    trainer = Trainer(cfg, Runtime("cpu"), Pixels())
+    assert trainer.state.model.config.learn_sigma is False and trainer.diffusion.betas.max() > 0.5  # cosine caps
+    assert [cfg.lr_at(s) for s in (0, 1)] == pytest.approx([5e-4, 1e-3])
+    assert cfg.lr_at(3) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     trainer.run()
     sm = load_sampling_model(str(latest_checkpoint(tmp_path / "run" / "checkpoints")), vae="none")
     d = make_diffusion(sm, 10)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
+from dit.checkpoint import latest_checkpoint, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_train import tiny_config
 
-from dit.data.latents import write_moments_store
-from dit.engine.checkpoint import latest_checkpoint, load_checkpoint
-from dit.engine.trainer import train
+from dit.checkpoint import latest_checkpoint, load_checkpoint
+from dit.data.store import write_moments_store
 from dit.errors import UserError
+from dit.train import train
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import os
 import huggingface_hub.constants
 import pytest
 import torch
+from helpers import build_tiny_vae
 
 from dit.errors import UserError
 from dit.vae import (
-    build_tiny_vae,
     decode,
     encode,
     encode_moments,

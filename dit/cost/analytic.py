@@ -135,14 +135,14 @@ def training_flops_per_image(
 
 
 def sampling_flops_per_image(
-    cfg: DiTConfig, num_steps: int, cfg_scale: float, vae_decode_flops: float = 0.0
+    cfg: DiTConfig, num_steps: int, guidance_scale: float, vae_decode_flops: float = 0.0
 ) -> SampleFlops:
-    """Steps x forward, doubled under classifier-free guidance (cfg_scale > 1 batches cond and uncond)."""
+    """Steps x forward, doubled under classifier-free guidance (a scale > 1 batches cond and uncond)."""
     if num_steps < 1:
         raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
-    if cfg_scale < 1.0:
-        raise UserError(f"--cfg-scale must be >= 1 (1 disables guidance), got {cfg_scale}.")
-    passes = num_steps * (2 if cfg_scale > 1.0 else 1)
+    if guidance_scale < 1.0:
+        raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
+    passes = num_steps * (2 if guidance_scale > 1.0 else 1)
     return SampleFlops(
         model=float(passes * forward_macs(cfg).flops), vae_decode=float(vae_decode_flops), forward_passes=passes
     )
@@ -170,10 +170,14 @@ def six_nt_flops(cfg: DiTConfig) -> int:
     return 6 * param_counts(cfg).trainable * cfg.tokens
 
 
-def flops_summary(cfg: DiTConfig, image_size: int | None = None, checkpointed_blocks: int = 0) -> dict:
-    """The ``dit-cost flops --json`` record: names, sizes, per-image counts (G = 1e9) and the breakdown."""
+def flops_summary(
+    cfg: DiTConfig, image_size: int | None = None, checkpointed_blocks: int = 0, fused_attention: bool = True
+) -> dict:
+    """The ``dit-cost flops --json`` record: names, sizes, per-image counts (G = 1e9) and the breakdown.
+
+    Hardware FLOPs depend on the attention kernel: ``hardware_attention`` says which one they assume."""
     fwd = forward_macs(cfg)
-    train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks)
+    train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks, fused_attention=fused_attention)
     params = param_counts(cfg)
     return {
         "model": registry_name(cfg) or "custom",
@@ -193,6 +197,7 @@ def flops_summary(cfg: DiTConfig, image_size: int | None = None, checkpointed_bl
         "train_gflops_per_image": train.model / 1e9,
         "checkpointed_blocks": checkpointed_blocks,
         "hardware_gflops_per_image": train.hardware / 1e9,
+        "hardware_attention": "fused" if fused_attention else "explicit",
         "attention_share": fwd.attention / fwd.total,
         "six_nt_gflops_per_image": six_nt_flops(cfg) / 1e9,
         "components": {k: v / 1e9 for k, v in fwd.components.items()},
@@ -218,7 +223,7 @@ SD_VAE_CONFIG = {
 
 
 # diffusers' own AutoencoderKL defaults, for keys a config leaves out.
-_AUTOENCODER_KL_DEFAULTS = {
+AUTOENCODER_KL_DEFAULTS = {
     "in_channels": 3,
     "out_channels": 3,
     "latent_channels": 4,
@@ -258,7 +263,7 @@ def _mid_block(hw: int, c: int, attention: bool) -> int:
 
 def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict)."""
-    cfg = {**_AUTOENCODER_KL_DEFAULTS, **vae_config}
+    cfg = {**AUTOENCODER_KL_DEFAULTS, **vae_config}
     kinds = set(cfg["down_block_types"]) | set(cfg["up_block_types"])
     if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D"}:
         raise UserError(

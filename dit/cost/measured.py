@@ -79,7 +79,7 @@ def measure_flops(
         raise ValueError(f"device must be 'meta' or 'cpu', got {device!r}")
     with torch.device(device):
         model = DiT.from_config(cfg)
-    model.set_checkpointing(range(checkpointed_blocks)).train()
+    model.set_checkpointing(checkpointed_blocks).train()
     mapping = CPU_SDPA_FORMULAS if device == "cpu" else {}
     inputs = _inputs(cfg, batch_size, device)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dit.cost.analytic import param_counts
 from dit.errors import UserError
-from dit.model_config import DiTConfig
+from dit.model_config import DiTConfig, describe
 
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtype names; torch loads lazily
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -159,6 +159,31 @@ def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) ->
     return low
 
 
+def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
+    """What a training step may use of a device: all but a reserve for the CUDA context and the caching
+    allocator's fragmentation. One rule for ``--activation-checkpointing auto`` and ``dit-cost memory``:
+    ``reserve_gib`` if given, else 10% of the device and at least 2 GiB."""
+    if reserve_gib is not None and reserve_gib < 0:
+        raise UserError(f"--memory-reserve-gib must be >= 0, got {reserve_gib}.")
+    reserve = reserve_gib * 2**30 if reserve_gib is not None else max(2 * 2**30, 0.1 * capacity_bytes)
+    return int(capacity_bytes - reserve)
+
+
+def fewest_checkpointed_blocks(cfg: DiTConfig, batch_per_device: int, budget_bytes: int, **estimate_kwargs) -> int:
+    """The fewest activation-checkpointed blocks whose estimated step memory fits ``budget_bytes``."""
+    for k in range(cfg.depth + 1):
+        if (
+            estimate_training_memory(cfg, batch_per_device, checkpointed_blocks=k, **estimate_kwargs).total
+            <= budget_bytes
+        ):
+            return k
+    raise UserError(
+        f"{describe(cfg)} at {batch_per_device} images per device does not fit in {budget_bytes / 2**30:.1f} GiB "
+        "even with every block checkpointed: lower the batch per device (raise --grad-accum-steps) or use "
+        "more devices."
+    )
+
+
 @dataclass(frozen=True)
 class MemoryTrace:
     peak_bytes: int
@@ -201,7 +226,7 @@ def trace_training_memory(
     from dit.models import DiT
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = DiT.from_config(cfg).set_checkpointing(range(checkpointed_blocks)).train()
+        model = DiT.from_config(cfg).set_checkpointing(checkpointed_blocks).train()
         _attention_matrix(cfg, precision, attention)  # validates the name
         model.set_attention("sdpa" if attention == "fused" else "explicit")
         trainable = [p for p in model.parameters() if p.requires_grad]

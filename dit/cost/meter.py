@@ -16,8 +16,10 @@ class CostMeter:
     """Per-device rates over the window since the last ``window()`` call.
 
     FLOPs per image come from ``dit.cost.analytic.training_flops_per_image`` (``.model`` for MFU,
-    ``.hardware`` for HFU). ``local_images`` are this rank's images, so the rates are per device; the
-    global image rate assumes every rank runs the same local batch, as DDP and FSDP do.
+    ``.hardware`` for HFU). ``vae_flops_per_image`` is the encoder's forward when the step encodes images
+    on the fly: it runs inside the timed window, so ``mfu_with_vae`` counts it; ``mfu`` is the DiT's alone.
+    ``local_images`` are this rank's images, so the rates are per device; the global image rate assumes
+    every rank runs the same local batch, as DDP and FSDP do.
     """
 
     def __init__(
@@ -27,11 +29,13 @@ class CostMeter:
         tokens_per_image: int,
         peak: Peak,
         world_size: int = 1,
+        vae_flops_per_image: float = 0.0,
     ):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.model_flops_per_image = float(model_flops_per_image)
         self.hardware_flops_per_image = float(hardware_flops_per_image)
+        self.vae_flops_per_image = float(vae_flops_per_image)
         self.tokens_per_image = tokens_per_image
         self.peak = peak
         self.world_size = world_size
@@ -84,6 +88,10 @@ class CostMeter:
             "peak_tflops": self.peak.flops / 1e12,
             "peak_source": self.peak.source,
             "mfu": model_flops / self.peak.flops,
+            "mfu_with_vae": images_per_sec
+            * (self.model_flops_per_image + self.vae_flops_per_image)
+            / self.peak.flops,
+            "vae_tflops_per_image": self.vae_flops_per_image / 1e12,
             "hfu": hardware_flops / self.peak.flops,
             "data_wait_frac": self._data_wait_s / elapsed,
             "window_s": elapsed,

@@ -8,11 +8,14 @@ peak labelled "measured". ``--peak-tflops`` and ``DIT_PEAK_TFLOPS`` override eve
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import re
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from dit.errors import UserError
 
@@ -26,6 +29,7 @@ class Peak:
     source: str  # "table", "override", "env DIT_PEAK_TFLOPS" or "measured"
     device: str
     precision: str = ""
+    detail: str = ""  # for a measured peak: how many probes, their spread, when
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def resolve_peak(
     if forced is not None:
         return forced
     if device_name is None or device_name.lower() == "cpu":
-        return Peak(measure_matmul_peak(precision, measure_seconds, "cpu"), "measured", "cpu", precision)
+        return cpu_peak(precision, measure_seconds)
     spec = find_device(device_name)
     if spec is not None and _table_tflops(spec, precision) is not None:
         return table_peak(device_name, precision)
@@ -192,33 +196,49 @@ def matmul_precision(precision: str) -> str:
     """What fp32 matmuls really run in on this machine: TF32 when CUDA allows it (the official DiT recipe)."""
     import torch
 
-    # allow_tf32 = True and set_float32_matmul_precision("high") both show up here.
-    if precision == "fp32" and torch.cuda.is_available() and torch.get_float32_matmul_precision() != "highest":
+    if precision == "fp32" and torch.cuda.is_available() and _cuda_matmul_mode() == "tf32":
         return "tf32"
     return precision
 
 
-def current_device_name() -> str:
-    """``torch.cuda.get_device_name()``, with the MI250X/MI250 ambiguity resolved by compute-unit count."""
+def _cuda_matmul_mode() -> str:
+    """CUDA's fp32 matmul mode through the per-backend API (mixing it with the legacy one is an error)."""
     import torch
 
-    if not torch.cuda.is_available():
+    mode = torch.backends.cuda.matmul.fp32_precision
+    return torch.backends.fp32_precision if mode == "none" else mode
+
+
+def device_name(device=None) -> str:
+    """``torch.cuda.get_device_name`` of ``device`` (default: the current CUDA device, else "cpu"), with the
+    MI250X/MI250 ambiguity resolved by compute-unit count."""
+    import torch
+
+    device = torch.device(device) if device is not None else None
+    if (device is not None and device.type != "cuda") or not torch.cuda.is_available():
         return "cpu"
-    name = torch.cuda.get_device_name()
-    if "MI250X/MI250" in name and torch.cuda.get_device_properties(0).multi_processor_count == 104:
+    name = torch.cuda.get_device_name(device)
+    if "MI250X/MI250" in name and torch.cuda.get_device_properties(device).multi_processor_count == 104:
         return "AMD Instinct MI250"  # an MI250 GCD has 104 CUs, an MI250X GCD 110
     return name
 
 
-def peak_for_current_device(precision: str, override_tflops: float | None = None) -> Peak:
-    return resolve_peak(current_device_name(), matmul_precision(precision), override_tflops)
+def peak_for_device(device, precision: str, override_tflops: float | None = None) -> Peak:
+    """The peak of the torch device a run uses: a ``--device cpu`` run on a GPU machine divides by the CPU."""
+    name = device_name(device)
+    return resolve_peak(name, precision if name == "cpu" else matmul_precision(precision), override_tflops)
 
 
 _DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch loads lazily
 
 
-def measure_matmul_peak(precision: str = "fp32", seconds: float = 1.0, device: str | None = None) -> float:
-    """Best FLOP/s of a square matmul over ``seconds``: the ceiling for unknown devices and the CPU."""
+def measure_matmul_peak(
+    precision: str = "fp32", seconds: float = 1.0, device: str | None = None, probes: int = 1
+) -> float | list[float]:
+    """Best FLOP/s of a square matmul in each of ``probes`` bursts of ``seconds / probes``.
+
+    One burst returns a float (the ceiling for unknown devices); several return the list, so that a
+    caller can show the spread: on a shared or throttling machine single bursts differ by 2x."""
     import torch
 
     if precision not in _DTYPES:
@@ -227,19 +247,92 @@ def measure_matmul_peak(precision: str = "fp32", seconds: float = 1.0, device: s
     on_gpu = device.type == "cuda"
     n = 8192 if on_gpu else 1024
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
     try:
         a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
         b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
         a @ b  # warm-up: kernel selection, thread pools
         sync()
-        best, deadline = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            a @ b
-            sync()
-            best = max(best, 2 * n**3 / (time.perf_counter() - start))
-        return best
+        bests = []
+        for _ in range(probes):
+            best, deadline = 0.0, time.perf_counter() + seconds / probes
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                a @ b
+                sync()
+                best = max(best, 2 * n**3 / (time.perf_counter() - start))
+            bests.append(best)
+        return bests[0] if probes == 1 else bests
     finally:
-        torch.set_float32_matmul_precision(before)
+        matmul.fp32_precision = before
+
+
+# --------------------------------------------------------------------------------------------------------
+# The CPU: no datasheet, so a measured peak, kept per machine so that every run divides by the same number
+# --------------------------------------------------------------------------------------------------------
+
+CACHE_ENV = "DIT_CACHE_DIR"
+CPU_PEAK_PROBES = 5
+CPU_PEAK_MAX_AGE_DAYS = 30
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dit-ledger")
+
+
+def _cpu_key(precision: str) -> str:
+    """What a CPU peak depends on: the processor model, the threads torch uses, torch's version, the dtype."""
+    import torch
+
+    model = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} | {torch.get_num_threads()} threads | torch {torch.__version__} | {precision}"
+
+
+def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
+    """The CPU's matmul peak: the best of ``CPU_PEAK_PROBES`` bursts, cached per machine for 30 days.
+
+    One 1 s probe at start-up measured 0.097, 0.049 and 0.060 TFLOP/s in three runs minutes apart, so MFU
+    moved with the probe more than with the run. The best of several bursts is a ceiling noise can only
+    lower, and the cache (``$DIT_CACHE_DIR`` or ~/.cache/dit-ledger/cpu_peaks.json) makes every later run
+    on the machine divide by the same number. Delete the file to measure again.
+    """
+    path = cache_dir() / "cpu_peaks.json"
+    key = _cpu_key(precision)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key) if isinstance(cache, dict) else None
+    today = datetime.date.today()
+    try:
+        fresh = (
+            entry is not None
+            and (today - datetime.date.fromisoformat(entry["date"])).days <= CPU_PEAK_MAX_AGE_DAYS
+        )
+    except (KeyError, TypeError, ValueError):
+        fresh = False
+    if not fresh:
+        probes = [p / 1e12 for p in measure_matmul_peak(precision, seconds, "cpu", probes=CPU_PEAK_PROBES)]
+        entry = {"tflops": max(probes), "probes": probes, "date": today.isoformat()}
+        cache = {**(cache if isinstance(cache, dict) else {}), key: entry}
+        try:
+            from dit.atomic import atomic_write_bytes
+
+            atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
+        except OSError:
+            pass  # a read-only home: the peak is still measured, just not kept
+    probes = entry["probes"]
+    detail = (
+        f"best of {len(probes)} probes, spread {min(probes):.4g}-{max(probes):.4g} TFLOP/s, measured "
+        f"{entry['date']}, kept in {path}"
+    )
+    return Peak(entry["tflops"] * 1e12, "measured", "cpu", precision, detail)

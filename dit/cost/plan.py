@@ -8,45 +8,78 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from dit.atomic import atomic_write_bytes
 from dit.cost.analytic import (
+    AUTOENCODER_KL_DEFAULTS,
     SD_VAE_CONFIG,
     forward_macs,
     sampling_flops_per_image,
     training_flops_per_image,
     vae_flops,
 )
-from dit.cost.memory import MEMORY_PRECISIONS, estimate_training_memory
-from dit.cost.peaks import Peak, device_memory_bytes, find_device, resolve_peak, table_peak
+from dit.cost.memory import (
+    MEMORY_PRECISIONS,
+    estimate_training_memory,
+    fewest_checkpointed_blocks,
+    max_batch_that_fits,
+    trace_training_memory,
+    usable_memory,
+)
+from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
 from dit.errors import UserError
 from dit.model_config import DiTConfig, describe, model_config, registry_name
 
-VAE_DOWNSAMPLE = 8  # SD VAE: 256 px images -> 32 x 32 x 4 latents
+
+def vae_config_for(spec: str | None) -> dict | None:
+    """The AutoencoderKL config a ``--vae`` value means: the SD VAE for ema/mse (and their hub ids), a
+    folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
+    if spec is None or str(spec).lower() == "none":
+        return None
+    if spec in ("ema", "mse", "stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse"):
+        return SD_VAE_CONFIG
+    path = Path(spec).expanduser() / "config.json"
+    if not path.is_file():
+        raise UserError(
+            f"--vae {spec!r}: pass ema, mse, none, or a folder with an AutoencoderKL config.json (hub ids other "
+            "than the SD VAEs are not looked up offline; download the folder and pass it)."
+        )
+    try:
+        return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    except ValueError as e:
+        raise UserError(f"{path} is not valid JSON ({e}).") from None
 
 
 def model_for_image(
     model: str | None,
     image_size: int,
-    vae: bool = True,
+    vae: bool | dict | None = True,
     latent_size: int | None = None,
     in_channels: int | None = None,
     **overrides,
 ) -> DiTConfig:
-    """The DiT config for images of ``image_size`` pixels: latents of image/8 x 4 channels with the VAE,
-    the pixels themselves (3 channels) without it. ``model`` None builds a custom config from overrides."""
+    """The DiT config for images of ``image_size`` pixels: latents of the VAE's size and channel count
+    (``vae`` True: the SD VAE, image/8 x 4 channels; a dict: that AutoencoderKL config), the pixels
+    themselves (3 channels) for ``vae`` False/None. ``model`` None builds a custom config from overrides."""
     if image_size is None or image_size <= 0:
         raise UserError(f"--image-size must be a positive number of pixels, got {image_size}.")
+    vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
+    if vae_config is not None:
+        full = {**AUTOENCODER_KL_DEFAULTS, **vae_config}
+        down, channels = 2 ** (len(full["block_out_channels"]) - 1), full["latent_channels"]
+    else:
+        down, channels = 1, 3
     if latent_size is None:
-        if vae and image_size % VAE_DOWNSAMPLE:
+        if image_size % down:
             raise UserError(
-                f"--image-size {image_size} is not a multiple of {VAE_DOWNSAMPLE} (the VAE's downsampling); "
-                "pick a multiple of 8, or pass --latent-size / --no-vae."
+                f"--image-size {image_size} is not a multiple of {down} (the VAE's downsampling); "
+                f"pick a multiple of {down}, or pass --latent-size / --vae none."
             )
-        latent_size = image_size // VAE_DOWNSAMPLE if vae else image_size
+        latent_size = image_size // down
     elif latent_size <= 0:
         raise UserError(f"--latent-size must be positive, got {latent_size}.")
-    fields = {"input_size": latent_size, "in_channels": in_channels or (4 if vae else 3)}
+    fields = {"input_size": latent_size, "in_channels": in_channels or channels}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if model is None:
         missing = [k for k in ("depth", "hidden_size", "num_heads", "patch_size") if k not in fields]
@@ -133,7 +166,10 @@ def _mfu_and_device(
             )
         return cal.mfu, f"calibration {calibration}", device or cal.device
     if mfu is None:
-        raise UserError("pass --mfu (model FLOPs utilisation, e.g. 0.4) or --calibration FILE from a benchmark.")
+        raise UserError(
+            "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
+            "--calibration FILE from a benchmark; drop --gpu for the compute alone."
+        )
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}.")
     if device is None:
@@ -141,47 +177,58 @@ def _mfu_and_device(
     return mfu, "given", device
 
 
-def _peak(device: str, precision: str, peak_tflops: float | None) -> Peak:
-    if peak_tflops is not None:
-        return resolve_peak(device, precision, override_tflops=peak_tflops)
-    return table_peak(device, precision)
-
-
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not value > 0:
         raise UserError(f"{name} must be positive, got {value}.")
 
 
+# The time-and-money keys of a plan: null when no device and MFU (or calibration) were given.
+BUDGET_KEYS = (
+    "device", "peak_tflops_per_device", "peak_source", "mfu", "mfu_source", "images_per_sec", "seconds",
+    "device_hours", "days", "cost",
+)  # fmt: skip
+
+
 def _budget(
+    cfg: DiTConfig,
+    image_size: int,
     total_flops: float,
+    images: int,
     num_devices: int,
-    peak: Peak,
-    mfu: float,
-    mfu_source: str,
+    device: str | None,
+    precision: str,
+    mfu: float | None,
+    calibration: str | None,
     price_per_device_hour: float | None,
+    peak_tflops: float | None,
 ) -> dict:
-    """Time and money for ``total_flops`` on ``num_devices`` running at ``mfu`` of ``peak``."""
+    """Time and money for ``total_flops`` on ``num_devices`` at an MFU of the peak; nulls without a device."""
+    if device is None and mfu is None and calibration is None:
+        if price_per_device_hour is not None:
+            raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
+        return dict.fromkeys(BUDGET_KEYS)
+    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, precision, device, mfu, calibration)
+    peak = (
+        resolve_peak(device, precision, peak_tflops) if peak_tflops is not None else table_peak(device, precision)
+    )
     seconds = total_flops / (num_devices * peak.flops * mfu)
     device_hours = seconds * num_devices / 3600
     return {
-        "total_flops": total_flops,
         "device": peak.device,
-        "num_devices": num_devices,
-        "precision": peak.precision,
         "peak_tflops_per_device": peak.flops / 1e12,
         "peak_source": peak.source,
         "mfu": mfu,
         "mfu_source": mfu_source,
+        "images_per_sec": images / seconds,
         "seconds": seconds,
         "device_hours": device_hours,
         "days": seconds / 86400,
-        "price_per_device_hour": price_per_device_hour,
         "cost": device_hours * price_per_device_hour if price_per_device_hour is not None else None,
     }
 
 
 # --------------------------------------------------------------------------------------------------------
-# Plans
+# Plans: the compute always; time, device-hours and money when a device and an MFU are given
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -190,7 +237,7 @@ def plan_training(
     image_size: int,
     global_batch_size: int,
     steps: int,
-    num_devices: int,
+    num_devices: int = 1,
     device: str | None = None,
     precision: str = "bf16",
     mfu: float | None = None,
@@ -198,11 +245,17 @@ def plan_training(
     price_per_device_hour: float | None = None,
     peak_tflops: float | None = None,
     checkpointed_blocks: int = 0,
+    vae_config: dict | None = SD_VAE_CONFIG,
+    fused_attention: bool = True,
 ) -> dict:
-    """FLOPs in both conventions, device-hours, days and cost of a training run, plus memory per device."""
+    """FLOPs and MACs per image, per step and in total (DiT and VAE encode apart), memory per device, and
+    time and cost when a device and an MFU (or a calibration) are given.
+
+    The VAE line is the encoder's forward per image: paid every step when images are encoded on the fly,
+    once per stored view when latents are pre-extracted (extract_features.py)."""
     for name, value in (
         ("--global-batch-size", global_batch_size),
-        ("--steps", steps),
+        ("--max-steps", steps),
         ("--num-gpus", num_devices),
     ):
         _positive(name, value)
@@ -212,12 +265,10 @@ def plan_training(
             f"--global-batch-size {global_batch_size} does not split over --num-gpus {num_devices}: "
             "make the batch a multiple of the device count."
         )
-    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, precision, device, mfu, calibration)
-    peak = _peak(device, precision, peak_tflops)
-    train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks)
+    train = training_flops_per_image(cfg, checkpointed_blocks, fused_attention)
     images = global_batch_size * steps
     total_flops = float(train.model) * images
-    budget = _budget(total_flops, num_devices, peak, mfu, mfu_source, price_per_device_hour)
+    encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
     batch_per_device = global_batch_size // num_devices
     plan = {
         "model": registry_name(cfg) or "custom",
@@ -225,20 +276,43 @@ def plan_training(
         "image_size": image_size,
         "global_batch_size": global_batch_size,
         "batch_per_device": batch_per_device,
+        "num_devices": num_devices,
+        "precision": precision,
         "steps": steps,
         "images": images,
         "forward_gflops_per_image": train.forward / 1e9,
         "train_gflops_per_image": train.model / 1e9,
+        "train_gmacs_per_image": train.model / 2e9,
+        "hardware_gflops_per_image": train.hardware / 1e9,
+        "hardware_attention": "fused" if fused_attention else "explicit",
+        "checkpointed_blocks": checkpointed_blocks,
+        "step_flops": float(train.model) * global_batch_size,
+        "total_flops": total_flops,
         "total_macs": total_flops / 2,  # the DiT paper's "Gflops" convention
-        "images_per_sec": images / budget["seconds"],
-        **budget,
+        "vae_encode_gflops_per_image": encode / 1e9 if encode is not None else None,
+        "vae_encode_flops_per_step": encode * global_batch_size if encode is not None else None,
+        "vae_encode_total_flops_on_the_fly": encode * images if encode is not None else None,
+        **_budget(
+            cfg,
+            image_size,
+            total_flops,
+            images,
+            num_devices,
+            device,
+            precision,
+            mfu,
+            calibration,
+            price_per_device_hour,
+            peak_tflops,
+        ),  # fmt: skip
+        "price_per_device_hour": price_per_device_hour,
     }
     if precision in MEMORY_PRECISIONS:
         memory = estimate_training_memory(
             cfg, batch_per_device, precision, checkpointed_blocks, world_size=num_devices
         )
         plan["memory_gib_per_device"] = memory.total / 2**30
-        capacity = device_memory_bytes(device)
+        capacity = device_memory_bytes(plan["device"]) if plan["device"] else None
         plan["device_memory_gib"] = capacity / 2**30 if capacity else None
     return plan
 
@@ -248,8 +322,8 @@ def plan_sampling(
     image_size: int,
     num_images: int,
     num_sampling_steps: int,
-    cfg_scale: float,
-    num_devices: int,
+    guidance_scale: float,
+    num_devices: int = 1,
     device: str | None = None,
     precision: str = "bf16",
     mfu: float | None = None,
@@ -258,29 +332,93 @@ def plan_sampling(
     peak_tflops: float | None = None,
     vae_config: dict | None = SD_VAE_CONFIG,
 ) -> dict:
-    """FLOPs, time and cost to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode.
-
-    The VAE decode is assumed to run at the same MFU as the DiT (say so when quoting the time).
-    """
+    """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
+    time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU)."""
     _positive("--num-images", num_images)
     _positive("--num-gpus", num_devices)
     _positive("--price-per-hour", price_per_device_hour)
-    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, precision, device, mfu, calibration)
-    peak = _peak(device, precision, peak_tflops)
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
-    per_image = sampling_flops_per_image(cfg, num_sampling_steps, cfg_scale, vae_decode_flops=decode)
-    budget = _budget(per_image.total * num_images, num_devices, peak, mfu, mfu_source, price_per_device_hour)
+    per_image = sampling_flops_per_image(cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode)
+    total = per_image.total * num_images
     return {
         "model": registry_name(cfg) or "custom",
+        "description": describe(cfg),
         "image_size": image_size,
         "num_images": num_images,
+        "num_devices": num_devices,
+        "precision": precision,
         "num_sampling_steps": num_sampling_steps,
-        "cfg_scale": cfg_scale,
+        "guidance_scale": guidance_scale,
+        "guided": guidance_scale > 1,
         "forward_passes_per_image": per_image.forward_passes,
         "forward_gflops": forward_macs(cfg).flops / 1e9,
         "model_gflops_per_image": per_image.model / 1e9,
+        "model_gmacs_per_image": per_image.model / 2e9,
         "vae_decode_gflops_per_image": per_image.vae_decode / 1e9,
         "gflops_per_image": per_image.total / 1e9,
-        "images_per_sec": num_images / budget["seconds"],
-        **budget,
+        "total_model_flops": per_image.model * num_images,
+        "total_vae_flops": per_image.vae_decode * num_images,
+        "total_flops": total,
+        "total_macs": total / 2,
+        **_budget(
+            cfg,
+            image_size,
+            total,
+            num_images,
+            num_devices,
+            device,
+            precision,
+            mfu,
+            calibration,
+            price_per_device_hour,
+            peak_tflops,
+        ),  # fmt: skip
+        "price_per_device_hour": price_per_device_hour,
     }
+
+
+def plan_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "bf16",
+    checkpointed_blocks: int | str = 0,
+    ema: bool = True,
+    sharding: str = "ddp",
+    world_size: int = 1,
+    capacity_bytes: int | None = None,
+    reserve_gib: float | None = None,
+    trace: bool = False,
+) -> dict:
+    """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
+    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
+    if batch_per_device < 1:
+        raise UserError(f"the batch per device must be >= 1, got {batch_per_device}.")
+    usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
+    options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
+    if checkpointed_blocks == "auto":
+        if usable is None:
+            raise UserError(
+                "--activation-checkpointing auto needs the device's memory: pass --gpu or --memory-gib."
+            )
+        checkpointed_blocks = fewest_checkpointed_blocks(cfg, batch_per_device, usable, **options)
+    options["checkpointed_blocks"] = checkpointed_blocks
+    estimate = estimate_training_memory(cfg, batch_per_device, **options)
+    result = {
+        "model": describe(cfg),
+        "batch_per_device": batch_per_device,
+        **options,
+        "estimate_bytes": estimate.total,
+        "estimate_parts": estimate.parts,
+        "peak_phase": estimate.phase,
+    }
+    if trace:
+        if world_size > 1:
+            raise UserError("--trace runs one device; drop --num-gpus (sharding is analytic only).")
+        traced = trace_training_memory(cfg, batch_per_device, precision, checkpointed_blocks, ema=ema)
+        result["traced_bytes"] = traced.peak_bytes
+        result["traced_parts"] = traced.at_peak
+    if capacity_bytes is not None:
+        result["device_memory_bytes"] = capacity_bytes
+        result["reserve_bytes"] = capacity_bytes - usable
+        result["max_batch_per_device"] = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
+    return result

@@ -1,1 +1,1 @@
-"""Data: image folders and arrays (``images``) and the pre-extracted latent store (``latents``)."""
+"""Data: image folders and arrays (``images``), the latent store's format (``store``) and reader (``reader``)."""

@@ -82,6 +82,20 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def load_training_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
+    ckpt = load_checkpoint(path)
+    if ckpt.get("format") != FORMAT or "model_config" not in ckpt:
+        kind = (
+            "an official DiT file" if "args" in ckpt or "model" not in ckpt else f"format {ckpt.get('format')!r}"
+        )
+        raise UserError(
+            f"{path} is not a {FORMAT} training checkpoint ({kind}): --resume continues a dit-ledger run; "
+            "to start from other weights, sample from them with sample.py or train a new run."
+        )
+    return ckpt
+
+
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
     """Atomically write ``payload`` as step ``step``, then delete all but the newest ``keep_last`` (0 keeps all)."""
     path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from dit.engine.sharding import local
+from dit.train.parallel import local
 
 
 class EMA:
@@ -36,10 +36,3 @@ class EMA:
         dst, src = local(self.model.parameters()), local(p.detach() for p in model.parameters())
         torch._foreach_lerp_(dst, src, weight if apply is None else apply * weight)
         self.num_updates += 1
-
-    def state_dict(self) -> dict:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict, num_updates: int):
-        self.model.load_state_dict(state)
-        self.num_updates = num_updates

@@ -1,6 +1,6 @@
 """Our DiTs out to the diffusers ecosystem: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline.
 
-Official checkpoints come in through ``dit.engine.checkpoint`` and ``dit.engine.sampling`` (the state dict
+Official checkpoints come in through ``dit.checkpoint`` and ``dit.sample.loading`` (the state dict
 layouts are the same), so this module only maps our weights onto ``DiTTransformer2DModel``. Two
 differences cannot be exported away, so they are measured instead (``transformer_difference``):
 diffusers' timestep embedding divides the frequency exponent by half - 1 where DiT divides by half, and
@@ -229,7 +229,7 @@ def export_checkpoint(
     labels: str | None = None,
 ) -> dict:
     """Export a checkpoint (ours or official) as a DiTPipeline folder and measure what the export changes."""
-    from dit.engine.sampling import load_sampling_model  # engine-internal; sampling never imports interop
+    from dit.sample.loading import load_sampling_model
 
     sm = load_sampling_model(ckpt, model, image_size, num_classes, vae, use_ema)
     id2label = read_id2label(labels) if labels else None

@@ -1,8 +1,8 @@
-"""FSDP2 sharding of the DiT and its EMA, and full (unsharded) state dicts for the one checkpoint format.
+"""The one place for data parallelism: DDP or FSDP2 over the runtime's process group, and full state dicts.
 
-torch's ``fully_shard`` is used directly rather than accelerate's FSDP plugin: the plugin is configured
-per process through accelerate's global state (the same singleton that made us do our own autocast), and
-``fully_shard`` is what it calls underneath. It also runs on the CPU with gloo, which is how it is tested.
+torch's ``DistributedDataParallel`` and ``fully_shard`` are used directly: both run on the CPU with gloo,
+which is how they are tested, and neither needs a launcher of its own (torchrun, or any launcher that
+sets the usual environment variables, starts the processes; ``dit.runtime`` joins the group).
 
 Checkpoints always hold full state dicts, and the optimizer's keyed by parameter name, so a run can be
 resumed with or without FSDP, on any number of devices.
@@ -12,6 +12,16 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def data_parallel(model: nn.Module, device: torch.device, world: int) -> nn.Module:
+    """DDP around ``model`` on several processes (gradient buckets as views: one copy less per step)."""
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
 
 def shard(model: nn.Module) -> nn.Module:
@@ -58,6 +68,16 @@ def full_model_state(model: nn.Module, sharded: bool) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str = "checkpoint") -> None:
+    """A full state dict into ``model``: strict with every differing key named, or scattered into the shards."""
+    if not sharded:
+        model.load_weights(state, source=source)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
 def full_optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:

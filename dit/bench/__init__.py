@@ -1,0 +1,191 @@
+"""Benchmarks of what users run, over the public step API: one dataclass per mode (``dit.bench.config``),
+one ``run`` that returns rows, so ``scripts/benchmark.py`` only parses, prints and writes JSON.
+
+Results are plain dicts: the face prints a table and writes JSON that ``dit-cost train --calibration``
+reads (the ``train`` mode's best row).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dit.bench import config as c
+from dit.bench.kernels import bench_attention, bench_matmul_peaks, bench_reader, bench_sample, synthetic_store
+from dit.bench.steps import bench_accounting, bench_loss_curves, bench_repeat, bench_train, profile_train_step
+
+MODES = {
+    "train": (c.TrainBench, "training-step throughput and MFU, precisions paired"),
+    "sample": (c.SampleBench, "guided DDPM sampling throughput and MFU"),
+    "accounting": (c.AccountingBench, "what cost accounting adds to a step"),
+    "reader": (c.ReaderBench, "latent-store reader samples/s"),
+    "loss": (c.LossBench, "fp32 and bf16 curves of the quick-start model, official objective"),
+    "profile": (c.ProfileBench, "torch.profiler's op table of one training step"),
+    "attention": (c.AttentionBench, "one block's attention forward + backward per kernel"),
+    "repeat": (c.RepeatBench, "the quick start's training repeated: MFU from run to run"),
+}
+
+
+@dataclass
+class Result:
+    rows: list[dict] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # the table's columns
+    extra: dict = field(default_factory=dict)  # written to the JSON beside the rows
+    notes: list[str] = field(default_factory=list)  # lines printed after the table
+    text: str | None = None  # a mode whose output is text (profile)
+
+
+def run(mode: str, cfg) -> Result:
+    return globals()[f"_{mode}"](cfg)
+
+
+def _train(a: c.TrainBench) -> Result:
+    r = Result(extra={"matmul_peak_tflops": bench_matmul_peaks(("fp32", "bf16"), device=a.device)})
+    grid = itertools.product(a.model, a.global_batch_size, a.activation_checkpointing, a.compile, a.attention)
+    for model, batch, ckpt, comp, attention in grid:
+        group = bench_train(
+            model, a.image_size, tuple(a.precision), batch, ckpt, comp == "on", a.timed_steps, a.untimed_steps,
+            a.device, a.peak_tflops, attention, a.peak_probe,
+        )  # fmt: skip
+        fp32 = next((row for row in group if row["precision"] == "fp32"), None)
+        for row in group:
+            during = row.get("matmul_peak_tflops_during", r.extra["matmul_peak_tflops"])
+            row["fraction_of_fp32_matmul_peak"] = row["model_tflops"] / during["fp32"]
+            if fp32 is not None:  # paired: the precisions took turns step by step
+                row["speedup_vs_fp32"] = fp32["median_s"] / row["median_s"]
+            print(
+                f"{model} {row['precision']} batch {batch} activation checkpointing {ckpt} compile {comp} "
+                f"attention {row['attention']}: {row['median_s']:.4g} s/step",
+                file=sys.stderr,
+            )
+        r.rows += group
+    r.keys = ["model", "precision", "batch_per_device", "checkpointed_blocks", "compile", "attention", "median_s",
+              "p10_s", "p90_s", "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source",
+              "fraction_of_fp32_matmul_peak", "speedup_vs_fp32"]  # fmt: skip
+    # Measured again at the end: a drift between the two says the machine's speed changed during the run.
+    r.extra["matmul_peak_tflops_after"] = bench_matmul_peaks(("fp32", "bf16"), device=a.device)
+    r.notes.append(
+        f"matmul peaks measured in this run (TFLOP/s): before {r.extra['matmul_peak_tflops']}, "
+        f"after {r.extra['matmul_peak_tflops_after']}"
+    )
+    if a.calibration:
+        from dit.cost.plan import Calibration, save_calibration
+
+        best = max(r.rows, key=lambda row: row["mfu"])
+        cal = Calibration(best["model"], best["image_size"], best["precision"], best["device"], best["mfu"])
+        save_calibration(cal, a.calibration, benchmark=best)
+        r.notes.append(f"calibration (best MFU {best['mfu']:.1%}) written to {a.calibration}")
+    return r
+
+
+def _sample(a: c.SampleBench) -> Result:
+    r = Result()
+    for model, precision, batch, attention in itertools.product(
+        a.model, a.precision, a.per_proc_batch_size, a.attention
+    ):
+        r.rows.append(
+            bench_sample(
+                model,
+                a.image_size,
+                precision,
+                batch,
+                a.num_sampling_steps,
+                a.guidance_scale,
+                a.repeats,
+                a.device,
+                a.peak_tflops,
+                attention,
+            )  # fmt: skip
+        )
+    r.keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "guidance_scale", "median_s",
+              "images_per_sec", "model_tflops", "mfu", "peak_source"]  # fmt: skip
+    return r
+
+
+def _accounting(a: c.AccountingBench) -> Result:
+    rows = [
+        bench_accounting(model, batch, a.log_every, precision, a.image_size)
+        for model, precision, batch in itertools.product(a.model, a.precision, a.global_batch_size)
+    ]
+    return Result(
+        rows, ["model", "batch", "log_every", "meter_step_us", "log_ms", "step_median_s", "overhead_frac"]
+    )
+
+
+def _reader(a: c.ReaderBench) -> Result:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = a.store or synthetic_store(tmp, a.images)
+        row = bench_reader(store, a.global_batch_size, a.seconds, a.repeats)
+    return Result(
+        [row], ["items", "storage_dtype", "batch", "threads", "best_samples_per_sec", "median_samples_per_sec"]
+    )
+
+
+def _profile(a: c.ProfileBench) -> Result:
+    return Result(text=profile_train_step(a.model, a.precision, a.global_batch_size, a.image_size, a.rows))
+
+
+def _attention(a: c.AttentionBench) -> Result:
+    rows = bench_attention(
+        a.model, a.precision, a.global_batch_size, a.image_size, tuple(a.attention), device=a.device
+    )
+    return Result(rows, ["model", "precision", "batch", "attention", "median_s", "p10_s", "p90_s"])
+
+
+def _repeat(a: c.RepeatBench) -> Result:
+    rows = bench_repeat(a.runs, a.max_steps, fresh_peak=a.peak == "fresh")
+    mfus = [row["mfu"] for row in rows]
+    r = Result(rows, ["run", "steps", "mfu", "steps_per_sec", "peak_tflops", "fresh_peak"])
+    r.extra["max_over_min_mfu"] = max(mfus) / min(mfus)
+    r.notes.append(
+        f"MFU over {a.runs} runs: {min(mfus):.2%} to {max(mfus):.2%} (max/min {max(mfus) / min(mfus):.3f})"
+    )
+    return r
+
+
+def _loss(a: c.LossBench) -> Result:
+    """The quick-start model and digits, trained with DiT's own objective (linear schedule, learned sigma)."""
+    import dataclasses
+
+    from dit.quickstart import PRESETS, DigitDataset, train_config
+
+    preset = PRESETS["default"]
+    base = train_config(preset, a.max_steps, Path(tempfile.gettempdir()) / "unused", a.device)
+    base = dataclasses.replace(
+        base, noise_schedule="linear", predict_xstart=False, learn_sigma=True, log_every=a.log_every
+    )
+    result = bench_loss_curves(base, DigitDataset(preset.image_size))
+    if a.plot:
+        _plot_curves(result["curves"], a.log_every, a.plot)
+    rows = [
+        {"run": name, "tail_mean_loss": loss, "gap_to_reference": result["tail_gap_to_reference"].get(name, 0.0)}
+        for name, loss in result["tail_mean_loss"].items()
+    ]
+    extra = {k: v for k, v in result.items() if k not in ("tail_mean_loss", "tail_gap_to_reference")}
+    note = (
+        f"last {result['tail_fraction']:.0%} of {result['steps']} steps; seed-to-seed noise in fp32: "
+        f"{result['seed_noise']:.2%}"
+    )
+    return Result(rows, ["run", "tail_mean_loss", "gap_to_reference"], extra, [note])
+
+
+def _plot_curves(curves: dict, log_every: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, curve in curves.items():
+        ax.plot(*zip(*curve), label=name, lw=1.2)
+    ax.set(xlabel="step", ylabel=f"training loss (mean of {log_every} steps)", yscale="log")
+    ax.set_title("Quick-start DiT on MNIST digits: bf16 autocast against fp32")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,299 @@
+"""Benchmarks of the training step users run: throughput by precision (paired), accounting overhead, one
+step's profile, loss curves by precision, and MFU over repeated runs.
+
+Every timing synchronises the device before reading the clock, leaves warm-up steps out, and reports the
+median with the 10th and 90th percentiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from dit.cost.peaks import device_name, measure_matmul_peak
+from dit.runtime import Runtime
+from dit.train import TrainConfig, Trainer, train
+
+
+class SyntheticLatents(Dataset):
+    """Random 4-channel latents and labels: the model's input without a data set or a VAE."""
+
+    def __init__(self, n: int, channels: int, size: int, num_classes: int = 1000):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, channels, size, size, generator=g)
+        self.y = torch.randint(0, num_classes, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def spread(times: list[float]) -> dict:
+    q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
+    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "samples": len(times)}
+
+
+def bench_trainer(
+    model: str, image_size: int, batch_size: int, results_dir: str, **options
+) -> tuple[Trainer, list]:
+    """A trainer on synthetic latents (its own runtime and precision) and one batch already on its device."""
+    cfg = TrainConfig(
+        model=model,
+        image_size=image_size,
+        vae="none",  # the synthetic data are latents already
+        global_batch_size=batch_size,
+        num_workers=0,
+        results_dir=results_dir,
+        **options,
+    )
+    runtime = Runtime(cfg.device, cfg.precision)
+    trainer = Trainer(cfg, runtime, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
+    trainer.state.model.train()
+    x, y = next(iter(trainer.loader))
+    return trainer, [(x.to(runtime.device), y.to(runtime.device))]
+
+
+def timed_step(trainer: Trainer, batches) -> tuple[float, float]:
+    """(seconds, loss) of one ``train_step``, under the trainer's precision flags."""
+    runtime = trainer.runtime
+    with runtime.precision.flags():
+        runtime.sync()
+        start = time.perf_counter()
+        trainer.train_step(batches)
+        runtime.sync()
+        seconds = time.perf_counter() - start
+    return seconds, trainer.counters.read(runtime)["loss"]
+
+
+def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, times, losses) -> dict:
+    timing = spread(times)
+    batch = trainer.cfg.global_batch_size
+    rate = batch / timing["median_s"]
+    flops, peak = trainer.ledger.flops, trainer.ledger.peak
+    row = {
+        "mode": "train",
+        "model": model,
+        "image_size": image_size,
+        "precision": trainer.cfg.precision,
+        "batch_per_device": batch,
+        "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
+        "compile": compile,
+        "attention": trainer.attention,
+        "device": device_name(trainer.runtime.device),
+        **timing,
+        "images_per_sec": rate,
+        "model_tflops": rate * flops.model / 1e12,
+        "hardware_tflops": rate * flops.hardware / 1e12,
+        "peak_tflops": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": rate * flops.model / peak.flops,
+        "hfu": rate * flops.hardware / peak.flops,
+        "losses": losses,
+    }
+    if trainer.runtime.device.type == "cuda":
+        row["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.runtime.device) / 2**30
+    return row
+
+
+def bench_train(
+    model: str = "DiT-S/2",
+    image_size: int = 256,
+    precisions: tuple[str, ...] = ("fp32",),
+    batch_size: int = 8,
+    activation_checkpointing: str = "none",
+    compile: bool = False,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+    attention: str = "auto",
+    peak_probe_s: float = 0.0,
+) -> list[dict]:
+    """Training steps through ``Trainer.train_step`` (data on the device), one row per precision.
+
+    The precisions take turns step by step, so that a ratio between them is paired: on a shared machine
+    whose speed drifts by 10% from minute to minute, separate runs would measure the drift. With
+    ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
+    gets the median of those probes: a peak measured under the same conditions as the steps.
+    """
+    runs = []
+    with tempfile.TemporaryDirectory() as out:
+        for precision in precisions:
+            trainer, batches = bench_trainer(
+                model,
+                image_size,
+                batch_size,
+                f"{out}/{precision}",
+                max_steps=steps + warmup,
+                precision=precision,
+                activation_checkpointing=activation_checkpointing,
+                compile=compile,
+                attention=attention,
+                device=device,
+                peak_tflops=peak_tflops,
+            )
+            runs.append((trainer, batches, [], []))
+        probes = {"fp32": [], "bf16": []}
+        for i in range(warmup + steps):
+            for trainer, batches, times, losses in runs:
+                seconds, loss = timed_step(trainer, batches)
+                if i >= warmup:
+                    times.append(seconds)
+                losses.append(loss)
+            if peak_probe_s and i >= warmup:
+                for p in probes:
+                    probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
+        rows = []
+        for trainer, _, times, losses in runs:
+            row = _train_row(trainer, model, image_size, compile, times, losses)
+            if peak_probe_s:
+                row["matmul_peak_tflops_during"] = {p: statistics.median(v) for p, v in probes.items()}
+            rows.append(row)
+            trainer.ledger.close()
+    return rows
+
+
+def bench_accounting(
+    model: str = "DiT-S/2",
+    batch_size: int = 8,
+    log_every: int = 100,
+    precision: str = "fp32",
+    image_size: int = 256,
+) -> dict:
+    """What cost accounting adds to a step: the meter's per-step counters, and one log (window + sinks)
+    amortised over ``log_every`` steps, against the measured step time of the same configuration."""
+    (step,) = bench_train(model, image_size, (precision,), batch_size, steps=5, warmup=2)
+    with tempfile.TemporaryDirectory() as out:
+        trainer, _ = bench_trainer(model, image_size, batch_size, out, precision=precision)
+        ledger, n = trainer.ledger, 20000
+        start = time.perf_counter()
+        for _ in range(n):
+            ledger.count(batch_size, data_wait_s=1e-4)
+        per_step = (time.perf_counter() - start) / n
+        logs = 200
+        start = time.perf_counter()
+        for i in range(logs):
+            ledger.log(i, 0, {"loss": 0.1, "nonfinite_steps": 0}, None, 1e-4, False, None)
+        per_log = (time.perf_counter() - start) / logs
+        ledger.close()
+    overhead = per_step + per_log / log_every
+    return {
+        "mode": "accounting",
+        "model": model,
+        "batch": batch_size,
+        "log_every": log_every,
+        "meter_step_us": per_step * 1e6,
+        "log_ms": per_log * 1e3,
+        "step_median_s": step["median_s"],
+        "overhead_per_step_us": overhead * 1e6,
+        "overhead_frac": overhead / step["median_s"],
+    }
+
+
+def profile_train_step(
+    model: str = "DiT-S/2", precision: str = "fp32", batch_size: int = 8, image_size: int = 256, rows: int = 25
+) -> str:
+    """Where one training step's time goes: torch.profiler's op table (self time) after two warm-up steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer, batches = bench_trainer(model, image_size, batch_size, out, precision=precision)
+        for _ in range(2):
+            timed_step(trainer, batches)
+        cuda = trainer.runtime.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            timed_step(trainer, batches)
+        trainer.ledger.close()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows)
+
+
+def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0), ("fp32", 1)), tail=0.25) -> dict:
+    """Does a precision change the training curve by more than another seed does?
+
+    Each (precision, seed) in ``runs`` trains ``base`` on ``dataset`` through the real loop and keeps its
+    logged window losses. The first run is the reference; every other run's gap to it, the mean loss over
+    the last ``tail`` of the logged windows relative to the reference's, is set beside the gap of the
+    reference precision's other seeds: the noise a loss curve has anyway.
+    """
+    curves = {}
+    for precision, seed in runs:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = dataclasses.replace(
+                base,
+                precision=precision,
+                seed=seed,
+                results_dir=out,
+                ckpt_every=10 * base.max_steps,
+                progress=False,
+            )
+            train(cfg, dataset)
+            lines = (json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines())
+            curves[f"{precision} seed {seed}"] = [
+                (r["step"], r["loss"]) for r in lines if r.get("loss") is not None
+            ]
+
+    def tail_mean(curve):
+        losses = [loss for _, loss in curve]
+        return statistics.fmean(losses[-max(1, round(tail * len(losses))) :])
+
+    (ref_name, ref), *others = curves.items()
+    gaps = {name: tail_mean(curve) / tail_mean(ref) - 1 for name, curve in others}
+    seed_gaps = [abs(gap) for name, gap in gaps.items() if name.startswith(runs[0][0] + " ")]
+    return {
+        "mode": "loss",
+        "reference": ref_name,
+        "steps": base.max_steps,
+        "log_every": base.log_every,
+        "tail_fraction": tail,
+        "tail_mean_loss": {name: tail_mean(curve) for name, curve in curves.items()},
+        "tail_gap_to_reference": gaps,
+        "seed_noise": max(seed_gaps) if seed_gaps else None,
+        "curves": curves,
+    }
+
+
+def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True) -> list[dict]:
+    """The quick start's training, ``runs`` times in fresh processes: each run's MFU (the mean over its
+    windows after warm-up) and peak, so their spread says how far one run's MFU can be trusted.
+
+    ``fresh_peak`` gives every run an empty peak cache, so each measures the CPU peak anew (the harder
+    case); otherwise the runs share one measurement, as runs on one machine do."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):
+            out = Path(tmp) / f"run{i}"
+            env = {**os.environ, "DIT_CACHE_DIR": str(Path(tmp) / (f"cache{i}" if fresh_peak else "cache"))}
+            argv = ["-m", "dit.quickstart", "--steps", str(steps), "--out", str(out), "--per-class", "1"]
+            done = subprocess.run(
+                [sys.executable, *argv, "--sample-steps", "1"], env=env, capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"quick start run {i} failed:\n{done.stderr[-2000:]}")
+            records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+            timed = [r for r in records if not r["in_warmup"]]
+            rows.append(
+                {
+                    "mode": "repeat",
+                    "run": i,
+                    "steps": steps,
+                    "mfu": statistics.fmean(r["mfu"] for r in timed),
+                    "steps_per_sec": statistics.fmean(r["steps_per_sec"] for r in timed),
+                    "peak_tflops": timed[-1]["peak_tflops"],
+                    "fresh_peak": fresh_peak,
+                }
+            )
+    return rows

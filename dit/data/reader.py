@@ -1,0 +1,131 @@
+"""Reading a finished latent store: a memory-mapped ``Dataset`` that draws a fresh posterior sample per access."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from dit.data.store import NUMPY_DTYPES, STORAGE_DTYPES, read_header, read_manifest
+from dit.errors import UserError
+from dit.vae import sample_latents
+
+
+def _map_shard(file: str) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy (moments, labels) views of a shard. safetensors' own API copies each slice it returns; batched
+    random reads need the whole file mapped. torch.from_file maps lazily (MAP_PRIVATE) and keeps no descriptor."""
+    header, start = read_header(file)
+    raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
+    views = []
+    for name in ("moments", "labels"):
+        begin, end = header[name]["data_offsets"]
+        views.append(
+            raw[start + begin : start + end]
+            .view(NUMPY_DTYPES[header[name]["dtype"]])
+            .reshape(header[name]["shape"])
+        )
+    return views[0], views[1]
+
+
+class LatentStoreDataset(Dataset):
+    """(latent x scaling factor as float32 CxHxW, label) from a finished store.
+
+    Every access draws a fresh posterior sample (``sample_posterior``) and a random flip (``flip``): the stored
+    flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly
+    flip-equivariant). Randomness comes from torch's global RNG, which DataLoader reseeds per worker.
+    Shards are memory-mapped lazily in each process; ``__getitems__`` serves a whole batch in one pass.
+    """
+
+    def __init__(self, path: str, flip: bool = True, sample_posterior: bool = True):
+        manifest = read_manifest(path)
+        if not manifest["complete"]:
+            raise UserError(
+                f"latent store {path} is incomplete (its extraction was interrupted). Rerun extract_features.py "
+                "with the same arguments to finish it."
+            )
+        for shard in manifest["shards"]:
+            file = os.path.join(path, shard["file"])
+            if not os.path.isfile(file) or os.path.getsize(file) != shard["bytes"]:
+                raise UserError(
+                    f"latent store {path}: {shard['file']} is missing or truncated. Rerun extract_features.py with "
+                    "the same arguments to redo it (`extract_features.py --verify` checks every shard)."
+                )
+        self.path, self.manifest = path, manifest
+        self.flip, self.sample_posterior = flip, sample_posterior
+        self.scale = float(manifest["scaling_factor"])
+        self.latent_shape = tuple(manifest["latent_shape"])
+        self.classes = sorted(manifest["class_to_index"], key=manifest["class_to_index"].get)
+        self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
+        self._shards = None  # per process: memory maps do not survive pickling to spawned workers
+        self.labels = np.concatenate([labels for _, labels in self._open()] or [np.zeros(0, np.int64)])
+
+    def _open(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(moments, labels) numpy views over each memory-mapped shard, opened once per process."""
+        if self._shards is None or self._shards[0] != os.getpid():
+            self._shards = (
+                os.getpid(),
+                [_map_shard(os.path.join(self.path, s["file"])) for s in self.manifest["shards"]],
+            )
+        return self._shards[1]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_shards": None}
+
+    @property
+    def flip_mode(self) -> str:
+        """'stored' (flipped image's own moments), 'latent' (mirror of the latent) or 'none'."""
+        return "none" if not self.flip else ("stored" if self.manifest["flips_stored"] else "latent")
+
+    @property
+    def downsample(self) -> int:
+        """Image pixels per latent pixel along a side (8 for the SD VAE)."""
+        return self.manifest["image_size"] // self.latent_shape[1]
+
+    def check_compatible(self, in_channels: int, input_size: int, num_classes: int) -> None:
+        """Refuse to train a model whose latent channels, latent size or class count differ from the store's."""
+        c, h, _ = self.latent_shape
+        down = self.downsample
+        problems = []
+        if in_channels != c:
+            problems.append(f"{c} latent channels but the model takes {in_channels} (set in_channels={c})")
+        if input_size != h:
+            problems.append(
+                f"{h}x{h} latents ({self.manifest['image_size']} px images) but the model's input size is "
+                f"{input_size} (pass --image-size {self.manifest['image_size']}, or re-extract the store with "
+                f"--image-size {input_size * down})"
+            )
+        if num_classes != len(self.classes):
+            problems.append(
+                f"{len(self.classes)} classes but the model has {num_classes} (pass --num-classes {len(self.classes)})"
+            )
+        if problems:
+            raise UserError(f"latent store {self.path} does not fit the model: {'; '.join(problems)}.")
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices) -> list[tuple[torch.Tensor, int]]:
+        """A batch in one pass: gather stored moments, then sample and flip all of them with a few tensor ops."""
+        index = np.asarray(indices, dtype=np.int64)
+        if index.size and (index.min() < 0 or index.max() >= len(self)):
+            raise IndexError(f"latent store index out of range [0, {len(self)}): {indices}")
+        shards = self._open()
+        shard = np.searchsorted(self.offsets, index, side="right") - 1
+        local = index - self.offsets[shard]
+        stored_flip = self.flip_mode == "stored"
+        view = torch.randint(0, 2, (len(index),)).numpy() if stored_flip else np.zeros(len(index), np.int64)
+        moments = np.empty((len(index), *shards[0][0].shape[2:]), dtype=shards[0][0].dtype)
+        for row, (s, j, v) in enumerate(zip(shard.tolist(), local.tolist(), view.tolist())):
+            moments[row] = shards[s][0][j, v]
+        moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
+        mean, std = moments[:, 0], moments[:, 1]
+        latents = sample_latents(mean, std, self.scale) if self.sample_posterior else mean.float() * self.scale
+        if self.flip_mode == "latent":
+            mirror = torch.rand(len(index)) < 0.5
+            latents[mirror] = latents[mirror].flip(-1)
+        return list(zip(latents.unbind(0), self.labels[index].tolist()))

@@ -1,0 +1,290 @@
+"""The latent store: VAE posterior moments of every image (and of its flip), sharded, checksummed, memory-mapped.
+
+A store folder holds
+  manifest.json                    what made the store and what it holds (docs/latent_store.md)
+  shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata
+  shard-00000.safetensors.sha256   a ``sha256sum -c`` line, written after its shard: the shard's completion mark
+
+Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
+folder scan, and batches never straddle shards, so the bytes never depend on how many processes wrote them.
+Storing moments rather than one frozen sample lets the reader draw a fresh posterior sample at every access,
+as on-the-fly encoding does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from dit.atomic import atomic_write_bytes
+from dit.errors import UserError
+
+FORMAT = "dit-ledger-latent-store"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# safetensors dtype tag -> numpy dtype to view the bytes as; numpy has no bfloat16, so read it as raw uint16.
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
+
+
+def shard_file(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Files: atomic writes, checksums, safetensors headers
+# --------------------------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read_header(path: str) -> tuple[dict, int]:
+    """A safetensors file's JSON header and the byte offset where its tensor data starts."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size)), 8 + size
+
+
+def _expected_sha256(folder: str, index: int) -> str | None:
+    try:
+        with open(os.path.join(folder, shard_file(index) + ".sha256")) as f:
+            return f.read().split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def shard_is_complete(folder: str, index: int) -> bool:
+    """True only if the shard and its checksum file exist and the shard's bytes hash to the recorded sha256."""
+    expected = _expected_sha256(folder, index)
+    path = os.path.join(folder, shard_file(index))
+    return expected is not None and os.path.isfile(path) and sha256_file(path) == expected
+
+
+# --------------------------------------------------------------------------------------------------------
+# What a store is: its spec, manifest, shards
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StoreSpec:
+    """Everything that decides a store's bytes; a rerun may add to an existing store only if all of it matches.
+
+    ``vae_id`` is the exception: it is a label (a folder may move, a hub model may be copied locally); the two
+    hashes are the VAE's identity.
+    """
+
+    vae_id: str
+    vae_config_sha256: str
+    vae_weights_sha256: str
+    scaling_factor: float
+    image_size: int
+    latent_shape: list[int]
+    encode_precision: str
+    storage_dtype: str
+    flips_stored: bool
+    shard_size: int
+    class_to_index: dict[str, int]
+    sources_sha256: str
+    num_sources: int
+    crop: str = "adm_center_crop"
+    moments: str = "mean,std"
+    vae_config: dict | None = None  # the AutoencoderKL config, for the cost of encoding (its hash is above)
+
+    @property
+    def num_shards(self) -> int:
+        return math.ceil(self.num_sources / self.shard_size)
+
+
+def sources_sha256(samples: list[tuple[str, int]]) -> str:
+    """A digest of the ordered (path, label) list: a store is only resumable from the same source files."""
+    return hashlib.sha256("\n".join(f"{label}\t{path}" for path, label in samples).encode()).hexdigest()
+
+
+def read_manifest(folder: str) -> dict:
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        raise UserError(
+            f"no latent store at {folder} (no {MANIFEST}). Create one with "
+            f"`python extract_features.py --data-path IMAGES --features-path {folder}`."
+        )
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+        raise UserError(
+            f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest (format={manifest.get('format')!r}, "
+            f"version={manifest.get('version')!r}). Re-extract with this version of extract_features.py."
+        )
+    return manifest
+
+
+def check_existing_store(folder: str, spec: StoreSpec) -> None:
+    """Refuse (before anything is written) to add to a store made with another VAE, image size, dtype or data."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)):
+        if os.path.isdir(folder) and any(name.startswith("shard-") for name in os.listdir(folder)):
+            raise UserError(
+                f"{folder} holds shard files but no {MANIFEST}, so it cannot be resumed safely. "
+                "Nothing was overwritten. Use an empty --features-path, or delete those files."
+            )
+        return
+    old = read_manifest(folder)
+    new = json.loads(json.dumps(asdict(spec)))  # tuples to lists, as the manifest holds them
+    diffs = [
+        f"{key}: store has {old.get(key)!r}, this run has {value!r}"
+        for key, value in new.items()
+        if key not in ("vae_id", "vae_config") and old.get(key) != value
+    ]
+    if diffs:
+        if any(d.startswith("vae_") for d in diffs):
+            diffs.insert(0, f"VAE: store was made with {old.get('vae_id')!r}, this run uses {spec.vae_id!r}")
+        if any(d.startswith(("sources_", "num_sources", "class_to_index")) for d in diffs):
+            diffs.insert(0, "the image folder's contents differ from those the store was made from")
+        raise UserError(
+            f"{folder} already holds a latent store made differently: {'; '.join(diffs)}. Nothing was "
+            "overwritten. Use another --features-path, pass the same settings as before, or delete the folder."
+        )
+
+
+def begin_store(folder: str, spec: StoreSpec) -> None:
+    """Mark the store incomplete (readers refuse it until finalize_store) and clear temp files of killed runs."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        if ".tmp-" in name and name.startswith(("shard-", MANIFEST)):
+            os.remove(os.path.join(folder, name))
+    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)}
+    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+
+
+def write_shard(
+    folder: str,
+    index: int,
+    spec: StoreSpec,
+    moments: torch.Tensor,
+    labels: torch.Tensor,
+    files: list[str],
+    skipped: list[tuple[str, str]],
+) -> None:
+    """Write shard ``index`` (moments [n, views, 2, C, H, W]) atomically, then its checksum file."""
+    stored = moments.to(STORAGE_DTYPES[spec.storage_dtype]).contiguous()
+    if not torch.isfinite(stored).all():
+        raise UserError(
+            f"shard {index}: posterior moments are not finite in {spec.storage_dtype}. "
+            "Use --storage-dtype bf16 or fp32 (wider range), or check the VAE."
+        )
+    # One metadata key: safetensors orders several keys by a randomly seeded hash map, which breaks byte-identity.
+    info = json.dumps({"format": FORMAT, "shard": index, "files": files, "skipped": skipped}, sort_keys=True)
+    tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
+    data = safetensors.torch.save(tensors, metadata={"dit_ledger": info})
+    name = shard_file(index)
+    atomic_write_bytes(os.path.join(folder, name), data)
+    atomic_write_bytes(
+        os.path.join(folder, name + ".sha256"), f"{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
+    )
+
+
+def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, str]]) -> dict:
+    """Gather every shard's count, size, checksum and skipped files into the final manifest (written atomically)."""
+    shards, skipped = [], [tuple(s) for s in scan_skipped]
+    for index in range(spec.num_shards):
+        path = os.path.join(folder, shard_file(index))
+        header, _ = read_header(path)
+        skipped += [tuple(s) for s in json.loads(header["__metadata__"]["dit_ledger"])["skipped"]]
+        shards.append(
+            {
+                "file": shard_file(index),
+                "num_images": header["labels"]["shape"][0],
+                "bytes": os.path.getsize(path),
+                "sha256": _expected_sha256(folder, index),
+            }
+        )
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "complete": True,
+        "num_images": sum(s["num_images"] for s in shards),
+        "num_skipped": len(skipped),
+        "total_bytes": sum(s["bytes"] for s in shards),
+        **asdict(spec),
+        "skipped": [{"path": path, "reason": reason} for path, reason in sorted(skipped)],
+        "shards": shards,
+    }
+    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def write_moments_store(
+    folder: str,
+    moments: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    scale: float = 0.18215,
+    storage_dtype: str = "fp16",
+    shard_size: int = 2048,
+    source: str = "in-memory moments",
+) -> dict:
+    """A store from moments computed elsewhere ([N, views, 2, C, H, W]); for benchmarks, tests and imports.
+
+    Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store.
+    """
+    n, views, _, c, h, w = moments.shape
+    names = [f"{source}/{i}" for i in range(n)]
+    spec = StoreSpec(
+        vae_id=source,
+        vae_config_sha256=hashlib.sha256(source.encode()).hexdigest(),
+        vae_weights_sha256=hashlib.sha256(source.encode()).hexdigest(),
+        scaling_factor=scale,
+        image_size=8 * h,
+        latent_shape=[c, h, w],
+        encode_precision="n/a",
+        storage_dtype=storage_dtype,
+        flips_stored=views == 2,
+        shard_size=shard_size,
+        class_to_index={str(i): i for i in range(num_classes)},
+        sources_sha256=sources_sha256(list(zip(names, labels.tolist()))),
+        num_sources=n,
+        crop="n/a",
+    )
+    check_existing_store(folder, spec)
+    begin_store(folder, spec)
+    for k in range(spec.num_shards):
+        part = slice(k * shard_size, (k + 1) * shard_size)
+        write_shard(folder, k, spec, moments[part], labels[part], names[part], [])
+    return finalize_store(folder, spec, [])
+
+
+def verify_store(folder: str) -> dict:
+    """Hash every shard against the manifest (or, for an interrupted store, its checksum files).
+
+    Returns the manifest; raises a UserError listing every missing, truncated or corrupted shard.
+    """
+    manifest = read_manifest(folder)
+    problems = (
+        [] if manifest["complete"] else ["manifest.json marks the store incomplete (extraction interrupted)"]
+    )
+    num_shards = math.ceil(manifest["num_sources"] / manifest["shard_size"])
+    recorded = {s["file"]: s for s in manifest.get("shards", [])}
+    for index in range(num_shards):
+        name, path = shard_file(index), os.path.join(folder, shard_file(index))
+        expected = recorded[name]["sha256"] if name in recorded else _expected_sha256(folder, index)
+        if not os.path.isfile(path):
+            problems.append(f"{name} is missing")
+        elif expected is None:
+            problems.append(f"{name} has no checksum (its write was interrupted)")
+        elif sha256_file(path) != expected:
+            size = f" ({os.path.getsize(path)} bytes, manifest says {recorded[name]['bytes']})" if recorded else ""
+            problems.append(f"{name} fails its sha256 check{size}")
+    if problems:
+        raise UserError(
+            f"latent store {folder} failed verification: {'; '.join(problems)}. Rerun extract_features.py "
+            "with the same arguments: it redoes exactly the bad or missing shards."
+        )
+    return manifest

@@ -1,0 +1,220 @@
+"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md).
+
+Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
+folder scan, and batches never straddle shards, so the bytes never depend on how many processes wrote them.
+A rerun verifies what a killed run left and redoes exactly the missing or bad shards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from dit.config import option
+from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
+from dit.data.store import (
+    STORAGE_DTYPES,
+    StoreSpec,
+    begin_store,
+    check_existing_store,
+    finalize_store,
+    read_manifest,
+    shard_is_complete,
+    sources_sha256,
+    write_shard,
+)
+from dit.errors import UserError
+from dit.runtime import Runtime
+from dit.vae import (
+    encode_moments,
+    latent_downsample,
+    load_vae,
+    scaling_factor,
+    vae_id_and_config_hash,
+    weights_sha256,
+)
+
+
+@dataclass
+class ExtractConfig:
+    """The settings of extract_features.py (one field per flag)."""
+
+    features_path: str = option(help="the store folder (created, resumed or verified)")
+    data_path: str | None = option(None, "ImageNet-style folder: one sub-folder per class")
+    image_size: int = option(256, "ADM centre-crop size in pixels")
+    vae: str = option("ema", "ema | mse | a Hugging Face hub id | a local folder")
+    batch_size: int = option(32, "images per encoder call (per process)")
+    precision: str = option("fp32", "encoder arithmetic", choices=("fp32", "bf16"))
+    storage_dtype: str = option("fp16", "dtype of the stored moments", choices=tuple(STORAGE_DTYPES))
+    flip: bool = option(True, "also store the moments of mirrored images (--no-flip: do not)")
+    shard_size: int = option(2048, "source images per shard")
+    num_workers: int = option(4, "image-decoding processes per rank")
+    strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
+    verify: bool = option(False, "only check every shard's sha256 and exit")
+    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+
+    def __post_init__(self):
+        if self.image_size % 8 or self.batch_size < 1 or self.shard_size < 1 or self.num_workers < 0:
+            raise UserError(
+                f"need --image-size a multiple of 8, positive --batch-size/--shard-size and --num-workers >= 0, "
+                f"got {self.image_size}, {self.batch_size}, {self.shard_size}, {self.num_workers}."
+            )
+
+
+class _SourceImages(Dataset):
+    """Source files by global position; an undecodable file comes back as its error, so the run can skip it."""
+
+    def __init__(self, images: ImageFolderDataset):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        try:
+            return index, self.images.load_uint8(index), ""
+        except UserError as e:  # the reason names the file relative to the data folder, as the manifest does
+            reason = str(e.__cause__ or e).replace(os.path.join(self.images.root, ""), "")
+            return index, None, f"corrupt image: {reason}"
+
+
+def _collate(items):
+    good = [(i, image) for i, image, _ in items if image is not None]
+    bad = [(i, error) for i, image, error in items if image is None]
+    return [i for i, _ in good], (torch.stack([image for _, image in good]) if good else None), bad
+
+
+def _encode_views(vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool) -> torch.Tensor:
+    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image."""
+    x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
+    if flips:
+        x = torch.cat([x, x.flip(-1)])
+    with runtime.precision.autocast():
+        mean, std = encode_moments(vae, x)
+    moments = torch.stack([mean.float(), std.float()], dim=1)
+    return moments.unflatten(0, (2 if flips else 1, len(images_uint8))).transpose(0, 1)
+
+
+def extract_features(cfg: ExtractConfig) -> dict:
+    """Build or resume the store at ``cfg.features_path``; returns a summary of the store and this rank's work.
+
+    "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
+    if not cfg.data_path:
+        raise UserError("--data-path is required to extract (only --verify works without it).")
+    # Long timeout: after a resume, ranks can wait at the final barrier for a slower rank's last shard.
+    with Runtime(cfg.device, cfg.precision, deterministic=True, timeout=timedelta(hours=6)) as runtime:
+        return _extract(cfg, runtime)
+
+
+def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
+    started = time.perf_counter()
+    rank, world, device = runtime.rank, runtime.world, runtime.device
+    images = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=False)
+    scan_skipped = [(os.path.relpath(path, cfg.data_path), reason) for path, reason in images.skipped]
+    if cfg.strict:
+        refuse_skipped(images.skipped, cfg.data_path)
+    vae = load_vae(cfg.vae, device)
+    vae_id, config_sha = vae_id_and_config_hash(vae, cfg.vae)
+    down = latent_downsample(vae)
+    latent = cfg.image_size // down
+    spec = StoreSpec(
+        vae_id=vae_id,
+        vae_config_sha256=config_sha,
+        vae_weights_sha256=weights_sha256(vae),
+        scaling_factor=scaling_factor(vae),
+        image_size=cfg.image_size,
+        latent_shape=[vae.config.latent_channels, latent, latent],
+        encode_precision=cfg.precision,
+        storage_dtype=cfg.storage_dtype,
+        flips_stored=cfg.flip,
+        shard_size=cfg.shard_size,
+        class_to_index={name: i for i, name in enumerate(images.classes)},
+        sources_sha256=sources_sha256(images.samples),
+        num_sources=len(images.samples),
+        vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
+    )
+    if world > 1:  # a folder still being copied into could give ranks different source lists
+        if len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
+            raise UserError(
+                f"the ranks found different files under {cfg.data_path}. Is it still being written? "
+                "Wait until it is complete, then rerun."
+            )
+    out = cfg.features_path
+    check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
+    runtime.barrier()
+    if rank == 0:
+        begin_store(out, spec)
+    runtime.barrier()
+
+    # Verify what a previous run left (each rank hashes a slice), then share the remaining work out evenly.
+    done = [k for k in range(rank, spec.num_shards, world) if shard_is_complete(out, k)]
+    done = [k for part in runtime.gather_objects(done) for k in part]
+    todo = sorted(set(range(spec.num_shards)) - set(done))[rank::world]
+
+    batches = []
+    for k in todo:
+        end = min((k + 1) * cfg.shard_size, spec.num_sources)
+        batches += [
+            list(range(b, min(b + cfg.batch_size, end))) for b in range(k * cfg.shard_size, end, cfg.batch_size)
+        ]
+    loader = DataLoader(
+        _SourceImages(images),
+        batch_sampler=batches,
+        num_workers=cfg.num_workers,
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
+    )
+    bar = tqdm(
+        total=sum(len(b) for b in batches), unit="img", disable=rank != 0, desc=f"encoding (rank 0 of {world})"
+    )
+    parts, labels, files, skipped, encoded = [], [], [], [], 0
+    for batch, (good, uint8, bad) in zip(batches, loader):
+        skipped += [(images.samples[i][0], error) for i, error in bad]
+        if bad and cfg.strict:
+            raise UserError(f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict.")
+        if good:
+            parts.append(_encode_views(vae, uint8, runtime, spec.flips_stored).cpu())
+            labels += [images.samples[i][1] for i in good]
+            files += [images.samples[i][0] for i in good]
+            encoded += len(good)
+        k = batch[0] // cfg.shard_size
+        if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
+            views = 2 if spec.flips_stored else 1
+            moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
+            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped)
+            parts, labels, files, skipped = [], [], [], []
+        bar.update(len(batch))
+        if world > 1:
+            bar.set_postfix_str(f"all ranks ~{(bar.format_dict['rate'] or 0) * world:.1f} img/s", refresh=False)
+    bar.close()
+
+    runtime.barrier()
+    if rank == 0:
+        finalize_store(out, spec, scan_skipped)
+    runtime.barrier()
+    manifest = read_manifest(out)
+    seconds = time.perf_counter() - started
+    summary = {
+        "num_images": manifest["num_images"],
+        "num_skipped": manifest["num_skipped"],
+        "num_shards": spec.num_shards,
+        "reused_shards": len(done),
+        "written_shards": spec.num_shards - len(done),
+        "encoded_images": encoded,
+        "seconds": seconds,
+        "total_bytes": manifest["total_bytes"],
+    }
+    if rank == 0:
+        print(
+            f"latent store {out}: {summary['num_images']} images in {spec.num_shards} shards "
+            f"({summary['total_bytes'] / 2**20:.1f} MiB), {summary['num_skipped']} skipped; "
+            f"wrote {summary['written_shards']} shards, reused {len(done)} verified ones; "
+            f"{seconds:.1f} s, {encoded / seconds:.1f} img/s on rank 0"
+        )
+    return summary

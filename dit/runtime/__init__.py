@@ -1,0 +1,137 @@
+"""The process a face runs in: device, process group, precision policy, stop flag, and the one seed mixer.
+
+Training, sampling, FID sample sets, extraction, evaluation and the benchmarks all enter a ``Runtime``;
+nothing else joins a process group, sets TF32/cuDNN flags or tunes host memory. Under torchrun (or any
+launcher that sets WORLD_SIZE, RANK, LOCAL_RANK and MASTER_ADDR/PORT) it joins the group: NCCL on GPUs,
+gloo on CPUs; on one process it starts nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dit.errors import UserError
+from dit.runtime.host_memory import keep_freed_host_memory
+from dit.runtime.precision import PRECISIONS, Precision
+from dit.runtime.stop import StopFlag
+
+__all__ = ["PRECISIONS", "Precision", "Runtime", "StopFlag", "Stream", "keep_freed_host_memory", "mix_seed"]
+
+_MASK = (1 << 63) - 1
+
+
+class Stream(enum.IntEnum):
+    """The first word of every keyed random stream, so that no two kinds of stream ever share a seed."""
+
+    EPOCH = 0  # an epoch's permutation of the data
+    STEP = 1  # a training step's timesteps, noise and class dropout
+    GRID = 2  # the noise of the in-training sample grids
+    ITEM = 3  # an item's augmentation (flip, posterior sample)
+    NOISE = 4  # a sampled image's noise
+    LABEL = 5  # an FID sample set image's class
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64 finaliser), so nearby inputs give unrelated streams.
+
+    Every keyed random stream is seeded through this one function as ``mix_seed(Stream.KIND, seed, ...)``."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        if int(p) < 0:
+            raise UserError(f"seeds must be >= 0, got {p}.")
+        h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return h & _MASK
+
+
+def _device(requested: str | None, local_rank: int) -> torch.device:
+    if requested is not None and requested.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"--device {requested} was asked for but no CUDA device is visible: drop --device or use cpu."
+        )
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if requested not in (None, "cuda") and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return torch.device(requested)  # "cuda:1" on one process
+    return torch.device("cuda", local_rank)
+
+
+class Runtime:
+    """``with Runtime(device, precision) as rt:`` rank, world size, device and precision for one face.
+
+    ``device`` None picks CUDA when available; under several processes each takes ``cuda:LOCAL_RANK``.
+    The precision's flags hold inside the ``with`` and are restored after it; the process group is
+    destroyed on exit only if this runtime created it.
+    """
+
+    def __init__(
+        self,
+        device: str | None = None,
+        precision: str = "fp32",
+        deterministic: bool = False,
+        timeout: timedelta | None = None,
+    ):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.rank = int(os.environ.get("RANK", "0")) if self.world > 1 else 0
+        self.device = _device(device, self.local_rank)
+        self.precision = Precision(precision, self.device.type)
+        self._deterministic, self._timeout = deterministic, timeout
+        self._owns_group, self._flags = False, None
+
+    def __enter__(self) -> Runtime:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:
+            keep_freed_host_memory()
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            kw = {"timeout": self._timeout} if self._timeout else {}
+            dist.init_process_group(backend, **kw)
+            self._owns_group = True
+        if dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._flags = self.precision.flags(self._deterministic)
+        self._flags.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._flags.__exit__(*exc)
+        if self._owns_group:
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def sync(self) -> None:
+        """Wait for the device, before reading a clock."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place over all ranks (a no-op on one); ``op`` is sum or max."""
+        if self.world > 1:
+            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        return tensor
+
+    def gather_objects(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def stop_flag(self) -> StopFlag:
+        return StopFlag(self.world)

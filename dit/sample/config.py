@@ -1,0 +1,57 @@
+"""The sampling faces' settings: one dataclass each, sharing the flags that say which weights and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dit.config import option
+from dit.runtime import PRECISIONS
+
+SAMPLERS = ("ddpm", "ddim")
+GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
+CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
+
+
+@dataclass
+class SamplingOptions:
+    """Where the weights come from and how to run them (sample.py and sample_ddp.py alike)."""
+
+    ckpt: str = option(help="our training checkpoint, an official train.py file, or a bare state dict")
+    model: str | None = option(None, "for files without a config (default DiT-XL/2)")
+    image_size: int | None = option(None, "pixels per side, for files without a config (default 256)")
+    num_classes: int | None = option(None, "for files without a config (default 1000)")
+    vae: str | None = option(
+        None, "ema, mse, a hub id, a folder, or none (default: as the official scripts, or the run's own VAE)"
+    )
+    guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
+    guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
+    num_sampling_steps: int = option(250, "respaced steps (official rounding)")
+    sampler: str = option("ddpm", "ddpm (ancestral, learned variance) or ddim (eta 0)", choices=SAMPLERS)
+    precision: str = option("tf32", "fp32, tf32 (the official scripts), bf16 or fp16 (CUDA)", choices=PRECISIONS)
+    ema: bool = option(True, "sample with the EMA weights (--no-ema: the raw weights)")
+    device: str | None = option(None, "default: cuda if available, else cpu")
+    peak_tflops: float | None = option(None, "device peak for MFU (default: datasheet table, else measured)")
+
+
+@dataclass
+class SampleConfig(SamplingOptions):
+    """sample.py: one image per class label, in a PNG grid."""
+
+    class_labels: list[int] | None = option(None, "one image per label (default: the official eight)")
+    seed: int = option(0, "image i uses the noise of (seed, i)")
+    out: str = option("sample.png", "PNG grid to write")
+    nrow: int = option(4, "images per grid row")
+    progress: bool = option(True, "show the denoising progress")
+
+
+@dataclass
+class FidConfig(SamplingOptions):
+    """sample_ddp.py: an FID sample set (PNGs and the ADM evaluator's .npz), any number of processes."""
+
+    guidance_scale: float = option(
+        1.5, GUIDANCE_HELP + "; 1.5 on 3 channels is the paper's FID setting", aliases=("--cfg-scale",)
+    )
+    sample_dir: str = option("samples", "where the set's folder and .npz go")
+    per_proc_batch_size: int = option(32, "images per batch on each process")
+    num_fid_samples: int = option(50_000, "images in the set")
+    global_seed: int = option(0, "image i's label and noise are keyed by (global seed, i)")

@@ -1,0 +1,182 @@
+"""FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator, on any number of processes.
+
+Image i gets label ``fid_label(seed, i)`` and noise from ``noise_seed(seed, i)``, so any world size and
+any number of resumes give the same set; a folder made with other settings is refused, not mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from dit.atomic import atomic_write
+from dit.errors import UserError
+from dit.models import registry_name
+from dit.runtime import Runtime
+from dit.sample.config import FidConfig
+from dit.sample.cost import SamplingCost, device_peak, measure_cost
+from dit.sample.generate import (
+    SamplingModel,
+    check_guidance,
+    fid_label,
+    make_diffusion,
+    noise_seed,
+    parse_guidance_channels,
+    sample_latents,
+    to_images,
+    to_uint8,
+)
+from dit.sample.loading import load_sampling_model
+
+
+@dataclass
+class FidReport:
+    folder: Path
+    npz: Path | None  # written by rank 0 only
+    generated: int  # images this rank made in this run (0 when everything was already there)
+    cost: SamplingCost | None = field(default=None)
+
+
+def png_path(folder: Path, index: int) -> Path:
+    return folder / f"{index:06d}.png"
+
+
+def sample_folder_name(c: FidConfig, sm: SamplingModel) -> str:
+    """Like the official folder name, plus the sampler and guided channels, which change the set too."""
+    name = (registry_name(sm.config) or "custom").replace("/", "-")
+    vae = Path(sm.vae_spec).name if sm.vae_spec else "none"
+    guided = "" if str(c.guidance_channels) == "3" else f"-cfgch-{c.guidance_channels}"
+    return (
+        f"{name}-{Path(c.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{c.guidance_scale}{guided}"
+        f"-seed-{c.global_seed}-{c.sampler}{c.num_sampling_steps}"
+    )
+
+
+def _set_identity(c: FidConfig, sm: SamplingModel) -> dict:
+    """Everything that decides the pixels of image i (not N, the batch size or the world size)."""
+    return {
+        "ckpt": str(Path(c.ckpt).resolve()),
+        "weights": sm.weights,
+        "model_config": sm.config.to_dict(),
+        "image_size": sm.image_size,
+        "vae": sm.vae_spec,
+        "cfg_scale": c.guidance_scale,
+        "cfg_channels": str(c.guidance_channels),
+        "sampler": c.sampler,
+        "num_sampling_steps": c.num_sampling_steps,
+        "global_seed": c.global_seed,
+        "precision": c.precision,
+    }
+
+
+def write_png(path: Path, image: np.ndarray) -> None:
+    atomic_write(path, lambda f: Image.fromarray(image).save(f, format="PNG"))
+
+
+def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[range]:
+    """Global batch b holds images [b*B, (b+1)*B); rank r takes b = r, r+W, ... So the batch an image is in,
+    and hence its numerics, do not depend on the world size."""
+    starts = range(0, num_samples, batch_size)
+    return [range(s, min(s + batch_size, num_samples)) for s in starts][rank::world]
+
+
+def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
+    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input.
+
+    np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
+    member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
+    """
+    missing = [i for i in range(num_samples) if not png_path(folder, i).is_file()]
+    if missing:
+        raise UserError(
+            f"{len(missing)} of {num_samples} samples are missing from {folder} (first: {missing[:5]}): "
+            "run the same command again to finish the set."
+        )
+    first = np.asarray(Image.open(png_path(folder, 0)).convert("RGB"))
+    header = {"descr": "|u1", "fortran_order": False, "shape": (num_samples, *first.shape)}
+
+    def write(f):
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open("arr_0.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array_header_1_0(member, header)
+                for i in range(num_samples):
+                    image = np.asarray(Image.open(png_path(folder, i)).convert("RGB"), dtype=np.uint8)
+                    if image.shape != first.shape:
+                        raise UserError(
+                            f"{png_path(folder, i)} is {image.shape}, not {first.shape}: delete it and rerun."
+                        )
+                    member.write(image.tobytes())
+
+    atomic_write(path, write)
+    return path
+
+
+def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
+    """Write images 0..N-1 as PNGs (skipping batches already on disk), then pack them into ``{folder}.npz``."""
+    rank, world, device = runtime.rank, runtime.world, runtime.device
+    if c.num_fid_samples < 1 or c.per_proc_batch_size < 1:
+        raise UserError("--num-fid-samples and --per-proc-batch-size must be >= 1.")
+    channels = parse_guidance_channels(c.guidance_channels)
+    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
+    check_guidance(c.guidance_scale, sm.config)
+    diffusion = make_diffusion(sm, c.num_sampling_steps)
+    folder = Path(c.sample_dir) / sample_folder_name(c, sm)
+    identity, manifest = _set_identity(c, sm), folder / "sample_set.json"
+    if manifest.is_file() and json.loads(manifest.read_text()) != identity:
+        raise UserError(
+            f"{folder} holds samples made with other settings (see {manifest}): pass another --sample-dir "
+            "or delete the folder."
+        )
+    runtime.barrier()
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(".*.tmp"):  # PNGs half-written when a previous run was killed
+            stale.unlink()
+        if not manifest.is_file():
+            atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
+    runtime.barrier()
+
+    peak = device_peak(device, c.precision, c.peak_tflops) if rank == 0 else (None, "")
+    mine = batches(c.num_fid_samples, c.per_proc_batch_size, rank, world)
+    todo = [b for b in mine if not all(png_path(folder, i).is_file() for i in b)]
+    done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
+    bar = tqdm(
+        total=sum(len(b) for b in mine),
+        initial=done_images,
+        disable=rank != 0,
+        unit="img",
+        desc=f"sampling (rank 0 of {world})",
+        bar_format="{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}, ETA {remaining}, {rate_fmt}]",
+    )
+    generated, dit_s, decode_s = 0, 0.0, 0.0
+    for batch in todo:
+        labels = [fid_label(c.global_seed, i, sm.config.num_classes) for i in batch]
+        seeds = [noise_seed(c.global_seed, i) for i in batch]
+        runtime.sync()
+        start = time.perf_counter()
+        samples = sample_latents(
+            sm, diffusion, labels, seeds, c.sampler, c.guidance_scale, channels, runtime.precision
+        )
+        runtime.sync()
+        denoised = time.perf_counter()
+        images = to_uint8(to_images(sm, samples))
+        dit_s, decode_s = dit_s + denoised - start, decode_s + time.perf_counter() - denoised
+        for i, image in zip(batch, images):
+            write_png(png_path(folder, i), image)
+        generated += len(batch)
+        bar.update(len(batch))
+    bar.close()
+    cost = None
+    if rank == 0 and generated:
+        cost = measure_cost(sm, c.num_sampling_steps, c.guidance_scale, generated, dit_s, decode_s, peak)
+    runtime.barrier()
+    npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
+    runtime.barrier()
+    return FidReport(folder, npz, generated, cost)

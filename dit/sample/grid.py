@@ -1,0 +1,59 @@
+"""sample.py's work: one image per class label from a checkpoint, a PNG grid, and what it cost."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchvision.utils import save_image
+
+from dit.runtime import Runtime
+from dit.sample.config import SampleConfig
+from dit.sample.cost import SamplingCost, device_peak, measure_cost
+from dit.sample.generate import (
+    check_guidance,
+    check_labels,
+    default_class_labels,
+    make_diffusion,
+    noise_seed,
+    parse_guidance_channels,
+    sample_latents,
+    to_images,
+)
+from dit.sample.loading import load_sampling_model
+
+
+@dataclass
+class SampleReport:
+    path: Path
+    labels: list[int]
+    weights: str
+    cost: SamplingCost
+
+
+def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
+    """Sample ``class_labels`` (one image each, image i seeded by (seed, i)) and write a PNG grid."""
+    device = runtime.device
+    channels = parse_guidance_channels(c.guidance_channels)
+    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="mse")
+    check_guidance(c.guidance_scale, sm.config)
+    labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
+    labels = check_labels(labels, sm.config.num_classes)
+    diffusion = make_diffusion(sm, c.num_sampling_steps)
+    seeds = [noise_seed(c.seed, i) for i in range(len(labels))]
+    peak = device_peak(device, c.precision, c.peak_tflops)
+    runtime.sync()
+    start = time.perf_counter()
+    samples = sample_latents(
+        sm, diffusion, labels, seeds, c.sampler, c.guidance_scale, channels, runtime.precision, c.progress
+    )
+    runtime.sync()
+    denoised = time.perf_counter()
+    images = to_images(sm, samples)
+    decode_s = time.perf_counter() - denoised
+    out = Path(c.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_image(images, out, nrow=c.nrow, normalize=True, value_range=(-1, 1))
+    cost = measure_cost(sm, c.num_sampling_steps, c.guidance_scale, len(labels), denoised - start, decode_s, peak)
+    return SampleReport(out, labels, sm.weights, cost)

@@ -1,0 +1,107 @@
+"""The DiT a checkpoint holds, and the VAE to decode its samples: ours, official train.py files, releases."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dit.checkpoint import load_checkpoint, model_weights
+from dit.errors import UserError
+from dit.models import DiT, DiTConfig, model_config, registry_name
+from dit.sample.generate import SamplingModel
+from dit.vae import VAE_ALIASES, latent_downsample, load_vae
+
+DEFAULT_MODEL, DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = "DiT-XL/2", 256, 1000
+
+
+def recorded_run_config(ckpt: dict) -> dict:
+    """What a checkpoint says about its run: ours under ``config``, official train.py under ``args``."""
+    for key in ("config", "args"):
+        if isinstance(ckpt.get(key), dict):
+            return dict(ckpt[key])
+    return {}
+
+
+def _agree(flag: str, given, recorded):
+    """The recorded value unless the user asked for a different one, which is a mistake worth naming."""
+    if given is not None and recorded is not None and given != recorded:
+        raise UserError(
+            f"{flag} {given} does not match the checkpoint, which was trained with {flag} {recorded}: "
+            f"drop {flag} or pass {recorded}."
+        )
+    return given if given is not None else recorded
+
+
+def load_sampling_model(
+    ckpt_path: str | os.PathLike,
+    model: str | None = None,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    vae: str | None = None,
+    use_ema: bool = True,
+    device: str | torch.device = "cpu",
+    sd_decoder: str = "mse",
+) -> SamplingModel:
+    """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
+
+    Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
+    official releases are bare state dicts, built from ``model``/``image_size``/``num_classes`` (official
+    defaults DiT-XL/2, 256, 1000). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
+    None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
+    ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
+    when the run was pixel space.
+    """
+    ckpt = load_checkpoint(ckpt_path)
+    run = recorded_run_config(ckpt)
+    weights, which = model_weights(ckpt, use_ema)
+
+    recorded_pixel = "vae" in run and run["vae"] in (None, "none")
+    if vae == "none" and "vae" in run and not recorded_pixel:
+        raise UserError(
+            f"--vae none asks for a pixel-space model, but the checkpoint was trained on {run['vae']!r} latents: "
+            "drop --vae none (or pass a VAE such as --vae mse)."
+        )
+    if vae not in (None, "none") and recorded_pixel:
+        raise UserError(f"the checkpoint is a pixel-space model (trained without a VAE): drop --vae {vae}.")
+    pixel = recorded_pixel or vae == "none"
+    # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
+    recorded_vae = run.get("vae")
+    sd_family = recorded_vae in (None, *VAE_ALIASES, *VAE_ALIASES.values())
+    vae_spec = None if pixel else (vae or (sd_decoder if sd_family else recorded_vae))
+    vae_module = None if pixel else load_vae(vae_spec, device=device, dtype=torch.float32)
+    factor = 1 if pixel else latent_downsample(vae_module)
+
+    if "model_config" in ckpt:
+        cfg = DiTConfig(**ckpt["model_config"])
+        name = registry_name(cfg) or "custom"
+        if model is not None and model != name:
+            raise UserError(f"--model {model} does not match the checkpoint, which holds {name}: drop --model.")
+        _agree("--num-classes", num_classes, cfg.num_classes)
+        image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
+    else:
+        name = _agree("--model", model, run.get("model")) or DEFAULT_MODEL
+        image_size = _agree("--image-size", image_size, run.get("image_size")) or DEFAULT_IMAGE_SIZE
+        num_classes = _agree("--num-classes", num_classes, run.get("num_classes")) or DEFAULT_NUM_CLASSES
+        if image_size % factor:
+            raise UserError(f"--image-size {image_size} is not a multiple of the VAE's downsampling {factor}.")
+        # A pixel-space bare state dict does not say its channel count; its patch embedding does.
+        patch = weights.get("x_embedder.proj.weight")
+        channels = patch.shape[1] if pixel and patch is not None else (3 if pixel else 4)
+        cfg = model_config(name, input_size=image_size // factor, num_classes=num_classes, in_channels=channels)
+    if cfg.input_size * factor != image_size:
+        raise UserError(
+            f"--image-size {image_size} needs a model input of {image_size // factor}, but the checkpoint's model "
+            f"takes {cfg.input_size}: pass --image-size {cfg.input_size * factor}."
+        )
+    if pixel and cfg.in_channels not in (1, 3):
+        raise UserError(
+            f"a pixel-space model must make 1- or 3-channel images, this one has {cfg.in_channels} channels: "
+            "pass the VAE it was trained with (--vae)."
+        )
+
+    net = DiT.from_config(cfg)
+    net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
+    net = net.to(device).eval().requires_grad_(False)
+    schedule = run.get("noise_schedule") or "linear"
+    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule, bool(run.get("predict_xstart")))

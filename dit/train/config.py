@@ -1,0 +1,149 @@
+"""``TrainConfig``: every training option, its flag, its YAML key and its check, in one dataclass."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dit.config import option
+from dit.errors import UserError
+from dit.model_config import DiTConfig, model_config
+from dit.models import ATTENTION_BACKENDS
+from dit.runtime import PRECISIONS
+
+ACTIVATION_CHECKPOINTING_HELP = (
+    "recompute block activations in backward to save memory: none, all, N (the first N blocks), or auto "
+    "(the fewest blocks whose estimated step memory fits the device)"
+)
+
+
+@dataclass
+class TrainConfig:
+    # model
+    model: str = option("DiT-XL/2", "registry name, e.g. DiT-XL/2 (sizes S/B/L/XL, patch 2/4/8)")
+    depth: int | None = option(None, "custom size: override the registry depth")
+    hidden_size: int | None = option(None, "custom size: override the hidden size")
+    num_heads: int | None = option(None, "custom size: override the head count")
+    patch_size: int | None = option(None, "custom size: override the patch size")
+    image_size: int = option(256, "image size in pixels (latents are image_size / the VAE's downsampling)")
+    num_classes: int = option(1000, "number of classes (the null class is added)")
+    class_dropout_prob: float = option(0.1, "label dropout for classifier-free guidance, in [0, 1)")
+    learn_sigma: bool = option(True, "learn the variance (the hybrid loss) as DiT does")
+    noise_schedule: str = option("linear", "beta schedule", choices=("linear", "squaredcos_cap_v2"))
+    predict_xstart: bool = option(False, "predict x0 instead of the noise")
+    # data
+    data_path: str | None = option(None, "image folder with one sub-folder per class")
+    feature_path: str | None = option(None, "latent store written by extract_features.py")
+    vae: str = option("ema", "ema|mse|HUB_ID|LOCAL_DIR, or none for pixel space")
+    num_workers: int = option(4, "data loader worker processes")
+    # optimisation (the paper's recipe, except bf16 autocast where the paper used fp32 with TF32)
+    global_batch_size: int = option(256, "images per optimizer step, all devices together")
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step")
+    max_steps: int = option(400_000, "optimizer steps to train for")
+    lr: float = option(1e-4, "AdamW learning rate (constant after warm-up)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_steps: int = option(0, "linear learning-rate warm-up steps")
+    lr_schedule: str = option(
+        "constant", "after warm-up: constant, or cosine decay to min_lr_frac x lr", choices=("constant", "cosine")
+    )
+    min_lr_frac: float = option(0.1, "cosine schedule: final lr as a fraction of lr")
+    grad_clip: float = option(0.0, "clip the gradient norm to this (0: off)")
+    ema_decay: float = option(0.9999, "EMA decay")
+    ema_warmup: bool = option(False, "EMA decay min(decay, (1+n)/(10+n)) for short runs")
+    seed: int = option(0, "global seed")
+    # speed
+    precision: str = option("bf16", "matmul precision (the paper: fp32 with TF32, i.e. tf32)", choices=PRECISIONS)
+    activation_checkpointing: str = option("none", ACTIVATION_CHECKPOINTING_HELP)
+    memory_reserve_gib: float | None = option(
+        None, "device memory kept free by --activation-checkpointing auto (default: 10%, at least 2 GiB)"
+    )
+    compile: bool = option(False, "torch.compile each DiT block")
+    attention: str = option(
+        "auto",
+        "attention kernel: auto (explicit matmuls for bf16 on CPU, else SDPA's pick), sdpa, flash, efficient, "
+        "cudnn, math, explicit",
+        choices=ATTENTION_BACKENDS,
+    )
+    fsdp: bool = option(False, "shard weights, gradients, AdamW and EMA over the processes (FSDP2) instead of DDP")
+    fused_optimizer: bool = option(True, "fused AdamW (else foreach)")
+    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    # output, checkpoint files, logging
+    results_dir: str = option("results/run", "this run's folder: checkpoints, metrics, TensorBoard")
+    resume: str | None = option(None, "auto (latest in results-dir) or a checkpoint path")
+    log_every: int = option(100, "steps per log line (the only host syncs)")
+    ckpt_every: int = option(50_000, "steps per checkpoint file")
+    keep_last: int = option(5, "checkpoint files to keep (0: all)")
+    max_nonfinite: int = option(10, "stop after this many non-finite losses in a row")
+    mfu_warmup_steps: int = option(3, "first steps kept out of the MFU windows")
+    peak_tflops: float | None = option(None, "override the device's peak TFLOP/s")
+    price_per_hour: float | None = option(None, "device-hour price for the cost projection")
+    progress: bool = option(False, "show a progress bar with ETA on rank 0")
+    sample_every: int = option(0, "steps per EMA sample grid in TensorBoard (0: off)")
+
+    def __post_init__(self):
+        positive = ("global_batch_size", "grad_accum_steps", "max_steps", "log_every", "ckpt_every", "image_size")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}.")
+        for name in (
+            "lr",
+            "weight_decay",
+            "warmup_steps",
+            "grad_clip",
+            "num_workers",
+            "keep_last",
+            "sample_every",
+        ):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}.")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}.")
+        for name in ("ema_decay", "class_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}.")
+        if not 0.0 <= self.min_lr_frac <= 1.0:
+            raise UserError(f"--min-lr-frac must be in [0, 1], got {self.min_lr_frac}.")
+        if self.max_nonfinite < 1 or self.mfu_warmup_steps < 0:
+            raise UserError(
+                f"--max-nonfinite must be >= 1 and --mfu-warmup-steps >= 0, got {self.max_nonfinite} and "
+                f"{self.mfu_warmup_steps}."
+            )
+        parse_activation_checkpointing(self.activation_checkpointing)
+
+    @property
+    def pixel_space(self) -> bool:
+        return str(self.vae).lower() == "none"
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "cosine":
+            progress = min(1.0, (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps))
+            return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.lr
+
+    def model_config(self, in_channels: int, input_size: int) -> DiTConfig:
+        """The DiT this run trains, for data of ``in_channels`` x ``input_size`` x ``input_size``."""
+        sizes = ("depth", "hidden_size", "num_heads", "patch_size")
+        return model_config(
+            self.model,
+            input_size=input_size,
+            in_channels=in_channels,
+            num_classes=self.num_classes,
+            class_dropout_prob=self.class_dropout_prob,
+            learn_sigma=self.learn_sigma,
+            **{k: getattr(self, k) for k in sizes if getattr(self, k)},
+        )
+
+
+def parse_activation_checkpointing(value) -> int | str:
+    """ "none" -> 0, "all", "auto", or a block count N >= 0 (the first N blocks are recomputed)."""
+    text = str(value).lower()
+    if text in ("none", "0", "false"):
+        return 0
+    if text in ("all", "auto"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise UserError(f"--activation-checkpointing must be none, all, auto or a block count N, got {value!r}.")

@@ -1,0 +1,227 @@
+"""The run's ledger: what a step costs (analytic and measured FLOPs, the VAE, the peak, memory), the meter
+that turns host-side counts into MFU/HFU per window, and the sinks every record goes to.
+
+The training loop only calls ``count`` each step and ``log`` at log steps; all accounting lives here, and
+none of it touches the device between log steps.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from dit.config import to_dict
+from dit.cost.analytic import SD_VAE_CONFIG, forward_macs, training_flops_per_image, vae_flops
+from dit.cost.measured import measure_flops
+from dit.cost.memory import estimate_training_memory
+from dit.cost.meter import CostMeter
+from dit.cost.peaks import peak_for_device
+from dit.models import DiT, describe
+from dit.runtime import Runtime
+from dit.train.config import TrainConfig
+from dit.train.data import TrainData
+from dit.train.sinks import MetricSinks
+from dit.vae import VAE_ALIASES
+
+
+class StepCounters:
+    """Loss and non-finite counts kept on the device between log steps, read there in one sync."""
+
+    def __init__(self, device: torch.device):
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        self.loss_sum = torch.zeros((), device=device)
+        self.loss_count, self.nonfinite_total, self.nonfinite_streak = zero.clone(), zero.clone(), zero.clone()
+
+    def add(self, loss: torch.Tensor, bad: torch.Tensor) -> None:
+        """``loss`` of a step and ``bad`` (it was non-finite and skipped), both device scalars."""
+        bad = bad.long()
+        self.nonfinite_total += bad
+        self.nonfinite_streak = (self.nonfinite_streak + 1) * bad
+        self.loss_sum += torch.where(bad.bool(), torch.zeros_like(loss), loss)
+        self.loss_count += 1 - bad
+
+    def read(self, runtime: Runtime) -> dict:
+        """Mean loss over the window (all ranks), non-finite steps so far and in a row; opens a new window."""
+        stats = torch.stack([self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak]).float()
+        total, count, nonfinite, streak = runtime.all_reduce(stats).tolist()  # the one host sync of a window
+        self.loss_sum.zero_()
+        self.loss_count.zero_()
+        world = runtime.world  # every rank counts the same skipped steps (the skip is all-reduced)
+        return {
+            "loss": total / count if count else float("nan"),
+            "nonfinite_steps": round(nonfinite / world),
+            "nonfinite_streak": round(streak / world),
+        }
+
+
+def _vae_config(data: TrainData) -> dict | None:
+    """The diffusers config of the VAE the latents come from, when it is known."""
+    if data.vae_config is not None:
+        return data.vae_config
+    if data.vae_spec in (*VAE_ALIASES, *VAE_ALIASES.values()):
+        return SD_VAE_CONFIG
+    return None
+
+
+class Ledger:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: DiT,
+        attention: str,
+        data: TrainData,
+        runtime: Runtime,
+        out: Path,
+    ):
+        self.cfg, self.runtime, self.data = cfg, runtime, data
+        self.model_cfg, self.attention = model.config, attention
+        self.fused_attention = attention not in ("explicit", "math")  # the T x T matrix is recomputed
+        self.checkpointed = model.num_checkpointed_blocks
+        self.params = sum(p.numel() for p in model.parameters())
+        self.sinks = MetricSinks(out, enabled=runtime.is_main)
+        mc = self.model_cfg
+        self.flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention)
+        measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
+        self.measured_flops_per_image = float(measured["train_flops_per_image"])
+        vae_config = _vae_config(data)
+        self.vae = vae_flops(vae_config, cfg.image_size) if vae_config is not None else None
+        on_the_fly = data.vae is not None and self.vae is not None
+        self.peak = peak_for_device(runtime.device, cfg.precision, cfg.peak_tflops)
+        self.meter = CostMeter(
+            self.flops.model,
+            self.flops.hardware,
+            mc.tokens,
+            self.peak,
+            world_size=runtime.world,
+            vae_flops_per_image=self.vae.encode if on_the_fly else 0.0,
+        )
+        self.projected = False
+
+    # ---- the start-up report -------------------------------------------------------------------------
+
+    def report(self, batch_per_device: int, sharded: bool) -> None:
+        cfg, mc, s = self.cfg, self.model_cfg, self.sinks
+        # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
+        comparable = training_flops_per_image(mc, self.checkpointed, fused_attention=False).hardware
+        gap = self.measured_flops_per_image / comparable - 1
+        mem = estimate_training_memory(
+            mc,
+            batch_per_device,
+            cfg.precision,
+            checkpointed_blocks=self.checkpointed,
+            ema=True,
+            sharding="fsdp" if sharded else "ddp",
+            world_size=self.runtime.world,
+            gradient_as_bucket_view=True,
+            attention="fused" if self.fused_attention else "explicit",
+        )
+        fwd = 2 * forward_macs(mc).total
+        s.info(
+            f"dit-ledger: {describe(mc)}; {self.params:,} parameters; {self.runtime.world} process(es) on {self.runtime.device}"
+        )
+        s.info(
+            f"FLOPs per image (2 per multiply-add): forward {fwd / 1e9:.4g} G, training (3x forward, for MFU) "
+            f"{self.flops.model / 1e9:.4g} G, hardware (with {self.checkpointed} recomputed blocks, for HFU) "
+            f"{self.flops.hardware / 1e9:.4g} G; measured on the meta device {self.measured_flops_per_image / 1e9:.4g} G "
+            f"({gap:+.3%} vs the analytic count of the same ops: backward skips the input gradients)"
+        )
+        s.info(self._vae_line())
+        s.info(
+            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {self.checkpointed} blocks "
+            f"checkpointed, {self.attention} attention)"
+        )
+        detail = f"; {self.peak.detail}" if self.peak.detail else ""
+        s.info(
+            f"peak: {self.peak.flops / 1e12:.4g} TFLOP/s for {cfg.precision} on {self.peak.device} "
+            f"({self.peak.source}{detail})"
+        )
+        s.text("config", "\n".join(f"{k}: {v}" for k, v in to_dict(cfg).items()))
+
+    def _vae_line(self) -> str:
+        data, vae = self.data, self.vae
+        if data.vae_spec is None:
+            return "VAE: none (pixel space)"
+        if vae is None:
+            return f"VAE encode: cost unknown ({data.vae_spec!r} has no AutoencoderKL config on record)"
+        if data.vae is not None:
+            share = vae.encode / (vae.encode + self.flops.model)
+            return (
+                f"VAE encode on the fly: {vae.encode / 1e9:.4g} GFLOP per image inside every step ({share:.1%} of "
+                "its FLOPs): records give mfu (the DiT alone) and mfu_with_vae (the encoder too)"
+            )
+        m = data.store_manifest or {}
+        views = 2 if m.get("flips_stored") else 1
+        total = vae.encode * views * m.get("num_images", 0)
+        return (
+            f"VAE encode: paid once, at extraction: {vae.encode / 1e9:.4g} GFLOP per image x {views} view(s) x "
+            f"{m.get('num_images', 0):,} images = {total / 1e15:.4g} PFLOP ({data.vae_spec}); not in this run's MFU"
+        )
+
+    # ---- every step, and every log step ---------------------------------------------------------------
+
+    def count(self, local_images: int, data_wait_s: float) -> None:
+        self.meter.step(local_images, data_wait_s=data_wait_s)
+
+    def start_window(self) -> None:
+        """Open a fresh MFU window now (after warm-up or a resume): what came before is not counted."""
+        self.runtime.sync()
+        self.meter.reset_clock(time.perf_counter())
+
+    @contextmanager
+    def paused(self):
+        """Checkpoint files, sample grids and evaluations are kept out of the MFU window."""
+        self.runtime.sync()
+        self.meter.pause()
+        try:
+            yield
+        finally:
+            self.runtime.sync()
+            self.meter.resume()
+
+    def log(
+        self, step: int, epoch: int, counters: dict, grad_norm, lr: float, in_warmup: bool, loss_scale
+    ) -> dict:
+        """One record to the console, TensorBoard and metrics.jsonl; right after the log step's one sync."""
+        self.runtime.sync()
+        window = self.meter.window(time.perf_counter())
+        if grad_norm is not None:
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        cuda = self.runtime.device.type == "cuda"
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": counters["loss"],
+            "grad_norm": grad_norm,
+            "lr": lr,
+            **window,
+            "measured_tflops_per_device": window["images_per_sec_per_device"]
+            * self.measured_flops_per_image
+            / 1e12,
+            "max_memory_gib": torch.cuda.max_memory_allocated(self.runtime.device) / 2**30 if cuda else None,
+            "loss_scale": loss_scale,
+            "nonfinite_steps": counters["nonfinite_steps"],
+            "in_warmup": in_warmup,
+        }
+        self.sinks.log(record)
+        if not self.projected and not in_warmup and window["steps_per_sec"] > 0:
+            self._project(step, window)
+        return record
+
+    def _project(self, step: int, window: dict) -> None:
+        remaining = self.cfg.max_steps - step
+        hours = remaining / window["steps_per_sec"] / 3600
+        world = self.runtime.world
+        msg = (
+            f"projection at measured MFU {window['mfu']:.1%}: {remaining:,} steps left, {hours:.2f} h wall-clock, "
+            f"{hours * world:.2f} device-hours"
+        )
+        if self.cfg.price_per_hour:
+            msg += f", {hours * world * self.cfg.price_per_hour:,.2f} at {self.cfg.price_per_hour}/device-hour"
+        self.sinks.info(msg)
+        self.projected = True
+
+    def close(self) -> None:
+        self.sinks.close()

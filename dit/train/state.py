@@ -1,0 +1,112 @@
+"""``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``.
+
+Model, EMA, optimizer, loss scaler, step, every rank's RNG, and the data position. ``state_dict`` gathers
+full (unsharded) tensors, with the optimizer keyed by parameter name, so a checkpoint resumes with or
+without FSDP on any number of devices; under FSDP it is collective (every rank calls it, rank 0 keeps it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dit.checkpoint import latest_checkpoint, load_training_checkpoint
+from dit.errors import UserError
+from dit.models import DiT, DiTConfig, describe
+from dit.runtime import Runtime
+from dit.train.ema import EMA
+from dit.train.parallel import full_model_state, full_optimizer_state, load_model_state, load_optimizer_state
+
+
+class TrainState:
+    def __init__(
+        self,
+        model: DiT,
+        ema: EMA,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        sharded: bool,
+        dataset_len: int,
+        steps_per_epoch: int,
+    ):
+        self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
+        self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
+        self.step = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.step // self.steps_per_epoch
+
+    def state_dict(self, runtime: Runtime) -> dict:
+        rng = runtime.gather_objects(
+            {
+                "cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            }
+        )
+        return {
+            "step": self.step,
+            "model": full_model_state(self.model, self.sharded),
+            "ema": full_model_state(self.ema.model, self.sharded),
+            "ema_updates": self.ema.num_updates,
+            "optimizer": full_optimizer_state(self.model, self.optimizer, self.sharded),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": {str(r): s for r, s in enumerate(rng)},
+            "data_position": {"step": self.step, "epoch": self.epoch, "dataset_len": self.dataset_len},
+        }
+
+    def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> None:
+        saved_len = state.get("data_position", {}).get("dataset_len")
+        if saved_len is not None and saved_len != self.dataset_len:
+            raise UserError(
+                f"{source} was trained on a data set of {saved_len} items, this one has {self.dataset_len}: the "
+                "data order would change. Resume with the same data, or start a new run."
+            )
+        load_model_state(self.model, state["model"], self.sharded, source)
+        load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
+        self.ema.num_updates = int(state["ema_updates"])
+        load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.sharded)
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        rng = state.get("rng", {}).get(str(runtime.rank))
+        if rng is not None:
+            torch.set_rng_state(rng["cpu"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    impl = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **impl)
+
+
+def resume_point(resume: str | None, ckpt_dir: Path, model_cfg: DiTConfig, global_batch_size: int):
+    """(path, checkpoint) to continue from, or (None, None) for a fresh run in an empty folder."""
+    if not resume:
+        if latest_checkpoint(ckpt_dir) is not None:
+            raise UserError(
+                f"{ckpt_dir} already holds checkpoints: pass --resume auto to continue that run, "
+                "or a new --results-dir; nothing was overwritten."
+            )
+        return None, None
+    path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
+    if path is None:
+        return None, None
+    ckpt = load_training_checkpoint(path)
+    saved = DiTConfig(**ckpt["model_config"])
+    if saved != model_cfg:
+        raise UserError(
+            f"{path} was trained as {describe(saved)}, but this run builds {describe(model_cfg)}: pass the "
+            "same --model, --image-size, --num-classes and data."
+        )
+    batch = ckpt.get("config", {}).get("global_batch_size")
+    if batch is not None and batch != global_batch_size:
+        raise UserError(
+            f"{path} used --global-batch-size {batch}; resuming with {global_batch_size} would change the "
+            f"data order: pass --global-batch-size {batch}."
+        )
+    return path, ckpt

@@ -1,0 +1,296 @@
+"""The training loop: a ``Trainer`` builds a run from its config, then ``run`` trains it, one screen long.
+
+Everything random in a step (timesteps, noise, class dropout, augmentation) is drawn from streams keyed by
+(seed, step) and sliced by global sample position, so a run is bit-identical across resumes and equal (to
+float tolerance) across world sizes. A step reads nothing back from the device; the ledger reads the
+device counters at log steps, the only host syncs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from dit.checkpoint import save_training_checkpoint
+from dit.config import to_dict
+from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
+from dit.diffusion import create_diffusion
+from dit.errors import UserError
+from dit.models import DiT, attention_kernel
+from dit.runtime import Runtime, Stream, mix_seed
+from dit.train.config import TrainConfig, parse_activation_checkpointing
+from dit.train.data import build_data
+from dit.train.ema import EMA
+from dit.train.ledger import Ledger, StepCounters
+from dit.train.parallel import data_parallel, full_model_state, shard
+from dit.train.state import TrainState, build_optimizer, resume_point
+
+
+class Trainer:
+    """The parts of a run (data, model, EMA, optimizer, parallelism, ledger), then the loop over them.
+
+    ``train_step`` is public: tests and the benchmark time and probe exactly the step that training runs.
+    """
+
+    def __init__(self, cfg: TrainConfig, runtime: Runtime, dataset=None):
+        self.cfg, self.runtime = cfg, runtime
+        device, world = runtime.device, runtime.world
+        self.out = Path(cfg.results_dir)
+        self.ckpt_dir = self.out / "checkpoints"
+        self.data = build_data(cfg, dataset, device)
+        model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
+        resume_from, ckpt = resume_point(cfg.resume, self.ckpt_dir, model_cfg, cfg.global_batch_size)
+
+        torch.manual_seed(cfg.seed)
+        model = DiT.from_config(model_cfg).to(device).set_attention(cfg.attention)
+        self.attention = attention_kernel(cfg.attention, device.type, runtime.precision.compute_dtype)
+        self.micro = cfg.global_batch_size // (world * cfg.grad_accum_steps)
+        model.set_checkpointing(self._checkpointed_blocks(model))
+        ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
+        sharded = cfg.fsdp and world > 1
+        if sharded:  # every rank built the same weights; the checkpoint, if any, is scattered into the shards
+            shard(model)
+            shard(ema.model)
+        optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_optimizer)
+        n = len(self.data.dataset)
+        self.state = TrainState(
+            model, ema, optimizer, runtime.precision.grad_scaler(), sharded, n, max(1, n // cfg.global_batch_size)
+        )
+        if ckpt is not None:
+            self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
+        if cfg.compile:
+            for block in model.blocks:
+                block.compile()
+        self.ddp_model = model if sharded else data_parallel(model, device, world)
+        self.diffusion = create_diffusion(
+            "", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma, predict_xstart=cfg.predict_xstart
+        )
+        self.diffusion.tables(device)  # uploaded once: a step makes no host-to-device copies of them
+        self.order, self.loader = self.data.loader(cfg, runtime, self.state.step)
+        self.rand_gen = torch.Generator(device=device)
+        self.counters = StepCounters(device)
+        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out)
+        self.ledger.report(self.micro, sharded)
+        if resume_from is not None:
+            self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
+
+    def _checkpointed_blocks(self, model: DiT) -> int:
+        policy = parse_activation_checkpointing(self.cfg.activation_checkpointing)
+        if policy == "all":
+            return model.config.depth
+        if policy != "auto":
+            if policy > model.config.depth:
+                raise UserError(f"--activation-checkpointing {policy} exceeds the depth ({model.config.depth}).")
+            return policy
+        if self.runtime.device.type != "cuda":  # no device limit to fit: recompute nothing
+            return 0
+        capacity = torch.cuda.get_device_properties(self.runtime.device).total_memory
+        return fewest_checkpointed_blocks(
+            model.config,
+            self.micro,
+            usable_memory(capacity, self.cfg.memory_reserve_gib),
+            precision=self.cfg.precision,
+            world_size=self.runtime.world,
+            sharding="fsdp" if self.cfg.fsdp and self.runtime.world > 1 else "ddp",
+            gradient_as_bucket_view=True,
+            attention="explicit" if self.attention in ("explicit", "math") else "fused",
+        )
+
+    # ---- one step -------------------------------------------------------------------------------------
+
+    def _randomness(self, step: int, shape):
+        """Timesteps, noise and class dropout of the whole global batch for this step (identical on every rank)."""
+        g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.seed, step))
+        b, device = self.cfg.global_batch_size, self.runtime.device
+        t = torch.randint(0, self.diffusion.num_timesteps, (b,), generator=g, device=device)
+        noise = torch.randn((b, *shape), generator=g, device=device)
+        drop = (torch.rand(b, generator=g, device=device) < self.cfg.class_dropout_prob).long()
+        return t, noise, drop
+
+    def _model_fn(self, x, t, **kwargs):
+        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32."""
+        with self.runtime.precision.autocast():
+            return self.ddp_model(x, t, **kwargs).float()
+
+    def train_step(self, batches, log_step: bool = False):
+        """One optimizer step over this rank's micro-batches ``batches``; advances ``state.step``.
+
+        Returns the gradient norm (a device scalar) when clipping or ``log_step`` needs it, else None. A
+        non-finite loss skips the update on the device (fused AdamW's ``found_inf``, the scaler, 0/1 EMA
+        weights), so nothing is read back.
+        """
+        cfg, state, device = self.cfg, self.state, self.runtime.device
+        model, opt, scaler = state.model, state.optimizer, state.scaler
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(state.step)
+        mc = model.config
+        t_all, noise_all, drop_all = self._randomness(state.step, (mc.in_channels, mc.input_size, mc.input_size))
+        total = None
+        for m, (x, y) in enumerate(batches):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if self.data.vae is not None:
+                from dit.vae import encode
+
+                with torch.no_grad():
+                    x = encode(self.data.vae, x)
+            lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
+            sl = slice(lo, lo + self.micro)
+            kwargs = {"y": y, "force_drop_ids": drop_all[sl]} if mc.class_dropout_prob > 0 else {"y": y}
+            last = m == len(batches) - 1
+            if state.sharded:
+                model.set_requires_gradient_sync(last)
+            no_sync = not last and not state.sharded and self.ddp_model is not model
+            with self.ddp_model.no_sync() if no_sync else contextlib.nullcontext():
+                terms = self.diffusion.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
+                loss = terms["loss"].mean() / cfg.grad_accum_steps
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        bad = ~torch.isfinite(total)
+        if self.runtime.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
+            bad = self.runtime.all_reduce(bad.int(), op="max").bool()
+        grad_norm = None
+        if cfg.grad_clip > 0 or log_step:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            params = [p for p in model.parameters() if p.grad is not None]
+            if cfg.grad_clip > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if scaler is not None:
+            scaler.step(opt)  # skips non-finite steps on the device
+            scaler.update()
+        elif cfg.fused_optimizer:
+            opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
+            opt.step()
+        elif bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
+            opt.zero_grad(set_to_none=True)
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        state.ema.update(model, apply=(~bad).float())
+        self.counters.add(total, bad)
+        state.step += 1
+        return grad_norm
+
+    # ---- the loop -------------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg, state, ledger = self.cfg, self.state, self.ledger
+        warmup_until = state.step + cfg.mfu_warmup_steps
+        it, status = iter(self.loader), "finished"
+        with self.runtime.stop_flag() as stop, self._progress() as bar:
+            state.model.train()
+            ledger.start_window()
+            while state.step < cfg.max_steps:
+                start = time.perf_counter()
+                batches = self._next_batches(it)
+                wait = time.perf_counter() - start
+                log_step = (state.step + 1) % cfg.log_every == 0 or state.step + 1 == cfg.max_steps
+                grad_norm = self.train_step(batches, log_step)
+                ledger.count(self.micro * cfg.grad_accum_steps, wait)
+                bar.update(1)
+                if log_step:
+                    self._log(grad_norm, in_warmup=state.step <= warmup_until)
+                if state.step == warmup_until:  # after this step's log: MFU windows start here
+                    ledger.start_window()
+                if state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:
+                    with ledger.paused():
+                        self.save()
+                if cfg.sample_every and state.step % cfg.sample_every == 0:
+                    with ledger.paused():
+                        self.sample_grid()
+                if stop.should_stop():
+                    status = f"stopped by {stop.raised}"
+                    break
+            self.save()
+        ledger.sinks.info(f"{status} at step {state.step}; results in {self.out}")
+        ledger.close()
+        return {"status": status, "step": state.step, "results_dir": str(self.out)}
+
+    def _next_batches(self, it) -> list:
+        try:
+            return [next(it) for _ in range(self.cfg.grad_accum_steps)]
+        except UserError:  # an unreadable image: keep the work done so far, then say which file
+            if self.runtime.world == 1:  # with several processes the others are mid-step: no collective save
+                self.save()
+            raise
+
+    def _progress(self):
+        if not (self.cfg.progress and self.runtime.is_main):
+            return contextlib.nullcontext(_NoBar())
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.cfg.max_steps, initial=self.state.step, desc="train", dynamic_ncols=True)
+
+    def _log(self, grad_norm, in_warmup: bool) -> None:
+        state, scaler = self.state, self.state.scaler
+        counters = self.counters.read(self.runtime)
+        self.ledger.log(
+            state.step,
+            self.order.epoch_of(state.step - 1),
+            counters,
+            grad_norm,
+            self.cfg.lr_at(state.step - 1),
+            in_warmup,
+            float(scaler.get_scale()) if scaler is not None else None,
+        )
+        if counters["nonfinite_streak"] >= self.cfg.max_nonfinite:
+            with self.ledger.paused():
+                self.save()
+            raise UserError(
+                f"the loss was non-finite for {counters['nonfinite_streak']} steps in a row (step {state.step}); "
+                "the last good state is saved. Lower --lr, set --grad-clip, or use --precision bf16/fp32."
+            )
+
+    def save(self) -> None:
+        """The state as one checkpoint file, written atomically by rank 0 (collective under FSDP)."""
+        payload = self.state.state_dict(self.runtime)
+        if self.runtime.is_main:
+            payload["config"] = {**to_dict(self.cfg), "vae": self.data.vae_spec}
+            payload["model_config"] = self.state.model.config.to_dict()
+            path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.keep_last)
+            self.ledger.sinks.info(f"saved checkpoint {path}")
+        self.runtime.barrier()
+
+    def sample_grid(self) -> None:
+        """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
+        from torchvision.utils import make_grid
+
+        from dit.sample.generate import SamplingModel, generate, make_diffusion
+
+        ema, mc = self.state.ema.model, self.state.model.config
+        if self.state.sharded:  # sample from a whole copy on rank 0; gathering it is collective
+            weights = full_model_state(ema, sharded=True)
+            if self.runtime.is_main:
+                ema = DiT.from_config(mc).to(self.runtime.device).eval()
+                ema.load_state_dict(weights)
+        if not self.runtime.is_main:
+            return
+        cfg = self.cfg
+        sm = SamplingModel(
+            ema, "ema", cfg.image_size, self.data.vae, self.data.vae_spec, cfg.noise_schedule, cfg.predict_xstart
+        )
+        labels = list(range(min(mc.num_classes, 16)))
+        seeds = [mix_seed(Stream.GRID, cfg.seed, i) for i in range(len(labels))]
+        guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
+        images = generate(sm, make_diffusion(sm, 50), labels, seeds, "ddim", guidance, 3, self.runtime.precision)
+        self.ledger.sinks.image(
+            "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
+        )
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def train(cfg: TrainConfig, dataset=None) -> dict:
+    """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
+    os.makedirs(cfg.results_dir, exist_ok=True)
+    with Runtime(cfg.device, cfg.precision) as runtime:
+        return Trainer(cfg, runtime, dataset).run()
