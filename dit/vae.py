@@ -17,7 +17,7 @@ import torch
 if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sampler run without it in pixel space
     from diffusers import AutoencoderKL
 
-from dit.errors import UserError
+from dit.errors import UserError, require
 
 VAE_ALIASES = {"ema": "stabilityai/sd-vae-ft-ema", "mse": "stabilityai/sd-vae-ft-mse"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -47,10 +47,9 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
             f"VAE folder {source} has no config.json. Point --vae at a folder written by "
             "AutoencoderKL.save_pretrained (config.json + diffusion_pytorch_model.safetensors)."
         )
+    diffusers = require("diffusers", "vae", "a VAE (latent-space training, extraction, decoding)")
     try:
-        from diffusers import AutoencoderKL
-
-        vae = AutoencoderKL.from_pretrained(source, torch_dtype=dtype)
+        vae = diffusers.AutoencoderKL.from_pretrained(source, torch_dtype=dtype)
     except (OSError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
         if is_folder:

@@ -201,3 +201,17 @@ def test_device_memory_from_table_or_name():
     assert device_memory_bytes("NVIDIA GH200 480GB") is None  # 480 GB is CPU + GPU memory
     assert device_memory_bytes("A100") is None  # 40 or 80: not a guess
     assert device_memory_bytes("Imaginary X9000") is None
+
+
+def test_the_peak_follows_the_runs_device(monkeypatch):
+    """A --device cpu run on a GPU machine divides by the CPU's peak, not the GPU's datasheet."""
+    import torch
+
+    from dit.cost.peaks import peak_for_device
+
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert peak_for_device(torch.device("cuda", 0), "bf16").device == "H100 SXM"
+    cpu = peak_for_device(torch.device("cpu"), "bf16")
+    assert (cpu.device, cpu.source) == ("cpu", "measured")

@@ -146,3 +146,37 @@ def test_fsdp_matches_one_process_and_resumes_a_ddp_checkpoint(image_folder, tmp
     assert c["step"] == d["step"] == 4
     for k in d["model"]:
         torch.testing.assert_close(c["model"][k], d["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_two_nodes_train_to_the_same_weights_as_one_process(image_folder, tmp_path):
+    """The README's multi-node recipe, exercised: two torchrun agents (one process each) meet through the c10d
+    rendezvous on 127.0.0.1, as two nodes do over a network, and train the same model as one process."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    one = run(train_args(image_folder, tmp_path / "one", 3))
+    assert one.returncode == 0, one.stderr
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
+    agent += ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=dit-test"]
+    nodes = [
+        subprocess.Popen(
+            [*agent, *train_args(image_folder, tmp_path / "nodes", 3)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-3000:]
+    assert any("2 process(es)" in err for _, err in outputs)
+    a = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "nodes" / "checkpoints"))
+    assert a["step"] == b["step"] == 3
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)

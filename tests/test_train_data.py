@@ -31,6 +31,8 @@ def config(store, out, **kw):
 
 def test_trains_on_the_store(store, tmp_path):
     result = train(config(store, tmp_path / "run"))
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "VAE encode: cost unknown ('in-memory moments'" in log  # this store does not say which VAE made it
     assert result["step"] == 4
     ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
     assert ckpt["model_config"]["in_channels"] == 4 and ckpt["model_config"]["input_size"] == 4
@@ -57,6 +59,19 @@ def test_trains_on_images_encoded_on_the_fly(tmp_path, vae_dir):
     train(cfg)
     ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
     assert ckpt["config"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
+    # The encoder runs inside the step: its FLOPs are counted, and MFU is given with and without them.
+    from dit.cost.analytic import training_flops_per_image, vae_flops
+    from dit.models import DiTConfig
+    from dit.vae import load_vae
+
+    encode = vae_flops(dict(load_vae(vae_dir).config), 32).encode
+    model = training_flops_per_image(DiTConfig(**ckpt["model_config"])).model
+    assert "VAE encode on the fly" in (tmp_path / "run" / "log.txt").read_text()
+    for r in [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]:
+        assert r["vae_tflops_per_image"] == pytest.approx(encode / 1e12)
+        rate, peak = r["images_per_sec_per_device"], r["peak_tflops"] * 1e12
+        assert r["mfu"] == pytest.approx(rate * model / peak, rel=1e-9)
+        assert r["mfu_with_vae"] == pytest.approx(rate * (model + encode) / peak, rel=1e-9)
     assert (ckpt["model_config"]["in_channels"], ckpt["model_config"]["input_size"]) == (4, 4)
     assert torch.count_nonzero(ckpt["model"]["final_layer.linear.weight"]) > 0
 
@@ -72,3 +87,18 @@ def test_an_unreadable_image_names_the_file_and_keeps_the_work(tmp_path, vae_dir
         train(cfg)
     saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert saved is not None and load_checkpoint(saved)["step"] < cfg.max_steps
+
+
+def test_a_store_reports_the_encode_it_paid_once(tmp_path):
+    from dit.cost.analytic import SD_VAE_CONFIG, vae_flops
+
+    g = torch.Generator().manual_seed(0)
+    moments = torch.randn(16, 2, 2, 4, 4, 4, generator=g).abs()
+    folder = tmp_path / "sd-store"
+    write_moments_store(str(folder), moments, torch.arange(16) % 3, num_classes=3, vae_config=SD_VAE_CONFIG)
+    train(config(folder, tmp_path / "run", max_steps=2))
+    log = (tmp_path / "run" / "log.txt").read_text()
+    gflops = vae_flops(SD_VAE_CONFIG, 32).encode / 1e9
+    assert f"paid once, at extraction: {gflops:.4g} GFLOP per image x 2 view(s) x 16 images" in log
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["vae_tflops_per_image"] == 0 and r["mfu_with_vae"] == r["mfu"] for r in rows)  # not in this run

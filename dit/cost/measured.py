@@ -14,6 +14,7 @@ import warnings
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from dit.errors import require
 from dit.models import DiT, DiTConfig
 
 
@@ -119,6 +120,7 @@ def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool =
     returned apart as ``layer_norm``, and ``unsupported`` lists the ops fvcore skipped (elementwise ops;
     SDPA too with ``sdpa_handle=False``, which is how hook-based counters lose attention).
     """
+    require("fvcore", "fvcore", "the fvcore cross-check (--fvcore)")
     with warnings.catch_warnings():  # fvcore warns on import about its own deprecated dependencies
         warnings.simplefilter("ignore")
         from fvcore.nn import FlopCountAnalysis

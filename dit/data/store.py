@@ -230,10 +230,12 @@ def write_moments_store(
     storage_dtype: str = "fp16",
     shard_size: int = 2048,
     source: str = "in-memory moments",
+    vae_config: dict | None = None,
 ) -> dict:
     """A store from moments computed elsewhere ([N, views, 2, C, H, W]); for benchmarks, tests and imports.
 
-    Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store.
+    Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store;
+    ``vae_config``, if the VAE that made the moments is known, lets a run report what encoding them cost.
     """
     n, views, _, c, h, w = moments.shape
     names = [f"{source}/{i}" for i in range(n)]
@@ -252,6 +254,7 @@ def write_moments_store(
         sources_sha256=sources_sha256(list(zip(names, labels.tolist()))),
         num_sources=n,
         crop="n/a",
+        vae_config=vae_config,
     )
     check_existing_store(folder, spec)
     begin_store(folder, spec)

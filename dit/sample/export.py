@@ -16,12 +16,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import typing
+
 import torch
-from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
 
 from dit.atomic import atomic_write_bytes
-from dit.errors import UserError
+from dit.errors import UserError, require
 from dit.models import DiT, DiTConfig, timestep_embedding
+
+if typing.TYPE_CHECKING:
+    from diffusers import DDIMScheduler, DiTTransformer2DModel
 
 PIPELINE_NULL_CLASS = 1000  # DiTPipeline.__call__ hard-codes the unconditional label
 
@@ -99,8 +103,12 @@ def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
     return out
 
 
+def _diffusers():
+    return require("diffusers", "vae", "the diffusers export")
+
+
 def to_diffusers_transformer(model: DiT) -> DiTTransformer2DModel:
-    transformer = DiTTransformer2DModel(**diffusers_transformer_config(model.config))
+    transformer = _diffusers().DiTTransformer2DModel(**diffusers_transformer_config(model.config))
     transformer.load_state_dict(to_diffusers_state_dict(model.state_dict(), model.config), strict=True)
     return transformer.eval()
 
@@ -109,7 +117,7 @@ def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
     """DiT's training schedule as diffusers' DDIM scheduler (as diffusers' own DiT conversion builds it)."""
     if noise_schedule not in ("linear", "squaredcos_cap_v2"):
         raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
-    return DDIMScheduler(
+    return _diffusers().DDIMScheduler(
         num_train_timesteps=1000,
         beta_start=1e-4,
         beta_end=0.02,
@@ -186,7 +194,7 @@ def export_pipeline(
         raise UserError(f"{out_dir} already exists and is not empty: pass a new --out or delete it.")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     labels = id2label or {i: str(i) for i in range(model.config.num_classes)}
-    pipe = DiTPipeline(
+    pipe = _diffusers().DiTPipeline(
         transformer=to_diffusers_transformer(model), vae=vae, scheduler=ddim_scheduler(noise_schedule)
     )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -238,7 +246,7 @@ def export_checkpoint(
             f"{labels} names {len(id2label)} classes, the model has {sm.config.num_classes}: give one name per class."
         )
     path = export_pipeline(sm.model, sm.vae, out, sm.noise_schedule, id2label)
-    transformer = DiTTransformer2DModel.from_pretrained(path / "transformer")
+    transformer = _diffusers().DiTTransformer2DModel.from_pretrained(path / "transformer")
     as_exported = transformer_difference(sm.model, transformer, batch=2)
     with_dit_frequencies = transformer_difference(sm.model, use_dit_timestep_frequencies(transformer), batch=2)
     notes = []
