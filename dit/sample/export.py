@@ -14,9 +14,8 @@ import math
 import os
 import shutil
 import tempfile
-from pathlib import Path
-
 import typing
+from pathlib import Path
 
 import torch
 
