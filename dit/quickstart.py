@@ -9,7 +9,6 @@ fixed variance and cosine betas draws all ten, at full 28x28 resolution, after a
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import importlib.metadata
 import json
@@ -24,6 +23,7 @@ from torchvision.utils import save_image
 
 from dit.checkpoint import latest_checkpoint
 from dit.cli import run_cli
+from dit.config import option, parse_config
 from dit.errors import UserError
 from dit.runtime import Runtime
 from dit.sample.generate import generate, make_diffusion, noise_seed
@@ -163,43 +163,41 @@ def training_cost(metrics_path: Path) -> str:
     )
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m dit.quickstart",
-        description="Train a small class-conditional DiT on MNIST digits and sample one row per class.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="measured recipe")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
-    parser.add_argument("--out", default="results/quickstart", help="output folder")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--sample-steps", type=int, default=None, help="DDIM steps for the grid")
-    parser.add_argument("--per-class", type=int, default=None, help="samples per class (grid columns)")
-    args = parser.parse_args(argv)
-    for name in ("steps", "sample_steps", "per_class"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
-    return args
+@dataclass
+class QuickstartConfig:
+    """python -m dit.quickstart: train a small class-conditional DiT on MNIST digits, sample one row per class."""
+
+    preset: str = option("default", "measured recipe", choices=tuple(sorted(PRESETS)))
+    max_steps: int | None = option(None, "training steps (default: the preset's)")
+    out: str = option("results/quickstart", "output folder")
+    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    num_sampling_steps: int | None = option(None, "DDIM steps for the grid (default: the preset's)")
+    per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)")
+
+    def __post_init__(self):
+        for name in ("max_steps", "num_sampling_steps", "per_class"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
 
 
 def main(argv=None):
     start = time.perf_counter()
-    args = parse_args(argv)
+    args = parse_config(QuickstartConfig, argv, QuickstartConfig.__doc__, prog="python -m dit.quickstart")
     p = PRESETS[args.preset]
     out = Path(args.out)
     run_dir = out / "run"
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         raise UserError(f"{out} holds an earlier quick start: pass another --out or delete {out}.")
     dataset = DigitDataset(p.image_size)
-    cfg = train_config(p, args.steps or p.steps, run_dir, args.device)
+    cfg = train_config(p, args.max_steps or p.steps, run_dir, args.device)
     train(cfg, dataset)
     trained = time.perf_counter()
 
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     grid = out / "samples.png"
     per_class = args.per_class or p.per_class
-    sample_steps = args.sample_steps or p.sample_steps
+    sample_steps = args.num_sampling_steps or p.sample_steps
     weights = sample_grid(ckpt, grid, per_class, sample_steps, p.guidance_scale, args.device)
     done = time.perf_counter()
     print(

@@ -6,24 +6,27 @@ python -c "from diffusers import DiTPipeline; DiTPipeline.from_pretrained('DiT-e
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 from dit.cli import run_cli
-from dit.models import MODEL_NAMES
+from dit.config import option, parse_config
 from dit.sample.export import export_checkpoint, timestep_embedding_gap
 
 
+@dataclass
+class ExportConfig:
+    ckpt: str = option(help="our training checkpoint, an official train.py file, or a bare state dict")
+    out: str = option(help="folder to create (must not exist or be empty)")
+    vae: str | None = option(None, "VAE to ship: ema, mse, a hub id or a folder (default: as sample.py)")
+    model: str | None = option(None, "for files without a config (default DiT-XL/2)")
+    image_size: int | None = option(None, "for files without a config (default 256)")
+    num_classes: int | None = option(None, "for files without a config (default 1000)")
+    labels: str | None = option(None, "class names: a text file with one per line, or a JSON list/object")
+    ema: bool = option(True, "export the EMA weights (--no-ema: the raw weights)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True)
-    p.add_argument("--out", required=True, help="folder to create (must not exist or be empty)")
-    p.add_argument("--vae", help="VAE to ship: ema, mse, a hub id or a folder (default: as sample.py)")
-    p.add_argument("--model", choices=MODEL_NAMES, help="for files without a config (default DiT-XL/2)")
-    p.add_argument("--image-size", type=int, help="for files without a config (default 256)")
-    p.add_argument("--num-classes", type=int, help="for files without a config (default 1000)")
-    p.add_argument("--labels", help="class names: a text file with one per line, or a JSON list/object")
-    p.add_argument("--no-ema", dest="ema", action="store_false")
-    a = p.parse_args(argv)
+    a = parse_config(ExportConfig, argv, description=__doc__)
     r = export_checkpoint(a.ckpt, a.out, a.vae, a.model, a.image_size, a.num_classes, a.ema, a.labels)
     gap = timestep_embedding_gap()
     print(f"wrote DiTPipeline to {r['out']} ({r['weights']} weights, VAE {r['vae']})")

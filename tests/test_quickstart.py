@@ -26,7 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("quickstart") / "out"
-    argv = ["--steps", str(STEPS), "--sample-steps", "2", "--per-class", str(PER_CLASS), "--out", str(out)]
+    argv = [
+        "--max-steps",
+        str(STEPS),
+        "--num-sampling-steps",
+        "2",
+        "--per-class",
+        str(PER_CLASS),
+        "--out",
+        str(out),
+    ]
     with pytest.MonkeyPatch.context() as mp:
         printed = []
         mp.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
