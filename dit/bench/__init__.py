@@ -153,10 +153,11 @@ def _loss(a: c.LossBench) -> Result:
     """The quick-start model and digits, trained with DiT's own objective (linear schedule, learned sigma)."""
     import dataclasses
 
-    from dit.quickstart import PRESETS, DigitDataset, train_config
+    from dit.data.digits import DigitDataset
+    from dit.train.recipes import PRESETS, digits_train_config
 
     preset = PRESETS["default"]
-    base = train_config(preset, a.max_steps, Path(tempfile.gettempdir()) / "unused", a.device)
+    base = digits_train_config(preset, a.max_steps, Path(tempfile.gettempdir()) / "unused", a.device)
     base = dataclasses.replace(
         base, noise_schedule="linear", predict_xstart=False, learn_sigma=True, log_every=a.log_every
     )

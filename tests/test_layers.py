@@ -1,0 +1,58 @@
+"""The layer rule of docs/architecture.md: core <- cost <- data and VAE <- engine <- faces, no import downward."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = [  # module prefixes, top layer first
+    (
+        "core",
+        ("dit.model_config", "dit.models", "dit.diffusion", "dit.config", "dit.errors", "dit.atomic", "dit.cli"),
+    ),
+    ("cost", ("dit.cost",)),
+    ("data", ("dit.vae", "dit.data")),
+    (
+        "engine",
+        ("dit.runtime", "dit.checkpoint", "dit.train", "dit.sample", "dit.extract", "dit.bench", "dit.eval"),
+    ),
+    ("faces", ("dit.quickstart",)),
+]
+
+
+def layer_of(module: str) -> int:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to docs/architecture.md and to LAYERS")
+
+
+def test_no_module_imports_a_layer_below_it():
+    bad = []
+    for path in sorted((ROOT / "dit").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if module == "dit":
+            continue
+        mine = layer_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                if (
+                    name.startswith("dit.")
+                    and layer_of(name) > mine
+                    and not module.startswith("dit.cost.__main__")
+                ):
+                    bad.append(f"{module} ({LAYERS[mine][0]}) imports {name} ({LAYERS[layer_of(name)][0]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_cost_never_imports_the_engine_or_torch_at_module_level():
+    """dit-cost answers without torch: nothing it imports at module level may import torch."""
+    for path in (ROOT / "dit" / "cost").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if path.stem in ("measured", "memory", "meter", "plots"):
+                    continue  # imported by the engine, or lazily by the command
+                assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{path.name} imports torch"
