@@ -60,11 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls, preset: dict | None = No
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
+        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         if f.metadata.get("positional"):
-            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=f.metadata.get("help", ""))
+            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=help_text)
             continue
         flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
-        kw = {"dest": f.name, "help": f.metadata.get("help", "")}
+        kw = {"dest": f.name, "help": help_text}
         if f.name in preset:
             kw["default"] = preset[f.name]
         elif f.default is not dataclasses.MISSING:
