@@ -98,8 +98,10 @@ def inception_score(logits: torch.Tensor, split_size: int = IS_SPLIT_SIZE) -> fl
     log_p = torch.as_tensor(logits).double().log_softmax(dim=1)
     scores = []
     for part in log_p.split(split_size):
-        log_marginal = part.exp().mean(dim=0).log()
-        kl = (part.exp() * (part - log_marginal)).sum(dim=1).mean()
+        p = part.exp()
+        log_marginal = p.mean(dim=0).log()
+        # p log(p / p(y)) with its limit 0 where p underflows to 0 (where p(y) may be 0 too)
+        kl = torch.where(p > 0, p * (part - log_marginal), 0.0).sum(dim=1).mean()
         scores.append(kl.exp().item())
     return float(np.mean(scores))
 
