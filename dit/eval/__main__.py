@@ -126,8 +126,9 @@ def evaluate_main(argv: list[str]) -> int:
         )
         evaluator.check_count(len(samples))
         result = evaluator.evaluate(shard_batches(samples, evaluator.batch_size))
+        rank = _rank()
     result["wall_seconds"] = time.perf_counter() - start
-    if _rank() == 0:
+    if rank == 0:
         print(json.dumps(result, indent=1) if args.json else _format(result, result["wall_seconds"]))
     return 0
 
@@ -175,6 +176,7 @@ def ref_main(argv: list[str]) -> int:
         batches = shard_batches(images, args.batch_size or DEFAULT_BATCH[args.feature_net])
         local, _ = extract_features(net, batches)
         features = gather_features(local)
+        rank = _rank()
     if not features:
         raise UserError("no images to make statistics from.")
     if adm is None:
@@ -182,7 +184,7 @@ def ref_main(argv: list[str]) -> int:
     else:  # ADM's mu/sigma cover the whole data set; only the precision/recall features come from arr_0
         pool = None if args.no_features else features["pool"].float().cpu().numpy()
         stats = ReferenceStats(net.name, adm.mu, adm.sigma, None, pool, adm.mu_s, adm.sigma_s, adm.source)
-    if _rank() == 0:
+    if rank == 0:
         save_stats(args.out, stats)
         print(f"wrote {args.out}: {stats.source}, network {net.name}")
         need = min_images_for_covariance(net.pool_dim)

@@ -225,6 +225,7 @@ class Evaluator:
         return {
             **out,
             "num_images": n,
+            "processes": dist.get_world_size() if dist.is_initialized() else 1,
             "feature_network": self.net.name,
             "flops": sum(flops.values()),
             "flops_breakdown": flops,
