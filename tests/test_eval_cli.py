@@ -215,10 +215,10 @@ def test_reference_from_a_latent_store(vae_dir, inception_weights, tmp_path, cap
 
 @pytest.mark.slow
 def test_two_processes_equal_one(digits, digit_ref):
-    def run(*prefix):
+    def run(*prefix, batch_size=96):
         args = [sys.executable, *prefix, "-m", "dit.eval", "--samples", str(digits["held_out"])]
         proc = subprocess.run(
-            [*args, "--ref", str(digit_ref), "--json", "--batch-size", "96", "--device", "cpu"],
+            [*args, "--ref", str(digit_ref), "--json", "--batch-size", str(batch_size), "--device", "cpu"],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -227,8 +227,11 @@ def test_two_processes_equal_one(digits, digit_ref):
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     one = run()
-    two = run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    assert (one["processes"], two["processes"]) == (1, 2)
+    two = run(*torchrun)
+    alone = run(*torchrun, batch_size=1000)  # one batch: rank 1 has nothing to embed but still gathers
+    assert (one["processes"], two["processes"], alone["processes"]) == (1, 2, 2)
     for key in ("fid", "inception_score", "precision", "recall", "class_accuracy", "num_images", "flops"):
         assert two[key] == pytest.approx(one[key], rel=1e-9, abs=1e-12), key
+        assert alone[key] == pytest.approx(one[key], rel=1e-6), key

@@ -50,25 +50,30 @@ def shard_batches(source, batch_size: int) -> Iterator[tuple[torch.Tensor, torch
 def gather_features(local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every process's feature rows, concatenated in rank order (identity without a process group).
 
-    Rows are padded to the longest rank's count for all_gather (NCCL on GPUs, gloo on CPU tensors)."""
+    Every rank must call it, also one that had no batches (its dict is empty). Shapes travel first, then the
+    rows, padded to the longest rank's count for all_gather (NCCL on GPUs, gloo on CPU tensors). A key that
+    some rank with images lacks (labels on only some batches) is dropped."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return local
     device = (
         torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     )
     world = dist.get_world_size()
-    count = torch.tensor([len(local["pool"])], device=device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count)
-    counts = [int(c) for c in counts]
+    shapes = [None] * world
+    dist.all_gather_object(shapes, {k: (tuple(v.shape), v.dtype) for k, v in local.items()})
+    present = [s for s in shapes if s]
+    if not present:
+        return {}
+    counts = [next(iter(s.values()))[0][0] if s else 0 for s in shapes]
     gathered = {}
-    for key in sorted(local):
-        rows = local[key].to(device)
-        padded = rows.new_zeros((max(counts), *rows.shape[1:]))
+    for key in sorted(set.intersection(*(set(s) for s in present))):
+        shape, dtype = present[0][key]
+        rows = local[key].to(device) if key in local else torch.empty((0, *shape[1:]), dtype=dtype, device=device)
+        padded = rows.new_zeros((max(counts), *shape[1:]))
         padded[: len(rows)] = rows
         parts = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(parts, padded)
-        gathered[key] = torch.cat([part[:n] for part, n in zip(parts, counts)]).to(local[key].device)
+        gathered[key] = torch.cat([part[:n] for part, n in zip(parts, counts)])
     return gathered
 
 
@@ -192,7 +197,7 @@ class Evaluator:
         iterable spends producing batches (sampling them, reading files)."""
         local, feature_seconds = extract_features(self.net, batches)
         start = time.perf_counter()
-        feats = gather_features(local) if local else local
+        feats = gather_features(local)
         if not feats:
             raise UserError("no images to evaluate: the batches were empty.")
         n = len(feats["pool"])

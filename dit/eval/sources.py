@@ -74,10 +74,6 @@ class NpzImages:
     def __len__(self) -> int:
         return self._shape[0]
 
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return self._shape[1:]
-
     def read(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         row = int(np.prod(self._shape[1:]))
         self._member.seek(self._offset + start * row)
