@@ -133,7 +133,7 @@ def evaluate_main(argv: list[str]) -> int:
     return 0
 
 
-def _ref_source(args) -> tuple[object, ReferenceStats | None]:
+def _ref_source(args, device: torch.device) -> tuple[object, ReferenceStats | None]:
     """The images to embed, and for --adm the ADM statistics to keep."""
     if args.adm:
         adm = load_reference(args.adm)
@@ -141,7 +141,7 @@ def _ref_source(args) -> tuple[object, ReferenceStats | None]:
             raise UserError(f"--adm {args.adm} is not an ADM reference batch (mu, sigma and arr_0 images).")
         return adm.images, adm
     if args.latents:
-        return LatentStoreImages(args.latents, args.vae, args.device or "cpu"), None
+        return LatentStoreImages(args.latents, args.vae, device), None
     if args.npz:
         return NpzImages(args.npz), None
     return open_images(args.images, args.image_size), None
@@ -165,8 +165,8 @@ def ref_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.adm and args.feature_net != "inception":
         raise UserError("--adm statistics are Inception-v3 statistics: leave --feature-net at inception.")
-    images, adm = _ref_source(args)
     with process_group(args.device) as device:
+        images, adm = _ref_source(args, device)
         net: FeatureNet = load_feature_net(args.feature_net, args.inception_weights, device)
         if adm is not None and net.name != INCEPTION_NAME:
             raise UserError(
@@ -179,17 +179,18 @@ def ref_main(argv: list[str]) -> int:
         rank = _rank()
     if not features:
         raise UserError("no images to make statistics from.")
+    if rank != 0:
+        return 0
     if adm is None:
         stats = stats_from_features(features, net.name, images.describe(), keep_features=not args.no_features)
     else:  # ADM's mu/sigma cover the whole data set; only the precision/recall features come from arr_0
         pool = None if args.no_features else features["pool"].float().cpu().numpy()
         stats = ReferenceStats(net.name, adm.mu, adm.sigma, None, pool, adm.mu_s, adm.sigma_s, adm.source)
-    if rank == 0:
-        save_stats(args.out, stats)
-        print(f"wrote {args.out}: {stats.source}, network {net.name}")
-        need = min_images_for_covariance(net.pool_dim)
-        if stats.num_images is not None and stats.num_images < need:
-            print(f"note: {stats.num_images} images; FID against these statistics needs at least {need}.")
+    save_stats(args.out, stats)
+    print(f"wrote {args.out}: {stats.source}, network {net.name}")
+    need = min_images_for_covariance(net.pool_dim)
+    if stats.num_images is not None and stats.num_images < need:
+        print(f"note: {stats.num_images} images; FID against these statistics needs at least {need}.")
     return 0
 
 
