@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_tiny_vae, write_our_checkpoint
+from helpers import build_tiny_vae, random_inception_weights, write_our_checkpoint
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -42,3 +42,8 @@ def vae_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def our_ckpt(tmp_path_factory, vae_dir) -> Path:
     return write_our_checkpoint(tmp_path_factory.mktemp("run"), vae_dir)
+
+
+@pytest.fixture(scope="session")
+def inception_weights(tmp_path_factory) -> str:
+    return random_inception_weights(tmp_path_factory.mktemp("inception") / "random-inception.pth")

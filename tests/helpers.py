@@ -111,3 +111,18 @@ def make_image_folder(root, counts=None, seed=0):
         f.write("not an image")
     os.makedirs(os.path.join(root, "c_empty"), exist_ok=True)
     return str(root)
+
+
+def random_inception_weights(path, seed: int = 0) -> str:
+    """torch-fidelity's Inception-v3 state dict with random He-scaled weights (its default initialisation
+    fades to ~1e-8 by pool3), saved as a .pth like its real weights file: the architecture, offline."""
+    from dit.eval.features import InceptionFeatures
+
+    g = torch.Generator().manual_seed(seed)
+    state = InceptionFeatures(None, "random").net.state_dict()
+    for name, tensor in state.items():
+        if name.endswith("conv.weight") or name == "fc.weight":
+            fan_in = tensor[0].numel()
+            tensor.copy_(torch.randn(tensor.shape, generator=g) * (2.0 / fan_in) ** 0.5)
+    torch.save(state, path)
+    return str(path)

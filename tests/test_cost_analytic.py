@@ -111,7 +111,7 @@ def test_sampling_flops():
     assert sampling_flops_per_image(cfg, 250, 1.0).model == 250 * fwd
     with pytest.raises(UserError, match="num-sampling-steps"):
         sampling_flops_per_image(cfg, 0, 1.5)
-    with pytest.raises(UserError, match="cfg-scale"):
+    with pytest.raises(UserError, match="guidance-scale"):
         sampling_flops_per_image(cfg, 10, 0.5)
 
 

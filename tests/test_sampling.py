@@ -16,12 +16,13 @@ from helpers import build_tiny_vae, randomize, run_face, tiny_dit, write_our_che
 from PIL import Image
 
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
+from dit.data.images import to_uint8
 from dit.errors import UserError
 from dit.models import DiT, DiT_models
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.fid_set import batches
-from dit.sample.generate import fid_label, generate, make_diffusion, noise_seed, to_uint8
+from dit.sample.generate import fid_label, generate, make_diffusion, noise_seed
 from dit.sample.grid import run_sample
 from dit.sample.loading import load_sampling_model
 
@@ -175,9 +176,9 @@ def test_an_image_does_not_depend_on_its_batch(sm):
 
 def test_uint8_conversion_is_the_official_rounding():
     x = torch.tensor([-1.5, -1.0, -0.5, 0.0, 0.999, 1.0]).view(1, 1, 2, 3).repeat(1, 3, 1, 1)
-    expected = np.clip(127.5 * x.numpy() + 128, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
-    assert np.array_equal(to_uint8(x), expected)
-    assert to_uint8(x).dtype == np.uint8 and to_uint8(x).shape == (1, 2, 3, 3)
+    expected = np.clip(127.5 * x.numpy() + 128, 0, 255).astype(np.uint8)
+    assert np.array_equal(to_uint8(x).numpy(), expected)
+    assert to_uint8(x).dtype == torch.uint8 and to_uint8(x).shape == (1, 3, 2, 3)
 
 
 def test_batches_cover_every_index_once_for_any_world_size():

@@ -39,6 +39,16 @@ def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
     return images_uint8.float().div_(127.5).sub_(1.0)
 
 
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """NCHW images as uint8, the inverse of ``to_model_range``: floats in [-1, 1] are quantised as the
+    official sample_ddp.py writes its PNGs (clamp(127.5 x + 128) truncated); uint8 stays as it is."""
+    if images.dtype == torch.uint8:
+        return images
+    if not images.is_floating_point():
+        raise UserError(f"images must be uint8 in [0, 255] or floats in [-1, 1], got {images.dtype}.")
+    return torch.clamp(127.5 * images.float() + 128.0, 0, 255).to(torch.uint8)
+
+
 def _random_flip(image: torch.Tensor) -> torch.Tensor:
     # torch's RNG, not numpy's: DataLoader reseeds it per worker, so workers do not repeat each other's flips.
     return image.flip(-1) if torch.rand(()) < 0.5 else image

@@ -133,5 +133,13 @@ class Runtime:
         dist.all_gather_object(out, obj)
         return out
 
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape on all), in rank order; on the group's device (NCCL: this GPU)."""
+        if self.world == 1:
+            return [tensor]
+        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        dist.all_gather(parts, tensor.contiguous())
+        return parts
+
     def stop_flag(self) -> StopFlag:
         return StopFlag(self.world)

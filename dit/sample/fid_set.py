@@ -17,6 +17,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dit.atomic import atomic_write
+from dit.data.images import to_uint8
 from dit.errors import UserError
 from dit.models import registry_name
 from dit.runtime import Runtime
@@ -31,7 +32,6 @@ from dit.sample.generate import (
     parse_guidance_channels,
     sample_latents,
     to_images,
-    to_uint8,
 )
 from dit.sample.loading import load_sampling_model
 
@@ -166,7 +166,7 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
         )
         runtime.sync()
         denoised = time.perf_counter()
-        images = to_uint8(to_images(sm, samples))
+        images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
         dit_s, decode_s = dit_s + denoised - start, decode_s + time.perf_counter() - denoised
         for i, image in zip(batch, images):
             write_png(png_path(folder, i), image)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -221,8 +220,3 @@ def generate(
         sm, diffusion, labels, seeds, sampler, guidance_scale, guidance_channels, precision, progress
     )
     return to_images(sm, samples)
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """(N, 3, H, W) in [-1, 1] to (N, H, W, 3) uint8, rounding as the official sample_ddp.py does."""
-    return torch.clamp(127.5 * images + 128.0, 0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()

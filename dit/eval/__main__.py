@@ -1,0 +1,182 @@
+"""Score a sample set, or write reference statistics.
+
+python -m dit.eval --samples SET.npz --ref VIRTUAL_imagenet256_labeled.npz [--json]
+python -m dit.eval --samples FOLDER --ref REF.npz --inception-weights weights-inception-2015-12-05-6726825d.pth
+python -m dit.eval ref --npz SET.npz --feature-net mnist --out REF.npz      (or --images FOLDER, --latents STORE)
+python -m dit.eval ref --adm VIRTUAL_imagenet256_labeled.npz --out REF.npz  (ADM's statistics + arr_0 features)
+
+The feature network is the one the reference was made with. Under torchrun every process embeds a slice of
+the set and rank 0 prints (or writes) the result, equal to a single process's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+from dit.cli import run_cli
+from dit.config import option, parse_config
+from dit.errors import UserError
+from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, shard_batches
+from dit.eval.features import FEATURE_NETS, INCEPTION_NAME, FeatureNet, load_feature_net
+from dit.eval.metrics import min_images_for_covariance
+from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
+from dit.eval.sources import LatentStoreImages, NpzImages, open_images
+from dit.runtime import Runtime
+
+DEFAULT_BATCH = {"inception": 64, "mnist": 500}
+WEIGHTS_HELP = "Inception-v3 weights file (offline); default: torch-fidelity's download"
+BATCH_HELP = "images per forward pass (default: 64 Inception, 500 digits)"
+
+
+@dataclass
+class EvalConfig:
+    """python -m dit.eval: FID, sFID, IS, precision/recall (and class accuracy) of a sample set."""
+
+    samples: str = option(help=".npz (arr_0 uint8 NHWC, optional arr_1 labels) or image folder")
+    ref: str = option(help="our statistics (python -m dit.eval ref) or an ADM reference batch")
+    json: bool = option(False, "print the result as one JSON object")
+    metrics: str | None = option(None, f"comma-separated subset of {','.join(METRICS)} (default: all that apply)")
+    image_size: int | None = option(None, "centre-crop a folder's images to this size")
+    pr_batch_size: int = option(10_000, "rows per distance block (ADM: 10,000)")
+    inception_weights: str | None = option(None, WEIGHTS_HELP)
+    batch_size: int | None = option(None, BATCH_HELP)
+    device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
+
+
+@dataclass
+class RefConfig:
+    """python -m dit.eval ref: reference statistics from images, a sample set, a latent store or ADM's batch."""
+
+    out: str = option(help="statistics file to write (.npz)")
+    images: str | None = option(None, "a folder of images (recursively)")
+    npz: str | None = option(None, "a sample set: arr_0 uint8 (N, H, W, 3)")
+    latents: str | None = option(None, "a latent store, decoded through its VAE (posterior mean, no flip)")
+    adm: str | None = option(None, "an ADM reference batch: keep its statistics, add its arr_0 pool features")
+    feature_net: str = option("inception", "the network", choices=FEATURE_NETS)
+    image_size: int | None = option(None, "centre-crop a folder's images to this size")
+    vae: str | None = option(None, "for --latents: the VAE (default: the one the store records)")
+    features: bool = option(True, "keep the pool features for precision/recall (--no-features: mu and sigma only)")
+    inception_weights: str | None = option(None, WEIGHTS_HELP)
+    batch_size: int | None = option(None, BATCH_HELP)
+    device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
+
+    def __post_init__(self):
+        given = [f"--{k}" for k in ("images", "npz", "latents", "adm") if getattr(self, k)]
+        if len(given) != 1:
+            raise UserError(
+                "pass exactly one source of reference images: --images, --npz, --latents or --adm"
+                + (f" (got {', '.join(given)})." if given else ".")
+            )
+        if self.adm and self.feature_net != "inception":
+            raise UserError("--adm statistics are Inception-v3 statistics: leave --feature-net at inception.")
+
+
+def _net_kind(network: str) -> str:
+    return "mnist" if network.startswith("mnist-") else "inception"
+
+
+def _format(result: dict, wall: float) -> str:
+    lines = []
+    for key, label, fmt in (
+        ("fid", "FID", "{:.4f}"),
+        ("sfid", "sFID", "{:.4f}"),
+        ("inception_score", "IS", "{:.4f}"),
+        ("precision", "precision", "{:.4f}"),
+        ("recall", "recall", "{:.4f}"),
+        ("class_accuracy", "class accuracy", "{:.2%}"),
+    ):
+        if result[key] is not None:
+            lines.append(f"{label:<15}{fmt.format(result[key])}")
+    flops = result["flops_breakdown"]
+    lines += [
+        f"{'images':<15}{result['num_images']:,}",
+        f"{'network':<15}{result['feature_network']}",
+        f"{'wall time':<15}{wall:.2f} s (evaluation {result['seconds']:.2f} s, reading the images excluded)",
+        f"{'FLOPs':<15}{result['flops']:.4g} (network {flops['network']:.4g}, precision/recall "
+        f"{flops['precision_recall']:.4g})",
+    ]
+    for metric in result["sqrtm_eps_used"]:
+        lines.append(
+            f"note: sqrtm(Σ1 Σ2) was not finite for {metric}; ADM's fallback added 1e-6·I to both covariances."
+        )
+    return "\n".join(lines)
+
+
+def evaluate_main(argv: list[str]) -> int:
+    args = parse_config(EvalConfig, argv, description=__doc__, prog="python -m dit.eval")
+    start = time.perf_counter()
+    reference = load_reference(args.ref)
+    samples = open_images(args.samples, args.image_size)
+    kind = _net_kind(reference.feature_network)
+    with Runtime(args.device) as runtime:
+        net = load_feature_net(kind, args.inception_weights, runtime.device)
+        evaluator = Evaluator(
+            net,
+            reference,
+            metrics=args.metrics.split(",") if args.metrics else None,
+            batch_size=args.batch_size or DEFAULT_BATCH[kind],
+            pr_batch_size=args.pr_batch_size,
+            runtime=runtime,
+        )
+        evaluator.check_count(len(samples))
+        result = evaluator.evaluate(shard_batches(samples, evaluator.batch_size, runtime))
+    result["wall_seconds"] = time.perf_counter() - start
+    if runtime.is_main:
+        print(json.dumps(result, indent=1) if args.json else _format(result, result["wall_seconds"]))
+    return 0
+
+
+def _ref_source(args: RefConfig, device) -> tuple[object, ReferenceStats | None]:
+    """The images to embed, and for --adm the ADM statistics to keep."""
+    if args.adm:
+        adm = load_reference(args.adm)
+        if adm.images is None or adm.feature_network != INCEPTION_NAME or adm.num_images is not None:
+            raise UserError(f"--adm {args.adm} is not an ADM reference batch (mu, sigma and arr_0 images).")
+        return adm.images, adm
+    if args.latents:
+        return LatentStoreImages(args.latents, args.vae, device), None
+    if args.npz:
+        return NpzImages(args.npz), None
+    return open_images(args.images, args.image_size), None
+
+
+def ref_main(argv: list[str]) -> int:
+    args = parse_config(RefConfig, argv, description=RefConfig.__doc__, prog="python -m dit.eval ref")
+    with Runtime(args.device) as runtime:
+        images, adm = _ref_source(args, runtime.device)
+        net: FeatureNet = load_feature_net(args.feature_net, args.inception_weights, runtime.device)
+        if adm is not None and net.name != INCEPTION_NAME:
+            raise UserError(
+                f"ADM's statistics come from {INCEPTION_NAME}, but these weights are {net.name}: pass "
+                "--inception-weights weights-inception-2015-12-05-6726825d.pth."
+            )
+        batches = shard_batches(images, args.batch_size or DEFAULT_BATCH[args.feature_net], runtime)
+        local, _ = extract_features(net, batches)
+        features = gather_features(local, runtime)
+    if not features:
+        raise UserError("no images to make statistics from.")
+    if not runtime.is_main:
+        return 0
+    if adm is None:
+        stats = stats_from_features(features, net.name, images.describe(), keep_features=args.features)
+    else:  # ADM's mu/sigma cover the whole data set; only the precision/recall features come from arr_0
+        pool = features["pool"].float().cpu().numpy() if args.features else None
+        stats = ReferenceStats(net.name, adm.mu, adm.sigma, None, pool, adm.mu_s, adm.sigma_s, adm.source)
+    save_stats(args.out, stats)
+    print(f"wrote {args.out}: {stats.source}, network {net.name}")
+    need = min_images_for_covariance(net.pool_dim)
+    if stats.num_images is not None and stats.num_images < need:
+        print(f"note: {stats.num_images} images; FID against these statistics needs at least {need}.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return ref_main(argv[1:]) if argv[:1] == ["ref"] else evaluate_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

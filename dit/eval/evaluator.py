@@ -1,0 +1,247 @@
+"""The evaluator: images in, FID / sFID / IS / precision / recall / class accuracy and their cost out.
+
+``Evaluator(feature_net, reference).evaluate(batches)`` scores images already in memory (a stream of NCHW
+uint8 or [-1, 1] float batches, optionally ``(images, labels)`` pairs), so a training loop can score samples
+without writing files; the command line feeds it batches read from a sample set. Under torch.distributed each
+rank passes its own slice and the features are gathered in rank order before any statistic is computed
+(``gather_features``, through the ``Runtime`` as every process group in dit-ledger).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from dit.errors import UserError
+from dit.eval.features import FeatureNet
+from dit.eval.metrics import (
+    PR_BATCH_SIZE,
+    PR_NEIGHBOURS,
+    check_enough_images,
+    class_accuracy,
+    frechet_distance,
+    inception_score,
+    knn_radii,
+    mean_cov,
+    pairwise_flops,
+    precision_recall,
+)
+from dit.eval.reference import ReferenceStats
+from dit.runtime import Runtime
+
+METRICS = ("fid", "sfid", "is", "pr", "accuracy")
+
+
+def my_batches(num_images: int, batch_size: int, rank: int = 0, world: int = 1) -> list[range]:
+    """This process's consecutive run of the global batches over images 0..N-1.
+
+    Ranks hold consecutive slices, so gathering in rank order restores the set's order, and every batch holds
+    the same images for any number of processes: the features, hence the scores, do not depend on it.
+    """
+    num_batches = math.ceil(num_images / batch_size)
+    return [
+        range(b * batch_size, min((b + 1) * batch_size, num_images))
+        for b in range(rank * num_batches // world, (rank + 1) * num_batches // world)
+    ]
+
+
+def shard_batches(
+    source, batch_size: int, runtime: Runtime | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """This process's batches of ``source`` (``len`` and ``read(start, stop)``), as ``my_batches`` shares them."""
+    rank, world = (runtime.rank, runtime.world) if runtime is not None else (0, 1)
+    for batch in my_batches(len(source), batch_size, rank, world):
+        yield source.read(batch.start, batch.stop)
+
+
+def gather_features(local: dict[str, torch.Tensor], runtime: Runtime | None = None) -> dict[str, torch.Tensor]:
+    """Every process's feature rows, concatenated in rank order (identity on one process).
+
+    Every rank must call it, also one that had no batches (its dict is empty). Shapes travel first, then the
+    rows, padded to the longest rank's count for the all-gather. A key that some rank with images lacks
+    (labels on only some batches) is dropped."""
+    if runtime is None or runtime.world == 1:
+        return local
+    shapes = runtime.gather_objects({k: (tuple(v.shape), v.dtype) for k, v in local.items()})
+    present = [s for s in shapes if s]
+    if not present:
+        return {}
+    counts = [next(iter(s.values()))[0][0] if s else 0 for s in shapes]
+    device = runtime.device
+    gathered = {}
+    for key in sorted(set.intersection(*(set(s) for s in present))):
+        shape, dtype = present[0][key]
+        rows = local[key].to(device) if key in local else torch.empty((0, *shape[1:]), dtype=dtype, device=device)
+        padded = rows.new_zeros((max(counts), *shape[1:]))
+        padded[: len(rows)] = rows
+        parts = runtime.all_gather(padded)
+        gathered[key] = torch.cat([part[:n] for part, n in zip(parts, counts)])
+    return gathered
+
+
+def _split(item) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(item, (tuple, list)):
+        images, labels = item
+        return images, None if labels is None else torch.as_tensor(labels)
+    return item, None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torch.Tensor], float]:
+    """This process's features of ``batches`` (and ``labels`` if every batch has them), and the seconds spent
+    computing them: the time the iterable takes to produce a batch (sampling, reading files) is not counted."""
+    device = next(net.parameters()).device
+    parts: dict[str, list[torch.Tensor]] = {}
+    labels: list[torch.Tensor | None] = []
+    seconds = 0.0
+    for item in batches:
+        images, batch_labels = _split(item)
+        start = time.perf_counter()
+        for key, value in net(images.to(device)).items():
+            parts.setdefault(key, []).append(value)
+        _sync(device)
+        seconds += time.perf_counter() - start
+        labels.append(batch_labels)
+    if not parts:
+        return {}, seconds
+    features = {key: torch.cat(values) for key, values in parts.items()}
+    if labels and all(batch_labels is not None for batch_labels in labels):
+        features["labels"] = torch.cat(labels).to(device=device, dtype=torch.int64)
+    return features, seconds
+
+
+class Evaluator:
+    """Scores image sets against one reference with one feature network (the reference's).
+
+    ``metrics`` picks among fid, sfid, is, pr, accuracy; by default every one the network and the reference
+    support. The reference's precision/recall radii are computed once, on first use, and kept.
+    """
+
+    def __init__(
+        self,
+        feature_net: FeatureNet,
+        reference: ReferenceStats,
+        metrics: Iterable[str] | None = None,
+        batch_size: int = 64,
+        pr_batch_size: int = PR_BATCH_SIZE,
+        runtime: Runtime | None = None,
+    ):
+        if reference.feature_network != feature_net.name:
+            raise UserError(
+                f"the reference statistics were computed with {reference.feature_network}, the samples would be "
+                f"embedded with {feature_net.name}: statistics of two networks cannot be compared. Use the weights "
+                "that made the reference, or write new statistics with python -m dit.eval ref."
+            )
+        self.net, self.reference, self.runtime = feature_net, reference, runtime
+        self.batch_size, self.pr_batch_size = batch_size, pr_batch_size
+        self.metrics = self._resolve(metrics)
+        self.flops_per_image = feature_net.flops_per_image()
+        self._ref_pr: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _resolve(self, metrics: Iterable[str] | None) -> tuple[str, ...]:
+        ref, net = self.reference, self.net
+        available = {
+            "fid": True,
+            "sfid": net.spatial_dim is not None and ref.mu_s is not None,
+            "is": True,
+            "pr": ref.features is not None or ref.images is not None,
+            "accuracy": net.labels_are_classes,
+        }
+        if metrics is None:
+            return tuple(m for m in METRICS if available[m])
+        metrics = tuple(metrics)
+        unknown = [m for m in metrics if m not in available]
+        if unknown:
+            raise UserError(f"unknown metric(s) {', '.join(unknown)}: choose among {', '.join(METRICS)}.")
+        missing = [m for m in metrics if not available[m]]
+        if missing:
+            why = {
+                "sfid": "needs a network with spatial features (Inception) and a reference with mu_s/sigma_s",
+                "pr": "needs a reference with pool features (written without --no-features) or images",
+                "accuracy": f"needs a classifier whose classes are the sampled labels ({net.name} is not one)",
+            }
+            raise UserError("; ".join(f"{m} {why[m]}" for m in missing) + ".")
+        return metrics
+
+    def check_count(self, num_images: int) -> None:
+        """Refuse, before any work, a set (or reference) too small for the covariances of the chosen metrics."""
+        for metric, dim in (("fid", self.net.pool_dim), ("sfid", self.net.spatial_dim)):
+            if metric in self.metrics:
+                check_enough_images(num_images, dim, f"the sample set ({metric})")
+                if self.reference.num_images is not None:
+                    check_enough_images(self.reference.num_images, dim, f"the reference ({metric})")
+
+    def _reference_for_pr(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """(features, radii) of the reference, computed on first call; with the images embedded and the
+        FLOPs spent by this call (0 once cached)."""
+        if self._ref_pr is not None:
+            return (*self._ref_pr, 0, 0)
+        device = next(self.net.parameters()).device
+        embedded = 0
+        if self.reference.features is not None:
+            features = torch.from_numpy(self.reference.features).to(device=device, dtype=torch.float32)
+        else:  # ADM's reference batch: its arr_0 images are the reference set
+            local, _ = extract_features(
+                self.net, shard_batches(self.reference.images, self.batch_size, self.runtime)
+            )
+            features = gather_features(local, self.runtime)["pool"]
+            embedded = len(features)
+        radii = knn_radii(features, PR_NEIGHBOURS, self.pr_batch_size)
+        self._ref_pr = features, radii
+        return features, radii, embedded, pairwise_flops(len(features), len(features), features.shape[1])
+
+    def evaluate(self, batches: Iterable) -> dict:
+        """Scores of the images in ``batches`` (this process's share under torch.distributed).
+
+        ``seconds`` is this process's evaluation time: embedding, gathering and the metrics, not the time the
+        iterable spends producing batches (sampling them, reading files)."""
+        local, feature_seconds = extract_features(self.net, batches)
+        start = time.perf_counter()
+        feats = gather_features(local, self.runtime)
+        if not feats:
+            raise UserError("no images to evaluate: the batches were empty.")
+        n = len(feats["pool"])
+        out = {key: None for key in ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy")}
+        eps_used, flops = [], {"network": self.flops_per_image * n, "precision_recall": 0}
+
+        self.check_count(n)
+        for key, metric, mu, sigma in (
+            ("pool", "fid", self.reference.mu, self.reference.sigma),
+            ("spatial", "sfid", self.reference.mu_s, self.reference.sigma_s),
+        ):
+            if metric in self.metrics:
+                result = frechet_distance(*mean_cov(feats[key].double().cpu().numpy()), mu, sigma)
+                out[metric] = result.value
+                if result.eps_used:
+                    eps_used.append(metric)
+        if "is" in self.metrics:
+            out["inception_score"] = inception_score(feats["logits"])
+        if "pr" in self.metrics:
+            ref, ref_radii, embedded, ref_flops = self._reference_for_pr()
+            samples = feats["pool"].float()
+            radii = knn_radii(samples, PR_NEIGHBOURS, self.pr_batch_size)
+            out["precision"], out["recall"] = precision_recall(ref, ref_radii, samples, radii, self.pr_batch_size)
+            flops["network"] += self.flops_per_image * embedded
+            flops["precision_recall"] = (
+                ref_flops + pairwise_flops(n, n, samples.shape[1]) + pairwise_flops(len(ref), n, samples.shape[1])
+            )
+        if "accuracy" in self.metrics and "labels" in feats:
+            out["class_accuracy"] = class_accuracy(feats["logits"], feats["labels"])
+        return {
+            **out,
+            "num_images": n,
+            "processes": self.runtime.world if self.runtime is not None else 1,
+            "feature_network": self.net.name,
+            "flops": sum(flops.values()),
+            "flops_breakdown": flops,
+            "seconds": feature_seconds + time.perf_counter() - start,  # producing the batches not included
+            "sqrtm_eps_used": eps_used,
+        }

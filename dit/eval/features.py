@@ -1,0 +1,265 @@
+"""Feature networks: what turns images into the vectors the metrics compare.
+
+Every network takes uint8 NCHW images (the pixels the ADM evaluator reads from ``arr_0``), returns a dict of
+per-image features (``pool`` for FID and precision/recall, ``logits`` for IS and accuracy, ``spatial`` for
+sFID where it has them), carries a ``name`` that identifies architecture *and* weights (reference statistics
+record it, so two networks' statistics are never compared), and knows its FLOPs per image, counted once with
+FlopCounterMode on the meta device.
+
+Two networks: torch-fidelity's TF-compatible Inception-v3 (the ADM evaluator's network, docs/evaluation.md
+says why this library) and a small MNIST digit classifier whose committed weights make an offline, CPU-cheap
+quality metric for the quick start's digits.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from dit.data.images import to_uint8
+from dit.data.store import sha256_file
+from dit.errors import UserError
+
+INCEPTION_NAME = "inception-v3-tf-2015-12-05"  # the network behind ADM's reference statistics
+# torch hub's integrity convention: the file name ends in the first 8 hex digits of the file's sha256
+# (torch-fidelity's weights-inception-2015-12-05-6726825d.pth and pytorch-fid's pt_inception-...-6726825d.pth).
+INCEPTION_SHA256_PREFIX = "6726825d"
+SFID_CHANNELS = 7  # sFID: the first 7 channels of Mixed_6d.branch1x1 (TF mixed_6/conv) in NHWC order, 17·17·7
+DIGIT_WEIGHTS = Path(__file__).parent / "weights" / "mnist_classifier.safetensors"
+DIGITS_HELD_OUT_PER_CLASS = 100
+
+
+def _check_nchw(images: torch.Tensor, size: int | None, net: str) -> None:
+    if images.ndim != 4 or images.shape[1] not in (1, 3):
+        raise UserError(f"{net} takes NCHW images with 1 or 3 channels, got shape {tuple(images.shape)}.")
+    if size is not None and tuple(images.shape[2:]) != (size, size):
+        raise UserError(f"{net} takes {size}x{size} images, got {images.shape[2]}x{images.shape[3]}.")
+
+
+class FeatureNet(nn.Module):
+    """The interface the evaluator relies on; subclasses set the attributes and implement ``features``."""
+
+    name: str
+    pool_dim: int  # FID and precision/recall features
+    num_classes: int  # logits (IS)
+    spatial_dim: int | None = None  # sFID features, if any
+    labels_are_classes: bool = False  # True if logit i is the class a generator's label i asks for (accuracy)
+    input_size: int  # the image side the FLOPs are counted at
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: v.float() for k, v in self.features(to_uint8(images)).items()}
+
+    def flops_per_image(self) -> int:
+        """Forward FLOPs of one image at ``input_size``, counted on a meta-device copy (no compute, no memory)."""
+        meta = copy.deepcopy(self).to("meta")
+        example = torch.zeros(1, 3, self.input_size, self.input_size, dtype=torch.uint8, device="meta")
+        with FlopCounterMode(display=False) as counter:
+            meta.features(example)
+        return int(counter.get_total_flops())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Inception-v3 (torch-fidelity)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _torch_fidelity_inception(state_dict: dict | None) -> nn.Module:
+    """torch-fidelity's TF-compatible Inception-v3 with our weights (``None``: its random initialisation).
+
+    Its constructor always fetches weights itself and unpickles them with ``weights_only=False``; we hand it
+    nothing instead and load the state dict that we read safely, so no file is ever unpickled.
+    """
+    try:
+        import torch_fidelity.feature_extractor_inceptionv3 as tfi
+    except ImportError:
+        raise UserError(
+            "the Inception network comes from torch-fidelity, which is not installed: pip install -e '.[eval]'."
+        ) from None
+
+    class Inception(tfi.FeatureExtractorInceptionV3):
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            return None if state_dict is None else super().load_state_dict(state_dict, *args, **kwargs)
+
+    fetch, tfi.load_state_dict_from_url = tfi.load_state_dict_from_url, lambda *args, **kwargs: None
+    try:
+        net = Inception("inception-v3-compat", ["2048", "logits_unbiased"])
+    finally:
+        tfi.load_state_dict_from_url = fetch
+    if state_dict is not None:
+        try:
+            net.load_state_dict(state_dict)
+        except RuntimeError as e:
+            raise UserError(
+                f"the Inception weights do not fit torch-fidelity's Inception-v3 ({str(e).splitlines()[0]}). Pass "
+                "--inception-weights weights-inception-2015-12-05-6726825d.pth (torch-fidelity's or pytorch-fid's)."
+            ) from None
+    return net
+
+
+class InceptionFeatures(FeatureNet):
+    """ADM's three read-outs of Inception-v3 on the TF1-resized 299 px image: pool3 (2048), unbiased logits
+    (1008, pool3 · Wᵀ without the bias, for IS) and the sFID slice of Mixed_6d.branch1x1 (2023)."""
+
+    pool_dim, num_classes, spatial_dim, input_size = 2048, 1008, 17 * 17 * SFID_CHANNELS, 299
+
+    def __init__(self, state_dict: dict | None, name: str):
+        super().__init__()
+        self.name = name
+        self.net = _torch_fidelity_inception(state_dict)
+        self._spatial: torch.Tensor | None = None
+        self.net.Mixed_6d.branch1x1.register_forward_hook(self._keep_spatial)
+
+    def _keep_spatial(self, module, inputs, output):
+        # NHWC order, then the first 7 channels: slicing NCHW instead was the bug that gave sFID 299 in a port.
+        self._spatial = output.permute(0, 2, 3, 1)[..., :SFID_CHANNELS].flatten(1)
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        _check_nchw(images_uint8, None, "Inception-v3")
+        if images_uint8.shape[1] == 1:
+            images_uint8 = images_uint8.expand(-1, 3, -1, -1)
+        pool, logits = self.net(images_uint8)
+        spatial, self._spatial = self._spatial, None
+        return {"pool": pool, "logits": logits, "spatial": spatial}
+
+
+def _read_state_dict(path: str, flag: str) -> dict:
+    """A state dict from .safetensors or a torch file, never unpickling anything but tensors."""
+    try:
+        if path.endswith(".safetensors"):
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(
+            f"cannot read {flag} {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}."
+        ) from e
+
+
+def _download_inception() -> str:
+    """torch-fidelity's weights into torch hub's cache (where its own loader keeps them), checked by hash."""
+    from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
+
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(URL_INCEPTION_V3))
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(
+                URL_INCEPTION_V3, path, hash_prefix=INCEPTION_SHA256_PREFIX, progress=False
+            )
+        except Exception as e:
+            raise UserError(
+                f"cannot download the Inception weights ({type(e).__name__}); offline, pass --inception-weights "
+                f"FILE with {os.path.basename(URL_INCEPTION_V3)}."
+            ) from None
+    return path
+
+
+def load_inception(weights: str | None = None, device: str | torch.device = "cpu") -> InceptionFeatures:
+    """Inception-v3 with the TF 2015-12-05 weights (downloaded if ``weights`` is None) or the given file.
+
+    Its name is ADM's network only if the file's sha256 starts with the published prefix; any other file is
+    named by its own hash, so statistics made with it never meet ADM's.
+    """
+    if weights is not None and not os.path.isfile(weights):
+        raise UserError(f"--inception-weights {weights}: no such file.")
+    path = weights if weights is not None else _download_inception()
+    sha = sha256_file(path)
+    name = INCEPTION_NAME if sha.startswith(INCEPTION_SHA256_PREFIX) else f"inception-v3-compat-sha256:{sha[:16]}"
+    net = InceptionFeatures(_read_state_dict(path, "--inception-weights"), name)
+    return net.to(device).eval().requires_grad_(False)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# MNIST digit classifier
+# ------------------------------------------------------------------------------------------------------------
+
+
+class DigitClassifier(nn.Module):
+    """A 28x28 digit CNN: two conv-pool stages, a 64-d feature layer (the FID features, taken before the
+    ReLU so no unit is stuck at 0 and 1,000 images give a full-rank covariance), a 10-way head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc = nn.Linear(64 * 7 * 7, 64)
+        self.head = nn.Linear(64, 10)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """64-d features of images in [-1, 1], shape (N, 1, 28, 28)."""
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.embed(x)))
+
+
+def digit_split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) indices into MNIST-5k: per class, the last 100 digits are held out, the rest (400)
+    train the classifier and make the reference. The file is sorted by class, so the last 1,000 of the whole
+    file would be only 8s and 9s."""
+    held_out = np.concatenate(
+        [np.flatnonzero(labels == c)[-DIGITS_HELD_OUT_PER_CLASS:] for c in np.unique(labels)]
+    )
+    train = np.setdiff1d(np.arange(len(labels)), held_out)
+    return train, np.sort(held_out)
+
+
+def digits_to_input(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 NCHW (1 or 3 equal channels, as the sampler writes digits) to the classifier's grey [-1, 1]."""
+    return images_uint8.float().mean(dim=1, keepdim=True).div(127.5).sub(1.0)
+
+
+class DigitFeatures(FeatureNet):
+    """The digit classifier as a feature network: 64-d features for FID and P/R, its softmax for IS and
+    class accuracy (its classes are the digits a class-conditional model is asked for)."""
+
+    pool_dim, num_classes, labels_are_classes, input_size = 64, 10, True, 28
+
+    def __init__(self, classifier: DigitClassifier, name: str):
+        super().__init__()
+        self.name, self.classifier = name, classifier
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        _check_nchw(images_uint8, 28, "the digit classifier")
+        pool = self.classifier.embed(digits_to_input(images_uint8))
+        return {"pool": pool, "logits": self.classifier.head(F.relu(pool))}
+
+
+def load_digit_classifier(
+    path: str | os.PathLike = DIGIT_WEIGHTS, device: str | torch.device = "cpu"
+) -> DigitFeatures:
+    """The committed classifier (scripts/train_digit_classifier.py made it), named by its file's sha256."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise UserError(
+            f"digit classifier weights {path} are missing: run `python scripts/train_digit_classifier.py`."
+        )
+    classifier = DigitClassifier()
+    classifier.load_state_dict(_read_state_dict(path, "digit classifier weights"))
+    net = DigitFeatures(classifier, f"mnist-cnn-sha256:{sha256_file(path)[:16]}")
+    return net.to(device).eval().requires_grad_(False)
+
+
+FEATURE_NETS = ("inception", "mnist")
+
+
+def load_feature_net(
+    kind: str, inception_weights: str | None = None, device: str | torch.device = "cpu"
+) -> FeatureNet:
+    if kind == "inception":
+        return load_inception(inception_weights, device)
+    if kind == "mnist":
+        return load_digit_classifier(device=device)
+    raise UserError(f"unknown feature network {kind!r}: choose one of {', '.join(FEATURE_NETS)}.")

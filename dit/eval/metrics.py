@@ -1,0 +1,153 @@
+"""The metrics themselves, as pure math on feature arrays, defined as the ADM evaluator defines them.
+
+Fréchet distance with ADM's epsilon retry and complex check; Inception Score over fixed-size splits of 5,000
+in set order; Kynkäänniemi et al.'s k-NN precision and recall on squared distances; class accuracy.
+docs/evaluation.md gives the formulas and where each choice comes from.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from dit.errors import UserError
+
+SQRTM_EPS = 1e-6  # ADM's offset on both covariances' diagonals when sqrtm(Σ1 Σ2) is not finite
+IMAG_TOLERANCE = 1e-3  # ADM: a complex sqrtm is accepted only if its diagonal is real within this
+IS_SPLIT_SIZE = 5000  # ADM: consecutive splits of 5,000 images (10 splits for 50,000)
+PR_NEIGHBOURS = 3  # ADM and Kynkäänniemi et al.: the ball of a point reaches its 3rd nearest neighbour
+PR_BATCH_SIZE = 10_000  # ADM's row and column blocks
+
+
+def mean_cov(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) in float64; sigma is the unbiased sample covariance (N - 1), as np.cov gives ADM."""
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or len(x) < 2:
+        raise UserError(f"a covariance needs a 2-D array of at least 2 feature vectors, got shape {x.shape}.")
+    return x.mean(axis=0), np.cov(x, rowvar=False)
+
+
+def min_images_for_covariance(dim: int) -> int:
+    """A d-dimensional sample covariance is full rank only from d + 1 images on."""
+    return dim + 1
+
+
+def check_enough_images(num_images: int, dim: int, what: str) -> None:
+    """Refuse a Fréchet distance whose covariance would be rank-deficient (it is then biased and unstable)."""
+    need = min_images_for_covariance(dim)
+    if num_images < need:
+        raise UserError(
+            f"{what} has {num_images} images, too few for a full-rank covariance of {dim}-d features: "
+            f"it needs at least {need}. Evaluate more images (or leave this metric out with --metrics)."
+        )
+
+
+@dataclass(frozen=True)
+class Frechet:
+    value: float
+    eps_used: bool  # True when sqrtm(Σ1 Σ2) was not finite and ADM's retry with ε·I on both Σ was needed
+
+
+def frechet_distance(
+    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = SQRTM_EPS
+) -> Frechet:
+    """‖μ1 − μ2‖² + Tr Σ1 + Tr Σ2 − 2 Tr √(Σ1 Σ2), with √ from scipy's sqrtm as in the ADM evaluator.
+
+    A non-finite square root is retried with ``eps`` on both diagonals; a complex one is accepted (real part)
+    only if its diagonal's imaginary part is below 1e-3, otherwise it is an error, as in ADM.
+    """
+    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
+    sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
+    d = len(mu1)
+    if mu2.shape != (d,) or sigma1.shape != (d, d) or sigma2.shape != (d, d):
+        raise UserError(
+            f"statistics of different shapes cannot be compared: mu {mu1.shape} and {mu2.shape}, sigma "
+            f"{sigma1.shape} and {sigma2.shape}. Compute both with the same feature network."
+        )
+    with warnings.catch_warnings():  # scipy warns on singular products; the finiteness check below decides
+        warnings.simplefilter("ignore")
+        covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
+        eps_used = not np.isfinite(covmean).all()
+        if eps_used:
+            offset = np.eye(d) * eps
+            covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
+    if not np.isfinite(covmean).all():
+        raise UserError(
+            f"the matrix square root is not finite even with {eps:g} added to both covariances: the statistics "
+            "hold NaN or inf values (check the images and the reference file)."
+        )
+    if np.iscomplexobj(covmean):
+        imag = np.abs(np.diagonal(covmean).imag).max()
+        if imag > IMAG_TOLERANCE:
+            raise UserError(
+                f"the matrix square root has an imaginary diagonal part of {imag:.3g} (> {IMAG_TOLERANCE:g}): the "
+                "covariances are numerically degenerate; evaluate more images."
+            )
+        covmean = covmean.real
+    diff = mu1 - mu2
+    value = diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean)
+    return Frechet(float(value), eps_used)
+
+
+def inception_score(logits: torch.Tensor, split_size: int = IS_SPLIT_SIZE) -> float:
+    """Mean over consecutive splits of exp(E_x KL(p(y|x) ‖ p(y))), in set order and without shuffling, as ADM."""
+    log_p = torch.as_tensor(logits).double().log_softmax(dim=1)
+    scores = []
+    for part in log_p.split(split_size):
+        p = part.exp()
+        log_marginal = p.mean(dim=0).log()
+        # p log(p / p(y)) with its limit 0 where p underflows to 0 (where p(y) may be 0 too)
+        kl = torch.where(p > 0, p * (part - log_marginal), 0.0).sum(dim=1).mean()
+        scores.append(kl.exp().item())
+    return float(np.mean(scores))
+
+
+def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """‖a_i‖² − 2 a_i·b_j + ‖b_j‖², clamped at 0: one matmul per block, as ADM computes them."""
+    return (a.square().sum(1, keepdim=True) - 2.0 * a @ b.T + b.square().sum(1)).clamp_(min=0)
+
+
+def knn_radii(features: torch.Tensor, k: int = PR_NEIGHBOURS, batch_size: int = PR_BATCH_SIZE) -> torch.Tensor:
+    """Squared distance from every point to its k-th nearest neighbour within its own set (itself excluded)."""
+    if len(features) <= k:
+        raise UserError(f"precision and recall need more than k={k} images per set, got {len(features)}.")
+    radii = []
+    for rows in features.split(batch_size):
+        d = torch.cat([_squared_distances(rows, cols) for cols in features.split(batch_size)], dim=1)
+        radii.append(d.kthvalue(k + 1, dim=1).values)  # the point itself is the 1st, at distance 0
+    return torch.cat(radii)
+
+
+def precision_recall(
+    ref: torch.Tensor,
+    ref_radii: torch.Tensor,
+    samples: torch.Tensor,
+    sample_radii: torch.Tensor,
+    batch_size: int = PR_BATCH_SIZE,
+) -> tuple[float, float]:
+    """Precision: share of samples inside at least one reference ball; recall: share of reference points inside
+    at least one sample ball. Balls are the k-NN radii; distances are squared (same ranking as Euclidean)."""
+    sample_in = torch.zeros(len(samples), dtype=torch.bool, device=samples.device)
+    ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)
+    for i in range(0, len(ref), batch_size):
+        for j in range(0, len(samples), batch_size):
+            d = _squared_distances(ref[i : i + batch_size], samples[j : j + batch_size])
+            sample_in[j : j + batch_size] |= (d <= ref_radii[i : i + batch_size, None]).any(dim=0)
+            ref_in[i : i + batch_size] |= (d <= sample_radii[None, j : j + batch_size]).any(dim=1)
+    return sample_in.float().mean().item(), ref_in.float().mean().item()
+
+
+def pairwise_flops(n: int, m: int, dim: int) -> int:
+    """FLOPs of one n x m squared-distance block: the matmul (2·n·m·d) and the two norms (2·(n+m)·d)."""
+    return 2 * n * m * dim + 2 * (n + m) * dim
+
+
+def class_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Share of images whose arg-max class is the label they were sampled for."""
+    if len(logits) != len(labels):
+        raise UserError(f"{len(logits)} images but {len(labels)} labels: give one class label per image.")
+    return (torch.as_tensor(logits).argmax(dim=1).cpu() == torch.as_tensor(labels).cpu()).float().mean().item()

@@ -1,0 +1,125 @@
+"""Reference statistics: the ADM evaluator's reference batches, and our own files.
+
+Ours are ``.npz`` files (no pickle) holding ``mu`` and ``sigma`` (and ``mu_s``/``sigma_s`` for sFID, and the
+pool features for precision/recall unless left out), plus a ``meta`` JSON string with the feature network's
+name, the number of images, the source and a sha256 over every array, checked on reading. The names of the
+arrays are ADM's, so the files read like its reference batches.
+
+ADM's batches (e.g. ``VIRTUAL_imagenet256_labeled.npz``) hold ``mu``/``sigma``/``mu_s``/``sigma_s`` computed
+over the whole data set and ``arr_0``, 10,000 images whose pool features are the reference set of
+precision/recall; they were made with TF Inception-v3, so they count as that network's statistics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dit.atomic import atomic_write
+from dit.errors import UserError
+from dit.eval.features import INCEPTION_NAME
+from dit.eval.metrics import mean_cov
+from dit.eval.sources import NpzImages
+
+FORMAT = "dit-ledger-eval-stats/1"
+_ARRAYS = ("mu", "sigma", "mu_s", "sigma_s", "features")
+
+
+@dataclass
+class ReferenceStats:
+    feature_network: str
+    mu: np.ndarray
+    sigma: np.ndarray
+    num_images: int | None  # None: ADM's statistics cover a whole data set of unstated size
+    features: np.ndarray | None = None  # pool features of the reference images (precision/recall)
+    mu_s: np.ndarray | None = None  # sFID statistics
+    sigma_s: np.ndarray | None = None
+    source: str = ""
+    images: NpzImages | None = field(default=None, repr=False)  # ADM's arr_0, embedded when P/R needs it
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
+
+
+def stats_from_features(
+    features: dict[str, torch.Tensor], feature_network: str, source: str, keep_features: bool = True
+) -> ReferenceStats:
+    """Statistics of a set's features (``pool``, and ``spatial`` where the network has it)."""
+    pool = features["pool"].double().cpu().numpy()
+    mu, sigma = mean_cov(pool)
+    stats = ReferenceStats(feature_network, mu, sigma, len(pool), source=source)
+    if keep_features:
+        stats.features = pool.astype(np.float32)
+    if features.get("spatial") is not None:
+        stats.mu_s, stats.sigma_s = mean_cov(features["spatial"].double().cpu().numpy())
+    return stats
+
+
+def checksum(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over every array's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def save_stats(path: str, stats: ReferenceStats) -> None:
+    """Write ``stats`` atomically as an uncompressed .npz (with the meta record and the checksum)."""
+    arrays = stats.arrays()
+    meta = {
+        "format": FORMAT,
+        "feature_network": stats.feature_network,
+        "num_images": stats.num_images,
+        "source": stats.source,
+        "sha256": checksum(arrays),
+    }
+
+    atomic_write(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **arrays))
+
+
+def load_reference(path: str) -> ReferenceStats:
+    """Our statistics (checksum verified) or an ADM reference batch; anything else is refused with the fix."""
+    try:
+        f = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"reference {path}: no such file.") from None
+    except (ValueError, OSError) as e:
+        raise UserError(f"reference {path} is not a readable .npz file: {e}.") from None
+    with f:
+        keys = set(f.files)
+        if "meta" in keys:
+            return _ours(path, f)
+        if {"mu", "sigma"} <= keys:
+            return ReferenceStats(
+                INCEPTION_NAME,
+                f["mu"],
+                f["sigma"],
+                None,
+                mu_s=f["mu_s"] if "mu_s" in keys else None,
+                sigma_s=f["sigma_s"] if "sigma_s" in keys else None,
+                source=f"ADM reference batch {path}",
+                images=NpzImages(path) if "arr_0" in keys else None,
+            )
+    raise UserError(
+        f"{path} holds neither statistics (mu, sigma) nor our meta record (it has {sorted(keys)}). For a set of "
+        f"images, write statistics first: python -m dit.eval ref --npz {path} --feature-net NET --out REF.npz."
+    )
+
+
+def _ours(path: str, f) -> ReferenceStats:
+    meta = json.loads(str(f["meta"]))
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{path} is statistics format {meta.get('format')!r}; this version reads {FORMAT!r}.")
+    arrays = {k: f[k] for k in _ARRAYS if k in f.files}
+    if checksum(arrays) != meta["sha256"]:
+        raise UserError(
+            f"{path} fails its checksum: the file was changed or damaged after it was written. Write it again "
+            "with python -m dit.eval ref."
+        )
+    return ReferenceStats(meta["feature_network"], num_images=meta["num_images"], source=meta["source"], **arrays)

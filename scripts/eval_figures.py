@@ -1,0 +1,132 @@
+"""The figures of docs/evaluation.md: the digit metric's targets and what an evaluation costs.
+
+    python scripts/eval_figures.py --out docs/results/eval_figures.json
+
+Writes the digit sets it scores (.npz, as ``python -m dit.eval`` reads them) and the training digits'
+statistics into ``--sets`` (default out/eval_digits), so each row can be rerun with the command the JSON
+records. Then: held-out digits, 1,000 training digits and Gaussian noise against the training statistics;
+seconds per 1,000 digits on this machine (median of 3); Inception-v3's FLOPs per image at 299 px from the
+counter, and its seconds per image here with random weights (the cost does not depend on the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dit.atomic import atomic_write
+from dit.cli import run_cli
+from dit.data.digits import load_mnist_5k
+from dit.eval.evaluator import Evaluator, shard_batches
+from dit.eval.features import InceptionFeatures, digit_split, load_digit_classifier
+from dit.eval.metrics import PR_BATCH_SIZE, pairwise_flops
+from dit.eval.reference import load_reference, save_stats, stats_from_features
+from dit.eval.sources import NpzImages
+
+MNIST_BATCH = 500
+
+
+def write_sets(folder: Path) -> dict[str, Path]:
+    """The MNIST-5k split as .npz sample sets (held-out digits with their labels as arr_1) and 1,000 images
+    of Gaussian noise N(127.5, 127.5²) clipped to [0, 255]."""
+    images, labels = load_mnist_5k()
+    train, held_out = digit_split(labels)
+    first, rest = train[np.arange(len(train)) % 4 == 0], train[np.arange(len(train)) % 4 != 0]
+    noise = np.random.default_rng(0).normal(127.5, 127.5, (1000, 28, 28, 1)).clip(0, 255).astype(np.uint8)
+    sets = {
+        "train": (images[train][..., None], None),
+        "train_rest": (images[rest][..., None], None),
+        "train_quarter": (images[first][..., None], labels[first]),
+        "held_out": (images[held_out][..., None], labels[held_out]),
+        "noise": (noise, None),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, (arr_0, arr_1) in sets.items():
+        paths[name] = folder / f"{name}.npz"
+        np.savez(paths[name], *([arr_0] if arr_1 is None else [arr_0, arr_1]))
+    return paths
+
+
+def reference(net, sets: Path, name: str) -> Path:
+    images = NpzImages(str(sets / f"{name}.npz"))
+    with torch.no_grad():
+        features = {"pool": torch.cat([net(x)["pool"] for x, _ in shard_batches(images, MNIST_BATCH)])}
+    path = sets / f"{name}_ref.npz"
+    save_stats(str(path), stats_from_features(features, net.name, images.describe()))
+    return path
+
+
+def score(net, samples: Path, ref: Path) -> dict:
+    evaluator = Evaluator(net, load_reference(str(ref)), batch_size=MNIST_BATCH)
+    result = evaluator.evaluate(shard_batches(NpzImages(str(samples)), MNIST_BATCH))
+    result["command"] = f"python -m dit.eval --samples {samples} --ref {ref} --json"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="docs/results/eval_figures.json")
+    p.add_argument("--sets", default="out/eval_digits")
+    args = p.parse_args(argv)
+    sets = Path(args.sets)
+    paths = write_sets(sets)
+    net = load_digit_classifier()
+    train_ref, rest_ref = reference(net, sets, "train"), reference(net, sets, "train_rest")
+    figures = {
+        "command": "python scripts/eval_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        "reference": f"{train_ref} (4,000 training digits, 400 per class)",
+        "held_out_vs_train": score(net, paths["held_out"], train_ref),
+        "noise_vs_train": score(net, paths["noise"], train_ref),
+        # The floor a finite set sets: 1,000 training digits against the other 3,000 (one distribution).
+        "train_quarter_vs_train_rest": score(net, paths["train_quarter"], rest_ref),
+    }
+    figures["noise_over_held_out_fid"] = figures["noise_vs_train"]["fid"] / figures["held_out_vs_train"]["fid"]
+
+    runs = [score(net, paths["held_out"], train_ref)["seconds"] for _ in range(3)]
+    per_image = net.flops_per_image()
+    figures["digit_cost_per_1000"] = {
+        "network_flops": per_image * 1000,
+        "precision_recall_flops_vs_4000": figures["held_out_vs_train"]["flops_breakdown"]["precision_recall"],
+        "seconds_median_of_3": statistics.median(runs),
+        "seconds_runs": runs,
+        "what": "embed 1,000 digits, FID, IS, precision/recall against 4,000, accuracy (reading excluded)",
+    }
+
+    inception = InceptionFeatures(None, "random weights: the cost does not depend on them").eval()
+    batch = torch.randint(0, 256, (16, 3, 256, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        inception(batch[:2])  # warm-up
+        start = time.perf_counter()
+        inception(batch)
+        seconds = (time.perf_counter() - start) / len(batch)
+    flops = inception.flops_per_image()
+    pr_50k = pairwise_flops(50_000, 50_000, 2048) + pairwise_flops(10_000, 10_000, 2048)
+    figures["inception"] = {
+        "flops_per_image_299px": flops,
+        "flops_per_1000_images": flops * 1000,
+        "precision_recall_flops_1000_vs_10000_ref": pairwise_flops(1000, 1000, 2048)
+        + pairwise_flops(10_000, 1000, 2048),
+        "seconds_per_image_cpu_measured_on_16_images_256px": seconds,
+        "adm_fid_50k_flops": flops * 60_000 + pr_50k + pairwise_flops(10_000, 50_000, 2048),
+        "adm_fid_50k_what": "50,000 samples + ADM's 10,000 reference images through Inception, P/R in blocks "
+        f"of {PR_BATCH_SIZE:,}",
+    }
+    atomic_write(args.out, lambda f: f.write((json.dumps(figures, indent=1) + "\n").encode()))
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
