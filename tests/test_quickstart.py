@@ -3,6 +3,7 @@
 import importlib.metadata
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ def run(tmp_path_factory):
         str(PER_CLASS),
         "--out",
         str(out),
+        "--eval-samples",
+        "70",
     ]
     with pytest.MonkeyPatch.context() as mp:
         printed = []
@@ -52,6 +55,7 @@ def test_exits_cleanly_and_says_where_everything_is(run):
     assert f"tensorboard --logdir {out / 'run' / 'tensorboard'}" in printed
     assert "EMA weights" in printed
     assert "training cost:" in printed and "MFU" in printed
+    assert re.search(r"quality: MNIST FID [\d.]+ and class accuracy [\d.]+% over 70 EMA samples", printed)
 
 
 def test_the_printed_commands_run(run):
@@ -85,6 +89,9 @@ def test_checkpoint_loads_into_the_model_it_describes(run):
 
 def test_metrics_rows_carry_loss_flops_and_mfu(run):
     rows = [json.loads(line) for line in (run[0] / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [STEPS] and 0 <= evals[0]["class_accuracy"] <= 1
+    rows = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
         assert math.isfinite(r["loss"]) and r["loss"] > 0

@@ -20,7 +20,14 @@ from dit.cli import run_cli
 from dit.config import option, parse_config
 from dit.errors import UserError
 from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, shard_batches
-from dit.eval.features import FEATURE_NETS, INCEPTION_NAME, FeatureNet, load_feature_net
+from dit.eval.features import (
+    FEATURE_NETS,
+    INCEPTION_NAME,
+    DigitFeatures,
+    FeatureNet,
+    feature_net_for,
+    load_feature_net,
+)
 from dit.eval.metrics import min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
@@ -74,10 +81,6 @@ class RefConfig:
             raise UserError("--adm statistics are Inception-v3 statistics: leave --feature-net at inception.")
 
 
-def _net_kind(network: str) -> str:
-    return "mnist" if network.startswith("mnist-") else "inception"
-
-
 def _format(result: dict, wall: float) -> str:
     lines = []
     for key, label, fmt in (
@@ -110,14 +113,14 @@ def evaluate_main(argv: list[str]) -> int:
     start = time.perf_counter()
     reference = load_reference(args.ref)
     samples = open_images(args.samples, args.image_size)
-    kind = _net_kind(reference.feature_network)
     with Runtime(args.device) as runtime:
-        net = load_feature_net(kind, args.inception_weights, runtime.device)
+        net = feature_net_for(reference.feature_network, args.inception_weights, runtime.device)
         evaluator = Evaluator(
             net,
             reference,
             metrics=args.metrics.split(",") if args.metrics else None,
-            batch_size=args.batch_size or DEFAULT_BATCH[kind],
+            batch_size=args.batch_size
+            or DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"],
             pr_batch_size=args.pr_batch_size,
             runtime=runtime,
         )

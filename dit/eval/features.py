@@ -263,3 +263,10 @@ def load_feature_net(
     if kind == "mnist":
         return load_digit_classifier(device=device)
     raise UserError(f"unknown feature network {kind!r}: choose one of {', '.join(FEATURE_NETS)}.")
+
+
+def feature_net_for(
+    network: str, inception_weights: str | None = None, device: str | torch.device = "cpu"
+) -> FeatureNet:
+    """The network a reference was made with, by its recorded name (digits, or Inception from its weights)."""
+    return load_feature_net("mnist" if network.startswith("mnist-") else "inception", inception_weights, device)

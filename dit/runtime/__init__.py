@@ -34,6 +34,7 @@ class Stream(enum.IntEnum):
     ITEM = 3  # an item's augmentation (flip, posterior sample)
     NOISE = 4  # a sampled image's noise
     LABEL = 5  # an FID sample set image's class
+    EVAL = 6  # the labels and noise of the in-training evaluations
 
 
 def mix_seed(*parts: int) -> int:

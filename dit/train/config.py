@@ -79,6 +79,17 @@ class TrainConfig:
     price_per_hour: float | None = option(None, "device-hour price for the cost projection")
     progress: bool = option(False, "show a progress bar with ETA on rank 0")
     sample_every: int = option(0, "steps per EMA sample grid in TensorBoard (0: off)")
+    # quality during training (docs/evaluation.md)
+    eval_every: int = option(0, "steps per evaluation of the EMA weights, and one at the end (0: off)")
+    eval_ref: str | None = option(None, "reference statistics (python -m dit.eval ref, or an ADM reference batch)")
+    eval_num_samples: int = option(1000, "images per evaluation (FID needs more than the feature dimension)")
+    eval_guidance_scale: float = option(
+        1.0, "guidance scale of the evaluation samples", aliases=("--eval-cfg-scale",)
+    )
+    eval_sampling_steps: int = option(50, "denoising steps of the evaluation samples")
+    eval_sampler: str = option("ddim", "sampler of the evaluation samples", choices=("ddpm", "ddim"))
+    eval_batch_size: int = option(64, "evaluation images per batch on each process")
+    eval_inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
 
     def __post_init__(self):
         positive = ("global_batch_size", "grad_accum_steps", "max_steps", "log_every", "ckpt_every", "image_size")
@@ -109,6 +120,10 @@ class TrainConfig:
                 f"{self.mfu_warmup_steps}."
             )
         parse_activation_checkpointing(self.activation_checkpointing)
+        if self.eval_every and not self.eval_ref:
+            raise UserError("--eval-every needs --eval-ref: reference statistics (python -m dit.eval ref --help).")
+        if self.eval_every and min(self.eval_num_samples, self.eval_sampling_steps, self.eval_batch_size) < 1:
+            raise UserError("--eval-num-samples, --eval-sampling-steps and --eval-batch-size must be >= 1.")
 
     @property
     def pixel_space(self) -> bool:

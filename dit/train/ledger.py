@@ -75,7 +75,10 @@ class Ledger:
         data: TrainData,
         runtime: Runtime,
         out: Path,
+        local_images_done: int = 0,
     ):
+        """``local_images_done``: this rank's images in the steps before a resume, so that the run's total
+        FLOPs (``total_model_pflops``, the x axis of quality against compute) count them too."""
         self.cfg, self.runtime, self.data = cfg, runtime, data
         self.model_cfg, self.attention = model.config, attention
         self.fused_attention = attention not in ("explicit", "math")  # the T x T matrix is recomputed
@@ -98,6 +101,7 @@ class Ledger:
             world_size=runtime.world,
             vae_flops_per_image=self.vae.encode if on_the_fly else 0.0,
         )
+        self.meter.total_images = local_images_done
         self.projected = False
 
     # ---- the start-up report -------------------------------------------------------------------------
@@ -191,6 +195,7 @@ class Ledger:
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         cuda = self.runtime.device.type == "cuda"
         record = {
+            "kind": "train",
             "step": step,
             "epoch": epoch,
             "loss": counters["loss"],
@@ -208,6 +213,20 @@ class Ledger:
         self.sinks.log(record)
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:
             self._project(step, window)
+        return record
+
+    def log_eval(self, step: int, scores: dict) -> dict:
+        """An evaluation's record: the scores against the training compute so far, and its own cost."""
+        meter = self.meter
+        record = {
+            "kind": "eval",
+            "step": step,
+            "total_model_pflops": meter.total_images * meter.world_size * meter.model_flops_per_image / 1e15,
+            **scores,
+        }
+        keys = ("step", "fid", "sfid", "inception_score", "precision", "recall", "class_accuracy",
+                "total_model_pflops", "eval_seconds")  # fmt: skip
+        self.sinks.log(record, console_keys=keys)
         return record
 
     def _project(self, step: int, window: dict) -> None:

@@ -40,17 +40,19 @@ class MetricSinks:
             print(message, file=sys.stderr, flush=True)
             self.log_file.write(message + "\n")
 
-    def log(self, metrics: dict):
+    def log(self, metrics: dict, console_keys: tuple[str, ...] = CONSOLE_KEYS):
+        """One record to metrics.jsonl, TensorBoard (as ``KIND/key``, KIND the record's ``kind``) and a line."""
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         self.jsonl.write(json.dumps(clean) + "\n")
+        group = metrics.get("kind", "train")
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and v is not None:
-                    self.writer.add_scalar(f"train/{k}", v, metrics["step"])
-        shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in self.CONSOLE_KEYS if metrics.get(k) is not None)
-        self.info(shown)
+                    self.writer.add_scalar(f"{group}/{k}", v, metrics["step"])
+        shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in console_keys if metrics.get(k) is not None)
+        self.info(shown if group == "train" else f"{group}: {shown}")
 
     def text(self, tag: str, text: str, step: int = 0):
         if self.writer is not None:

@@ -73,10 +73,22 @@ class Trainer:
         self.order, self.loader = self.data.loader(cfg, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device)
-        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out)
+        done = self.state.step * self.micro * cfg.grad_accum_steps
+        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out, done)
         self.ledger.report(self.micro, sharded)
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
+        self.evaluation = None
+        if cfg.eval_every:
+            from dit.eval.inloop import InLoopEval
+
+            vae = self.data.vae
+            if vae is None and self.data.vae_spec is not None:  # latents from a store: decode them to score
+                from dit.vae import load_vae
+
+                vae = load_vae(self.data.vae_spec, device)
+            self.evaluation = InLoopEval(cfg, runtime, model_cfg, vae, self.data.vae_spec)
+            self.ledger.sinks.info(self.evaluation.describe())
 
     def _checkpointed_blocks(self, model: DiT) -> int:
         policy = parse_activation_checkpointing(self.cfg.activation_checkpointing)
@@ -204,6 +216,9 @@ class Trainer:
                 if cfg.sample_every and state.step % cfg.sample_every == 0:
                     with ledger.paused():
                         self.sample_grid()
+                if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
+                    with ledger.paused():
+                        ledger.log_eval(state.step, self.evaluation.run(self._whole(state.ema.model)))
                 if stop.should_stop():
                     status = f"stopped by {stop.raised}"
                     break
@@ -256,6 +271,17 @@ class Trainer:
             path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.keep_last)
             self.ledger.sinks.info(f"saved checkpoint {path}")
         self.runtime.barrier()
+
+    def _whole(self, model: DiT) -> DiT:
+        """``model`` itself, or under FSDP an unsharded copy on every rank (gathering it is collective)."""
+        if not self.state.sharded:
+            return model
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        whole = DiT.from_config(model.config).to(self.runtime.device).eval()
+        whole.load_state_dict(weights)
+        return whole
 
     def sample_grid(self) -> None:
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
