@@ -62,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, preset: dict | None = No
             continue
         help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
         if f.metadata.get("positional"):
-            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=help_text)
+            many = typing.get_origin(_unwrap(hints[f.name])) is list
+            kw = {"nargs": "*"} if many else {}
+            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=help_text, **kw)
             continue
         flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
         kw = {"dest": f.name, "help": help_text}

@@ -13,7 +13,7 @@ import sys
 from dit.cli import run_cli
 from dit.config import parse_command
 from dit.cost import analytic, peaks, plan
-from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, SampleArgs, TrainArgs
+from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArgs, SampleArgs, TrainArgs
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, describe
 
@@ -306,12 +306,58 @@ def cmd_plot(a: PlotArgs) -> None:
     if a.chart == "flops":
         print(plots.plot_flops_vs_params(a.out, a.image_size))
         return
+    if a.chart == "quality":
+        if not a.runs:
+            raise UserError(
+                "dit-cost plot quality needs run folders: dit-cost plot quality RUN [RUN ...] --out FILE."
+            )
+        if a.labels and len(a.labels) != len(a.runs):
+            raise UserError(f"--labels gives {len(a.labels)} labels for {len(a.runs)} runs: one per run.")
+        print(plots.plot_quality(a.out, a.runs, a.labels))
+        return
     traced = tuple(int(b) for b in a.traced_batches.split(",")) if a.traced_batches else ()
     print(
         plots.plot_memory_vs_batch(
             a.out, a.config(), a.precision, _device_memory(a.gpu, a.memory_gib), traced_batches=traced
         )
     )
+
+
+def cmd_quality(a: QualityArgs) -> None:
+    from dit.cost.quality import compute_to_target
+
+    r = compute_to_target(a.run, a.target_fid, a.price_per_hour)
+    if a.gpu is not None or a.mfu is not None:
+        if a.gpu is None or a.mfu is None or not 0 < a.mfu <= 1:
+            raise UserError("a time on another device needs --gpu and --mfu in (0, 1].")
+        peak = peaks.table_peak(a.gpu, a.precision)
+        r["planned"] = None
+        if r["reached"]:
+            seconds = r["total_model_flops"] / (a.num_gpus * peak.flops * a.mfu)
+            hours = seconds * a.num_gpus / 3600
+            r["planned"] = {"device": peak.device, "num_devices": a.num_gpus, "mfu": a.mfu, "seconds": seconds,
+                            "device_hours": hours, "cost": hours * a.price_per_hour if a.price_per_hour else None}  # fmt: skip
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return
+    points = ", ".join(f"{e['fid']:.4g} at {e['total_model_pflops'] * 1e15:.3e}" for e in r["evaluations"])
+    pairs = [("run", r["run"]), ("evaluations (FID at FLOPs)", points)]
+    if not r["reached"]:
+        pairs.append(("target", f"FID {a.target_fid:g} not reached (best {r['best_fid']:.4g})"))
+    else:
+        cost = f", {r['cost']:,.2f} at {r['price_per_device_hour']}/device-hour" if r["cost"] is not None else ""
+        pairs += [
+            ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"),
+            ("training compute", f"{r['total_model_flops']:.4e} FLOP = {r['total_model_flops'] / 2:.4e} MAC"),
+            ("measured", f"{r['training_seconds'] / 3600:.4g} h on {r['devices']} device(s) = "
+                         f"{r['device_hours']:.4g} device-hours{cost}"),
+        ]  # fmt: skip
+        if r.get("planned"):
+            p = r["planned"]
+            planned_cost = f", {p['cost']:,.2f}" if p["cost"] is not None else ""
+            pairs.append(("planned", f"{p['seconds'] / 3600:.4g} h on {p['num_devices']} x {p['device']} at MFU "
+                                     f"{p['mfu']:g} = {p['device_hours']:.4g} device-hours{planned_cost}"))  # fmt: skip
+    _print_pairs(pairs)
 
 
 COMMANDS = {
@@ -321,6 +367,7 @@ COMMANDS = {
     "memory": (MemoryArgs, cmd_memory),
     "peaks": (PeaksArgs, cmd_peaks),
     "plot": (PlotArgs, cmd_plot),
+    "quality": (QualityArgs, cmd_quality),
 }
 
 

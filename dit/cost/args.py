@@ -153,9 +153,25 @@ class PeaksArgs:
 class PlotArgs(ModelArgs):
     """PNG charts: 'flops' (all configs) or 'memory' (one config vs batch)"""
 
-    chart: str = option(help="flops or memory", choices=("flops", "memory"), positional=True)
+    chart: str = option(help="flops, memory or quality", choices=("flops", "memory", "quality"), positional=True)
+    runs: list[str] = option([], "quality: run folders (their --results-dir), one line each", positional=True)
     out: str = option(help="PNG path")
+    labels: list[str] | None = option(None, "quality: a legend label per run (default: the folders)")
     precision: str = option("bf16", "training precision (memory chart)", choices=memory.MEMORY_PRECISIONS)
     gpu: str | None = option(None, "device, for its memory line")
     memory_gib: float | None = option(None, "device memory, if --gpu does not say")
     traced_batches: str | None = option(None, "comma-separated batches to trace as points, e.g. 8,64")
+
+
+@dataclass(kw_only=True)
+class QualityArgs:
+    """the training compute, time and cost at which a run reached a target FID"""
+
+    run: str = option(help="the run's folder (its --results-dir)", positional=True)
+    target_fid: float = option(help="the FID to reach")
+    price_per_hour: float | None = option(None, "price of one device-hour, for the cost")
+    gpu: str | None = option(None, "also: the time on this device (with --mfu and --num-gpus)")
+    num_gpus: int = option(1, "devices, with --gpu")
+    precision: str = option("bf16", "the precision the peak is read for, with --gpu", choices=peaks.PRECISIONS)
+    mfu: float | None = option(None, "MFU on --gpu, in (0, 1]")
+    json: bool = option(False, "print JSON")

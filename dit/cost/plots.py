@@ -87,3 +87,51 @@ def plot_memory_vs_batch(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None) -> str:
+    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
+    the DiT paper's FID-vs-Gflops figure for your own runs."""
+    from dit.cost.quality import read_run
+
+    plt = _pyplot()
+    series = [read_run(run)[1] for run in runs]
+    has_pr = any(e.get("precision") is not None for evals in series for e in evals)
+    fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(12 if has_pr else 7, 4.5), squeeze=False)
+    for i, (run, evals) in enumerate(zip(runs, series)):
+        name = labels[i] if labels else run
+        x = [e["total_model_pflops"] * 1e15 for e in evals]
+        (line,) = axes[0][0].plot(x, [e["fid"] for e in evals], marker="o", label=name)
+        if has_pr:
+            ax = axes[0][1]
+            ax.plot(
+                x,
+                [e.get("precision") for e in evals],
+                marker="o",
+                color=line.get_color(),
+                label=f"{name} precision",
+            )
+            ax.plot(
+                x,
+                [e.get("recall") for e in evals],
+                marker="s",
+                ls="--",
+                color=line.get_color(),
+                label=f"{name} recall",
+            )
+    network = series[0][-1].get("feature_network", "")
+    axes[0][0].set(
+        xscale="log", yscale="log", xlabel="training FLOPs (model, cumulative)", ylabel=f"FID ({network})"
+    )
+    axes[0][0].set_title(title or "Quality against training compute")
+    if has_pr:
+        axes[0][1].set(
+            xscale="log", xlabel="training FLOPs (model, cumulative)", ylabel="precision / recall", ylim=(0, 1)
+        )
+    for ax in axes[0]:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

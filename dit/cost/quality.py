@@ -1,0 +1,100 @@
+"""Quality against compute, from a run's ``metrics.jsonl``: the curve, and the compute a target FID took.
+
+Evaluation records (``kind: "eval"``, written by ``train.py --eval-every``) carry the scores and
+``total_model_pflops``, the training compute spent so far; training records carry the seconds of each MFU
+window. The compute to reach a FID is interpolated between the two evaluations that bracket it, linearly
+in log(FLOPs) (the scale on which FID-vs-compute curves are drawn, and close to straight there); its time is
+the run's own training seconds, interpolated the same way, and its cost follows from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from dit.errors import UserError
+
+
+def read_run(run_dir: str) -> tuple[list[dict], list[dict]]:
+    """(training records, evaluation records) of a run folder (or of a metrics.jsonl path)."""
+    path = Path(run_dir)
+    path = path if path.suffix == ".jsonl" else path / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no metrics.jsonl: pass a run's --results-dir.")
+    train, evals = [], []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(
+                f"{path}, line {n}, is not JSON: the file was damaged; repair or remove that line."
+            ) from None
+        (evals if record.get("kind") == "eval" else train).append(record)
+    if not evals:
+        raise UserError(
+            f"{path} holds no evaluations: train with --eval-every N --eval-ref REF to record quality."
+        )
+    return train, evals
+
+
+def training_seconds_at(train: list[dict], step: int) -> float:
+    """Training time up to ``step``: the MFU windows (pauses and warm-up left out), the last one pro rata."""
+    seconds, last = 0.0, 0
+    for r in train:
+        window = r.get("window_s") or 0.0
+        if r["step"] <= step:
+            seconds += window
+        else:
+            seconds += window * (step - last) / max(r["step"] - last, 1)
+            break
+        last = r["step"]
+    return seconds
+
+
+def _world(train: list[dict]) -> int:
+    r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
+    return max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
+
+
+def compute_to_target(run_dir: str, target_fid: float, price_per_hour: float | None = None) -> dict:
+    """The training compute, time and cost at which a run's FID first reached ``target_fid``."""
+    train, evals = read_run(run_dir)
+    points = [(e["step"], e["total_model_pflops"], e["fid"]) for e in evals if e.get("fid") is not None]
+    if not points:
+        raise UserError(f"{run_dir}'s evaluations have no FID (its reference or sample count left it out).")
+    result = {
+        "run": str(run_dir),
+        "target_fid": target_fid,
+        "reached": False,
+        "best_fid": min(f for _, _, f in points),
+        "evaluations": [{"step": s, "total_model_pflops": p, "fid": f} for s, p, f in points],
+    }
+    hit = next((i for i, (_, _, f) in enumerate(points) if f <= target_fid), None)
+    if hit is None:
+        return result
+    step, pflops = points[hit][:2]
+    if hit > 0:  # between the previous evaluation (above the target) and this one, in log FLOPs
+        s0, p0, f0 = points[hit - 1]
+        s1, p1, f1 = points[hit]
+        w = (f0 - target_fid) / (f0 - f1) if f0 != f1 else 1.0
+        pflops = math.exp(math.log(p0) + w * (math.log(p1) - math.log(p0))) if p0 > 0 else p0 + w * (p1 - p0)
+        step = s0 + w * (s1 - s0)
+    world = _world(train)
+    seconds = training_seconds_at(train, math.ceil(step))
+    hours = seconds * world / 3600
+    price = price_per_hour
+    result.update(
+        reached=True,
+        step=step,
+        total_model_pflops=pflops,
+        total_model_flops=pflops * 1e15,
+        training_seconds=seconds,
+        devices=world,
+        device_hours=hours,
+        price_per_device_hour=price,
+        cost=hours * price if price is not None else None,
+    )
+    return result
