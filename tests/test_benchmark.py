@@ -93,3 +93,11 @@ def test_profile_and_attention_modes(tmp_path):
     rows = json.loads(rows_file.read_text())["rows"]
     assert [r["attention"] for r in rows] == ["explicit", "flash"]  # auto resolves to explicit for bf16 on CPU
     assert all(0 < r["p10_s"] <= r["median_s"] <= r["p90_s"] for r in rows)
+
+
+def test_precision_mode_scores_each_run(tmp_path):
+    rows_file = tmp_path / "p.json"
+    bench("precision", "--max-steps", "2", "--seeds", "0", "--eval-samples", "70", "--json", str(rows_file))
+    rows = json.loads(rows_file.read_text())["rows"]
+    assert [(r["precision"], r["seed"]) for r in rows] == [("fp32", 0), ("bf16", 0)]
+    assert all(r["fid"] > 0 and 0 <= r["class_accuracy"] <= 1 and r["steps"] == 2 for r in rows)

@@ -101,7 +101,7 @@ def test_every_cited_result_file_is_committed():
                                "scripts/export_diffusers.py")]
     + [("dit-cost", [c, "--help"]) for c in ("flops", "train", "sample", "memory", "peaks", "plot")]
     + [("scripts/benchmark.py", [m, "--help"]) for m in ("train", "sample", "accounting", "reader", "loss", "profile",
-                                                          "attention", "repeat")],
+                                                          "attention", "repeat", "precision")],
 )  # fmt: skip
 def test_every_face_prints_its_help(name, argv, capsys):
     with pytest.raises(SystemExit) as exit_:

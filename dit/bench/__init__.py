@@ -15,7 +15,14 @@ from pathlib import Path
 
 from dit.bench import config as c
 from dit.bench.kernels import bench_attention, bench_matmul_peaks, bench_reader, bench_sample, synthetic_store
-from dit.bench.steps import bench_accounting, bench_loss_curves, bench_repeat, bench_train, profile_train_step
+from dit.bench.steps import (
+    bench_accounting,
+    bench_loss_curves,
+    bench_precision_quality,
+    bench_repeat,
+    bench_train,
+    profile_train_step,
+)
 
 MODES = {
     "train": (c.TrainBench, "training-step throughput and MFU, precisions paired"),
@@ -26,6 +33,7 @@ MODES = {
     "profile": (c.ProfileBench, "torch.profiler's op table of one training step"),
     "attention": (c.AttentionBench, "one block's attention forward + backward per kernel"),
     "repeat": (c.RepeatBench, "the quick start's training repeated: MFU from run to run"),
+    "precision": (c.PrecisionBench, "bf16 against fp32 in digit FID at equal steps, two seeds each"),
 }
 
 
@@ -146,6 +154,17 @@ def _repeat(a: c.RepeatBench) -> Result:
     r.notes.append(
         f"MFU over {a.runs} runs: {min(mfus):.2%} to {max(mfus):.2%} (max/min {max(mfus) / min(mfus):.3f})"
     )
+    return r
+
+
+def _precision(a: c.PrecisionBench) -> Result:
+    rows = bench_precision_quality(a.max_steps, tuple(a.precision), tuple(a.seeds), a.eval_samples, a.device)
+    r = Result(
+        rows, ["precision", "seed", "steps", "fid", "class_accuracy", "precision_metric", "recall", "final_loss"]
+    )
+    by = {p: [row["fid"] for row in rows if row["precision"] == p] for p in a.precision}
+    for p, fids in by.items():
+        r.notes.append(f"{p}: digit FID {' and '.join(f'{f:.1f}' for f in fids)} over seeds {list(a.seeds)}")
     return r
 
 

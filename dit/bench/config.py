@@ -126,3 +126,15 @@ class RepeatBench:
         choices=("fresh", "cached"),
     )
     json: str | None = option(None, JSON_HELP)
+
+
+@dataclass
+class PrecisionBench:
+    """bf16 against fp32 in sample quality: the quick-start recipe per precision and seed, digit FID at equal steps."""
+
+    max_steps: int = option(1200, "steps per run (the quick start's default)")
+    precision: list[str] = option(["fp32", "bf16"], "precisions", choices=PRECISIONS)
+    seeds: list[int] = option([0, 1], "training seeds per precision")
+    eval_samples: int = option(500, "EMA samples scored per run")
+    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    json: str | None = option(None, JSON_HELP)

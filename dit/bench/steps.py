@@ -297,3 +297,45 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True) -> li
                 }
             )
     return rows
+
+
+def bench_precision_quality(
+    steps: int = 1200,
+    precisions=("fp32", "bf16"),
+    seeds=(0, 1),
+    eval_samples: int = 500,
+    device: str | None = None,
+) -> list[dict]:
+    """Does bf16 change what training buys? The quick start's recipe at each precision and seed, for the same
+    steps, scored by the digit FID and class accuracy of its EMA samples (as the quick start draws them)."""
+    from dit.data.digits import DigitDataset
+    from dit.eval.features import load_digit_classifier
+    from dit.eval.reference import digits_reference, save_stats
+    from dit.train.recipes import PRESETS, digits_train_config
+
+    preset, rows = PRESETS["default"], []
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = str(Path(tmp) / "digits_ref.npz")
+        save_stats(ref, digits_reference(load_digit_classifier()))
+        for precision in precisions:
+            for seed in seeds:
+                out = Path(tmp) / f"{precision}-{seed}"
+                cfg = digits_train_config(preset, steps, out, device, eval_ref=ref, eval_samples=eval_samples)
+                train(dataclasses.replace(cfg, precision=precision, seed=seed, progress=False), DigitDataset(28))
+                records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+                final = [r for r in records if r["kind"] == "eval"][-1]
+                losses = [r["loss"] for r in records if r["kind"] == "train"]
+                rows.append(
+                    {
+                        "mode": "precision",
+                        "precision": precision,
+                        "seed": seed,
+                        "steps": steps,
+                        "fid": final["fid"],
+                        "class_accuracy": final["class_accuracy"],
+                        "precision_metric": final["precision"],
+                        "recall": final["recall"],
+                        "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
+                    }
+                )
+    return rows
