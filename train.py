@@ -1,14 +1,20 @@
-"""Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain python)."""
+"""Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain python).
+
+Exit status: 0 finished, 143 stopped by SIGTERM and 130 by SIGINT (saved: rerun with --resume auto),
+2 a user error (one line on stderr), 1 a bug.
+"""
 
 import sys
 
 from dit.cli import run_cli
 from dit.config import parse_config
+from dit.runtime.stop import EXIT_CODES
 from dit.train import TrainConfig, train
 
 
-def main(argv=None):
-    train(parse_config(TrainConfig, argv, description=__doc__))
+def main(argv=None) -> int:
+    result = train(parse_config(TrainConfig, argv, description=__doc__))
+    return EXIT_CODES.get(result["signal"], 0)
 
 
 if __name__ == "__main__":

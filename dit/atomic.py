@@ -1,31 +1,57 @@
-"""Atomic file writes: every file that a crash must not corrupt (checkpoints, shards, manifests, samples,
-calibrations, exported configs) is written here, so there is one implementation of the rule."""
+"""Atomic file writes and folder locks: every file that a crash must not corrupt (checkpoints, shards,
+manifests, samples, calibrations, statistics, exported configs) is written here, so there is one
+implementation of the rule and one name for its temporary files.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from dit.errors import UserError
+
+TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """``write(file)`` into ``NAME.tmp-*`` beside ``path``, fsync, rename over ``path``, fsync the folder.
 
-    A crash at any point leaves the old file or the whole new one under ``path``, never a partial one.
+    A crash at any point leaves the old file or the whole new one under ``path``, never a partial one. The
+    file gets the mode an ordinary ``open`` would (0666 less the umask; ``mkstemp``'s 0600 would hide a
+    shared latent store or checkpoint folder from the team). An OS error (disk full, no permission)
+    becomes a ``UserError`` that names the path; the previous file is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.tmp-", dir=path.parent)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}{TEMP_MARK}", dir=path.parent)
+    except OSError as e:
+        raise _user_error(path, e) from None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _user_error(path, e) from None
         raise
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -35,5 +61,88 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     return path
 
 
+def _user_error(path: Path, e: OSError) -> UserError:
+    if e.errno == errno.ENOSPC:
+        fix = "free space on that disk or write elsewhere"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make the folder writable or write elsewhere"
+    else:
+        fix = "check the path"
+    return UserError(
+        f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; an earlier file there is intact."
+    )
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, lambda f: f.write(data))
+
+
+def stale_temp_files(folder: str | os.PathLike, name_prefix: str = "") -> list[Path]:
+    """Temporary files of writes that a killed process never finished (only safe to delete under a lock)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if TEMP_MARK in p.name and p.name.startswith(name_prefix))
+
+
+class FolderLock:
+    """An exclusive lock on a folder that dies with its process: ``FOLDER/.lock`` under ``flock``.
+
+    A second process asking for it gets a ``UserError`` naming the holder (pid, host, start time). A lock
+    file left by a killed process holds no ``flock``, so it is taken over, and ``took_over`` says from whom.
+    """
+
+    def __init__(self, folder: str | os.PathLike, purpose: str, fix: str):
+        self.path = Path(folder) / ".lock"
+        self.purpose, self.fix = purpose, fix
+        self.took_over: dict | None = None
+        self._fd: int | None = None
+
+    def acquire(self) -> FolderLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        except OSError as e:
+            raise _user_error(self.path, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise UserError(
+                f"{self.path.parent} is in use by another {self.purpose} (pid {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')}, since {holder.get('since', '?')}): {self.fix}."
+            ) from None
+        previous = _read_holder(fd)
+        if previous:
+            self.took_over = previous
+        record = json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)  # an empty file: nobody to take over from
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):  # a lock object dropped without release (an exception) must not outlive its holder
+        self.release()
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}

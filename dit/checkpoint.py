@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dit.atomic import atomic_write
+from dit.atomic import atomic_write, stale_temp_files
 from dit.errors import UserError
 
 FORMAT = "dit-ledger/1"
@@ -96,10 +96,23 @@ def load_training_checkpoint(path: str | os.PathLike) -> dict:
     return ckpt
 
 
+def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
+    """Delete the temporary files of saves a killed run never finished; (files, bytes) removed.
+
+    Only the holder of the run folder's lock may call this: another run's save in progress looks the same."""
+    files = stale_temp_files(folder)
+    size = sum(p.stat().st_size for p in files if p.exists())
+    for p in files:
+        p.unlink(missing_ok=True)
+    return len(files), size
+
+
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
-    """Atomically write ``payload`` as step ``step``, then delete all but the newest ``keep_last`` (0 keeps all)."""
+    """Atomically write ``payload`` as step ``step``, then delete all but the newest ``keep_last`` (0 keeps all)
+    and any partial file a killed save left (the caller holds the run folder's lock)."""
     path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))
     if keep_last > 0:
         for _, old in list_checkpoints(folder)[:-keep_last]:
             old.unlink(missing_ok=True)
+    remove_partial_checkpoints(folder)
     return path

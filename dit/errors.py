@@ -9,6 +9,16 @@ class UserError(ValueError):
     """A mistake in what the user asked for: bad flags, data, checkpoints or configs."""
 
 
+def unwrap_worker_error(e: UserError) -> UserError:
+    """A UserError raised in a DataLoader worker comes back with the worker's whole traceback as its message;
+    the user's line is the last one. One line again, as from the main process."""
+    text = str(e)
+    if "Original Traceback" not in text:
+        return e
+    last = [line for line in text.strip().splitlines() if line.strip()][-1]
+    return UserError(last.split("UserError: ", 1)[-1])
+
+
 def require(module: str, extra: str, purpose: str):
     """Import an optional dependency, or say in one line which extra brings it."""
     import importlib

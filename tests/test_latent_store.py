@@ -20,6 +20,7 @@ from dit.data.store import (
     read_header,
     shard_file,
     verify_store,
+    write_manifest,
     write_moments_store,
     write_shard,
 )
@@ -151,8 +152,8 @@ def test_reader_refuses_truncated_and_incomplete_stores(store):
     with pytest.raises(UserError, match=r"shard-00001\.safetensors is missing or truncated.*extract_features"):
         LatentStoreDataset(path)
     manifest = json.loads(Path(path, MANIFEST).read_text())
-    manifest["complete"] = False
-    Path(path, MANIFEST).write_text(json.dumps(manifest))
+    manifest["complete"] = False  # as an interrupted extraction leaves it (written with its checksum)
+    write_manifest(str(path), manifest)
     with pytest.raises(UserError, match="incomplete"):
         LatentStoreDataset(path)
 

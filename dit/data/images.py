@@ -54,11 +54,30 @@ def _random_flip(image: torch.Tensor) -> torch.Tensor:
     return image.flip(-1) if torch.rand(()) < 0.5 else image
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB. PIL's ``convert("RGB")`` clips 16- and 32-bit integer images (a 16-bit PNG's 0..65535
+    becomes 0 or 255); those are scaled to 8 bits first."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        wide = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") or wide.max() > 255 else 255.0
+        image = Image.fromarray(np.clip(np.round(wide * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
+    return image.convert("RGB")
+
+
+def describe_skipped(skipped: list[tuple[str, str]], root: str) -> str | None:
+    """One line for the log about what a folder scan left out, or None when it left out nothing."""
+    if not skipped:
+        return None
+    listing = "; ".join(f"{path} ({reason})" for path, reason in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"skipped {len(skipped)} unusable entries under {root}: {listing}{more}"
+
+
 def read_image(path: str, image_size: int) -> torch.Tensor:
     """Decode, convert to RGB and centre-crop one file to a uint8 CHW tensor; UserError if it cannot be decoded."""
     try:
         with Image.open(path) as image:
-            image = center_crop_arr(image.convert("RGB"), image_size)
+            image = center_crop_arr(to_rgb(image), image_size)
     except DECODE_ERRORS as e:
         raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
@@ -114,10 +133,8 @@ def scan_image_folder(root: str) -> FolderScan:
 def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
     """The --strict rule: any unusable file or folder fails the run, listing what was found."""
     if skipped:
-        listing = "; ".join(f"{path} ({reason})" for path, reason in skipped[:5])
-        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
         raise UserError(
-            f"{len(skipped)} unusable entries under {root}: {listing}{more}. "
+            f"{describe_skipped(skipped, root).removeprefix('skipped ')}. "
             "Remove or fix them, or run without --strict to skip and report them."
         )
 

@@ -8,9 +8,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit.data.store import NUMPY_DTYPES, STORAGE_DTYPES, read_header, read_manifest
+from dit.data.store import NUMPY_DTYPES, REPAIR, STORAGE_DTYPES, read_header, read_manifest, sha256_file
 from dit.errors import UserError
 from dit.vae import sample_latents
+
+_TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safetensors tag
 
 
 def _map_shard(file: str) -> tuple[np.ndarray, np.ndarray]:
@@ -59,16 +61,29 @@ class LatentStoreDataset(Dataset):
         self.classes = sorted(manifest["class_to_index"], key=manifest["class_to_index"].get)
         self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
         self._shards = None  # per process: memory maps do not survive pickling to spawned workers
-        self.labels = np.concatenate([labels for _, labels in self._open()] or [np.zeros(0, np.int64)])
+        self.labels = np.concatenate(
+            [_map_shard(os.path.join(path, s["file"]))[1].copy() for s in manifest["shards"]]
+            or [np.zeros(0, np.int64)]
+        )
 
-    def _open(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(moments, labels) numpy views over each memory-mapped shard, opened once per process."""
+    def _shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(moments, labels) views of shard ``index``, memory-mapped once per process; its bytes are checked
+        against the manifest's sha256 the first time this process maps it, so a corrupted byte is caught
+        without a --verify pass (each process reads each shard it uses once more, at page-cache speed)."""
         if self._shards is None or self._shards[0] != os.getpid():
-            self._shards = (
-                os.getpid(),
-                [_map_shard(os.path.join(self.path, s["file"])) for s in self.manifest["shards"]],
-            )
-        return self._shards[1]
+            self._shards = (os.getpid(), {})
+        mapped = self._shards[1]
+        if index not in mapped:
+            entry = self.manifest["shards"][index]
+            file = os.path.join(self.path, entry["file"])
+            if sha256_file(file) != entry["sha256"]:
+                raise UserError(
+                    f"latent store {self.path}: {entry['file']} fails its sha256 check (its bytes changed after "
+                    f"extraction). {REPAIR}: python extract_features.py --data-path IMAGES --features-path "
+                    f"{self.path} (python extract_features.py --features-path {self.path} --verify lists every bad shard)."
+                )
+            mapped[index] = _map_shard(file)
+        return mapped[index]
 
     def __getstate__(self):
         return {**self.__dict__, "_shards": None}
@@ -114,14 +129,14 @@ class LatentStoreDataset(Dataset):
         index = np.asarray(indices, dtype=np.int64)
         if index.size and (index.min() < 0 or index.max() >= len(self)):
             raise IndexError(f"latent store index out of range [0, {len(self)}): {indices}")
-        shards = self._open()
         shard = np.searchsorted(self.offsets, index, side="right") - 1
         local = index - self.offsets[shard]
         stored_flip = self.flip_mode == "stored"
         view = torch.randint(0, 2, (len(index),)).numpy() if stored_flip else np.zeros(len(index), np.int64)
-        moments = np.empty((len(index), *shards[0][0].shape[2:]), dtype=shards[0][0].dtype)
+        c, h, w = self.latent_shape
+        moments = np.empty((len(index), 2, c, h, w), dtype=NUMPY_DTYPES[_TAGS[self.manifest["storage_dtype"]]])
         for row, (s, j, v) in enumerate(zip(shard.tolist(), local.tolist(), view.tolist())):
-            moments[row] = shards[s][0][j, v]
+            moments[row] = self._shard(s)[0][j, v]
         moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
         latents = sample_latents(mean, std, self.scale) if self.sample_posterior else mean.float() * self.scale

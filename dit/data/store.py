@@ -110,21 +110,83 @@ def sources_sha256(samples: list[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(f"{label}\t{path}" for path, label in samples).encode()).hexdigest()
 
 
+# What a manifest must hold, and of which type, before anything reads a shard (``validate_manifest``).
+_SCHEMA = {
+    "format": str, "version": int, "complete": bool, "image_size": int, "latent_shape": list,
+    "scaling_factor": (int, float), "storage_dtype": str, "flips_stored": bool, "shard_size": int,
+    "class_to_index": dict, "num_sources": int, "vae_id": str,
+}  # fmt: skip
+_COMPLETE_SCHEMA = {"num_images": int, "shards": list, "total_bytes": int}
+REPAIR = "Rerun extract_features.py with the same arguments: it redoes exactly the bad or missing parts"
+
+
+def manifest_sha256(manifest: dict) -> str:
+    """The checksum a manifest carries of itself: its canonical JSON without the checksum field."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(folder: str, manifest: dict) -> None:
+    """Atomically, with its own checksum: a hand edit (a scaling factor, a count) is caught on reading."""
+    manifest = {**manifest, "manifest_sha256": manifest_sha256(manifest)}
+    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+
+
 def read_manifest(folder: str) -> dict:
+    """The manifest, checked against its checksum and its schema; any damage is one line naming the repair."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         raise UserError(
             f"no latent store at {folder} (no {MANIFEST}). Create one with "
             f"`python extract_features.py --data-path IMAGES --features-path {folder}`."
         )
-    with open(path) as f:
-        manifest = json.load(f)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}): the manifest is damaged. {REPAIR}.") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path} is not a latent-store manifest (not a JSON object). {REPAIR}.")
     if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise UserError(
             f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest (format={manifest.get('format')!r}, "
             f"version={manifest.get('version')!r}). Re-extract with this version of extract_features.py."
         )
+    if "manifest_sha256" in manifest and manifest["manifest_sha256"] != manifest_sha256(manifest):
+        raise UserError(
+            f"{path} was changed after it was written (its checksum fails): values such as the scaling factor or "
+            f"the counts can no longer be trusted. {REPAIR}, or restore the file."
+        )
+    validate_manifest(manifest, path)
     return manifest
+
+
+def validate_manifest(manifest: dict, path: str) -> None:
+    schema = {**_SCHEMA, **(_COMPLETE_SCHEMA if manifest.get("complete") else {})}
+    problems = [f"{k} is missing" for k in schema if k not in manifest]
+    problems += [
+        f"{k} is a {type(manifest[k]).__name__}"
+        for k, t in schema.items()
+        if k in manifest and not isinstance(manifest[k], t)
+    ]
+    if not problems:
+        if not manifest["scaling_factor"] > 0 or manifest["storage_dtype"] not in STORAGE_DTYPES:
+            problems.append(
+                f"scaling_factor {manifest['scaling_factor']} / storage_dtype {manifest['storage_dtype']!r}"
+            )
+        if len(manifest["latent_shape"]) != 3 or manifest["shard_size"] < 1 or manifest["image_size"] < 1:
+            problems.append("latent_shape, shard_size or image_size is out of range")
+        if manifest.get("complete"):
+            shards = manifest["shards"]
+            keys = {"file", "num_images", "bytes", "sha256"}
+            if not all(isinstance(sh, dict) and keys <= sh.keys() for sh in shards):
+                problems.append(f"a shard entry lacks one of {sorted(keys)}")
+            elif sum(sh["num_images"] for sh in shards) != manifest["num_images"]:
+                problems.append(f"num_images {manifest['num_images']} is not the shards' sum")
+            elif len(shards) != math.ceil(manifest["num_sources"] / manifest["shard_size"]):
+                problems.append(f"{len(shards)} shards listed for {manifest['num_sources']} sources")
+    if problems:
+        raise UserError(f"{path} is not a valid latent-store manifest: {'; '.join(problems)}. {REPAIR}.")
 
 
 def check_existing_store(folder: str, spec: StoreSpec) -> None:
@@ -160,8 +222,7 @@ def begin_store(folder: str, spec: StoreSpec) -> None:
     for name in os.listdir(folder):
         if ".tmp-" in name and name.startswith(("shard-", MANIFEST)):
             os.remove(os.path.join(folder, name))
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)}
-    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    write_manifest(folder, {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)})
 
 
 def write_shard(
@@ -217,8 +278,8 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
         "skipped": [{"path": path, "reason": reason} for path, reason in sorted(skipped)],
         "shards": shards,
     }
-    atomic_write_bytes(os.path.join(folder, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
-    return manifest
+    write_manifest(folder, manifest)
+    return read_manifest(folder)
 
 
 def write_moments_store(

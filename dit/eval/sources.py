@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from dit.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, center_crop_arr, to_uint8
+from dit.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, center_crop_arr, to_rgb, to_uint8
 from dit.data.reader import LatentStoreDataset
 from dit.errors import UserError
 from dit.vae import decode, load_vae, weights_sha256
@@ -107,7 +107,7 @@ class FolderImages:
     def _decode(self, path: str) -> np.ndarray:
         try:
             with Image.open(path) as image:
-                image = image.convert("RGB")
+                image = to_rgb(image)
                 if self.image_size:
                     image = center_crop_arr(image, self.image_size)
                 return np.asarray(image)

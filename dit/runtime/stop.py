@@ -7,6 +7,11 @@ import signal
 import torch
 import torch.distributed as dist
 
+# What a stopped run exits with, as a shell reports a process killed by the signal (128 + its number), so a
+# requeue wrapper tells "stopped, resume me" (143, 130) from "finished" (0) and "failed" (1, or 2 for a
+# user error).
+EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}
+
 
 class StopFlag:
     """A context that installs the handlers and restores the old ones on exit.
@@ -39,5 +44,5 @@ class StopFlag:
         flag = torch.tensor([1 if self.raised else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if flag.item() and not self.raised:
-            self.raised = "SIGTERM (another rank)"
+            self.raised = "SIGTERM"  # another rank's: every rank stops and exits alike
         return bool(flag.item())

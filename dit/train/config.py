@@ -11,6 +11,18 @@ from dit.model_config import DiTConfig, model_config
 from dit.models import ATTENTION_BACKENDS
 from dit.runtime import PRECISIONS
 
+# What a resumed run must share with its checkpoint: the data order and the model's math.
+IDENTITY_FIELDS = (
+    "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
+    "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size",
+)  # fmt: skip
+# What changes the optimisation: a resume may change these only when --allow-changes names them.
+RECIPE_FIELDS = (
+    "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
+    "grad_accum_steps",
+)  # fmt: skip
+# Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
+
 ACTIVATION_CHECKPOINTING_HELP = (
     "recompute block activations in backward to save memory: none, all, N (the first N blocks), or auto "
     "(the fewest blocks whose estimated step memory fits the device)"
@@ -70,6 +82,10 @@ class TrainConfig:
     # output, checkpoint files, logging
     results_dir: str = option("results/run", "this run's folder: checkpoints, metrics, TensorBoard")
     resume: str | None = option(None, "auto (latest in results-dir) or a checkpoint path")
+    allow_changes: list[str] | None = option(
+        None,
+        f"on --resume, recipe fields that may differ from the checkpoint's: any of {', '.join(RECIPE_FIELDS)}",
+    )
     log_every: int = option(100, "steps per log line (the only host syncs)")
     ckpt_every: int = option(50_000, "steps per checkpoint file")
     keep_last: int = option(5, "checkpoint files to keep (0: all)")
@@ -120,6 +136,12 @@ class TrainConfig:
                 f"{self.mfu_warmup_steps}."
             )
         parse_activation_checkpointing(self.activation_checkpointing)
+        unknown = sorted(set(self.allow_changes or ()) - set(RECIPE_FIELDS))
+        if unknown:
+            raise UserError(
+                f"--allow-changes {' '.join(unknown)}: only recipe fields may change on a resume "
+                f"({', '.join(RECIPE_FIELDS)}); the seed, the batch, the data and the model may not."
+            )
         if self.eval_every and not self.eval_ref:
             raise UserError("--eval-every needs --eval-ref: reference statistics (python -m dit.eval ref --help).")
         if self.eval_every and min(self.eval_num_samples, self.eval_sampling_steps, self.eval_batch_size) < 1:
@@ -128,6 +150,15 @@ class TrainConfig:
     @property
     def pixel_space(self) -> bool:
         return str(self.vae).lower() == "none"
+
+    def resume_conflicts(self, saved: dict) -> list[str]:
+        """The fields of a checkpoint's run config (``saved``) this run may not change, as 'name: a -> b'."""
+        allowed = set(self.allow_changes or ())
+        return [
+            f"{name}: {saved[name]!r} -> {getattr(self, name)!r}"
+            for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS)
+            if name in saved and saved[name] != getattr(self, name) and name not in allowed
+        ]
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""

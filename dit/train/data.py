@@ -11,7 +11,7 @@ was created, which is why this is written out here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -100,6 +100,7 @@ class TrainData:
     vae_spec: str | None = None  # the VAE the latents come from (None: pixel space)
     vae_config: dict | None = None  # its diffusers config, for the cost of encoding
     store_manifest: dict | None = None  # a latent store's manifest (the encode was paid at extraction)
+    notes: list[str] = field(default_factory=list)  # lines for the log (what a folder scan skipped)
 
     def loader(self, cfg: TrainConfig, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
         order = StepOrder(
@@ -136,16 +137,17 @@ def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) 
         return TrainData(ds, c, h, vae_spec=m["vae_id"], vae_config=m.get("vae_config"), store_manifest=m)
     if not cfg.data_path:
         raise UserError("no training data: pass --data-path IMAGE_FOLDER or --feature-path LATENT_STORE.")
-    from dit.data.images import ImageFolderDataset
+    from dit.data.images import ImageFolderDataset, describe_skipped
 
     ds = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=True)
+    notes = [line] if (line := describe_skipped(ds.skipped, cfg.data_path)) else []
     if len(ds.classes) > cfg.num_classes:
         raise UserError(
             f"{cfg.data_path} has {len(ds.classes)} class folders but --num-classes is {cfg.num_classes}: "
             f"pass --num-classes {len(ds.classes)}."
         )
     if cfg.pixel_space:
-        return TrainData(ds, 3, cfg.image_size)
+        return TrainData(ds, 3, cfg.image_size, notes=notes)
     from dit import vae as vae_lib
 
     vae = vae_lib.load_vae(cfg.vae, device=device)
@@ -155,4 +157,4 @@ def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) 
             f"--image-size {cfg.image_size} is not a multiple of the VAE's downsampling factor {factor}."
         )
     channels = int(vae.config.latent_channels)
-    return TrainData(ds, channels, cfg.image_size // factor, vae, cfg.vae, dict(vae.config))
+    return TrainData(ds, channels, cfg.image_size // factor, vae, cfg.vae, dict(vae.config), notes=notes)

@@ -84,16 +84,20 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: boo
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **impl)
 
 
-def resume_point(resume: str | None, ckpt_dir: Path, model_cfg: DiTConfig, global_batch_size: int):
-    """(path, checkpoint) to continue from, or (None, None) for a fresh run in an empty folder."""
-    if not resume:
+def resume_point(cfg, ckpt_dir: Path, model_cfg: DiTConfig, vae_spec: str | None):
+    """(path, checkpoint) to continue from, or (None, None) for a fresh run in an empty folder.
+
+    A resume continues the same run: the model, the data order (seed, batch, data set), the latent space and
+    the recipe must match the checkpoint's, or every difference is listed; recipe fields may change when
+    ``--allow-changes`` names them."""
+    if not cfg.resume:
         if latest_checkpoint(ckpt_dir) is not None:
             raise UserError(
                 f"{ckpt_dir} already holds checkpoints: pass --resume auto to continue that run, "
                 "or a new --results-dir; nothing was overwritten."
             )
         return None, None
-    path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
+    path = latest_checkpoint(ckpt_dir) if cfg.resume == "auto" else Path(cfg.resume)
     if path is None:
         return None, None
     ckpt = load_training_checkpoint(path)
@@ -103,10 +107,21 @@ def resume_point(resume: str | None, ckpt_dir: Path, model_cfg: DiTConfig, globa
             f"{path} was trained as {describe(saved)}, but this run builds {describe(model_cfg)}: pass the "
             "same --model, --image-size, --num-classes and data."
         )
-    batch = ckpt.get("config", {}).get("global_batch_size")
-    if batch is not None and batch != global_batch_size:
+    run = ckpt.get("config", {})
+    conflicts = cfg.resume_conflicts(run)
+    if "vae" in run and latent_space(run["vae"]) != latent_space(vae_spec):
+        conflicts.append(f"vae (the latent space): {run['vae']!r} -> {vae_spec!r}")
+    if conflicts:
         raise UserError(
-            f"{path} used --global-batch-size {batch}; resuming with {global_batch_size} would change the "
-            f"data order: pass --global-batch-size {batch}."
+            f"{path} was trained with other settings: {'; '.join(conflicts)}. A resume continues the same run: "
+            "pass the checkpoint's values (recipe fields may change with --allow-changes NAME ...), or start a new "
+            "run in another --results-dir. Nothing was written."
         )
     return path, ckpt
+
+
+def latent_space(vae_spec: str | None) -> str | None:
+    """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own."""
+    from dit.vae import VAE_ALIASES
+
+    return "sd" if vae_spec in (*VAE_ALIASES, *VAE_ALIASES.values()) else vae_spec

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from dit.checkpoint import save_training_checkpoint
+from dit.atomic import FolderLock
+from dit.checkpoint import remove_partial_checkpoints, save_training_checkpoint
 from dit.config import to_dict
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.diffusion import create_diffusion
-from dit.errors import UserError
+from dit.errors import UserError, unwrap_worker_error
 from dit.models import DiT, attention_kernel
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig, parse_activation_checkpointing
@@ -38,12 +39,22 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, runtime: Runtime, dataset=None):
         self.cfg, self.runtime = cfg, runtime
-        device, world = runtime.device, runtime.world
         self.out = Path(cfg.results_dir)
         self.ckpt_dir = self.out / "checkpoints"
+        notes = self._lock_run_folder()
+        try:
+            self._build(dataset, notes)
+        except BaseException:
+            if self.lock is not None:  # a run that could not start leaves the folder free
+                self.lock.release()
+            raise
+
+    def _build(self, dataset, notes: list[str]) -> None:
+        cfg, runtime = self.cfg, self.runtime
+        device, world = runtime.device, runtime.world
         self.data = build_data(cfg, dataset, device)
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
-        resume_from, ckpt = resume_point(cfg.resume, self.ckpt_dir, model_cfg, cfg.global_batch_size)
+        resume_from, ckpt = resume_point(cfg, self.ckpt_dir, model_cfg, self.data.vae_spec)
 
         torch.manual_seed(cfg.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.attention)
@@ -76,6 +87,8 @@ class Trainer:
         done = self.state.step * self.micro * cfg.grad_accum_steps
         self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out, done)
         self.ledger.report(self.micro, sharded)
+        for note in notes + self.data.notes:
+            self.ledger.sinks.info(note)
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
         self.evaluation = None
@@ -89,6 +102,33 @@ class Trainer:
                 vae = load_vae(self.data.vae_spec, device)
             self.evaluation = InLoopEval(cfg, runtime, model_cfg, vae, self.data.vae_spec)
             self.ledger.sinks.info(self.evaluation.describe())
+
+    def _lock_run_folder(self) -> list[str]:
+        """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
+        then clears what a killed run left: the lock file's record and partial checkpoint files."""
+        rt, error, notes, self.lock = self.runtime, None, [], None
+        if rt.is_main:
+            try:
+                self.lock = FolderLock(
+                    self.out, "training run", "wait for it, or pass another --results-dir"
+                ).acquire()
+            except UserError as e:
+                error = str(e)
+        error = rt.gather_objects(error)[0]
+        if error:
+            raise UserError(error)
+        if rt.is_main:
+            if self.lock.took_over:
+                held = self.lock.took_over
+                notes.append(
+                    f"took over the lock of a run that is no longer running (pid {held.get('pid')} on {held.get('host')})"
+                )
+            files, size = remove_partial_checkpoints(self.ckpt_dir)
+            if files:
+                notes.append(
+                    f"removed {files} partial checkpoint file(s), {size / 2**30:.3g} GiB, left by a killed save"
+                )
+        return notes
 
     def _checkpointed_blocks(self, model: DiT) -> int:
         policy = parse_activation_checkpointing(self.cfg.activation_checkpointing)
@@ -194,46 +234,52 @@ class Trainer:
     def run(self) -> dict:
         cfg, state, ledger = self.cfg, self.state, self.ledger
         warmup_until = state.step + cfg.mfu_warmup_steps
-        it, status = iter(self.loader), "finished"
-        with self.runtime.stop_flag() as stop, self._progress() as bar:
-            state.model.train()
-            ledger.start_window()
-            while state.step < cfg.max_steps:
-                start = time.perf_counter()
-                batches = self._next_batches(it)
-                wait = time.perf_counter() - start
-                log_step = (state.step + 1) % cfg.log_every == 0 or state.step + 1 == cfg.max_steps
-                grad_norm = self.train_step(batches, log_step)
-                ledger.count(self.micro * cfg.grad_accum_steps, wait)
-                bar.update(1)
-                if log_step:
-                    self._log(grad_norm, in_warmup=state.step <= warmup_until)
-                if state.step == warmup_until:  # after this step's log: MFU windows start here
-                    ledger.start_window()
-                if state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:
-                    with ledger.paused():
-                        self.save()
-                if cfg.sample_every and state.step % cfg.sample_every == 0:
-                    with ledger.paused():
-                        self.sample_grid()
-                if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
-                    with ledger.paused():
-                        ledger.log_eval(state.step, self.evaluation.run(self._whole(state.ema.model)))
-                if stop.should_stop():
-                    status = f"stopped by {stop.raised}"
-                    break
-            self.save()
+        it, status, stopped_by = iter(self.loader), "finished", None
+        try:
+            with self.runtime.stop_flag() as stop, self._progress() as bar:
+                state.model.train()
+                ledger.start_window()
+                while state.step < cfg.max_steps:
+                    start = time.perf_counter()
+                    batches = self._next_batches(it)
+                    wait = time.perf_counter() - start
+                    log_step = (state.step + 1) % cfg.log_every == 0 or state.step + 1 == cfg.max_steps
+                    grad_norm = self.train_step(batches, log_step)
+                    ledger.count(self.micro * cfg.grad_accum_steps, wait)
+                    bar.update(1)
+                    if log_step:
+                        self._log(grad_norm, in_warmup=state.step <= warmup_until)
+                    if state.step == warmup_until:  # after this step's log: MFU windows start here
+                        ledger.start_window()
+                    if state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:
+                        with ledger.paused():
+                            self.save()
+                    if cfg.sample_every and state.step % cfg.sample_every == 0:
+                        with ledger.paused():
+                            self.sample_grid()
+                    if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
+                        with ledger.paused():
+                            ledger.log_eval(state.step, self.evaluation.run(self._whole(state.ema.model)))
+                    if stop.should_stop():
+                        status, stopped_by = f"stopped by {stop.raised}", stop.raised
+                        break
+                self.save()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
         ledger.sinks.info(f"{status} at step {state.step}; results in {self.out}")
         ledger.close()
-        return {"status": status, "step": state.step, "results_dir": str(self.out)}
+        return {"status": status, "signal": stopped_by, "step": state.step, "results_dir": str(self.out)}
 
     def _next_batches(self, it) -> list:
         try:
             return [next(it) for _ in range(self.cfg.grad_accum_steps)]
-        except UserError:  # an unreadable image: keep the work done so far, then say which file
-            if self.runtime.world == 1:  # with several processes the others are mid-step: no collective save
+        except UserError as e:  # an unreadable image: keep the work done so far, then say which file
+            # With several processes the others are mid-step: no collective save. Before step 1 there is
+            # nothing to keep, and a step-0 checkpoint would only make the rerun need --resume.
+            if self.runtime.world == 1 and self.state.step > 0:
                 self.save()
-            raise
+            raise unwrap_worker_error(e) from None
 
     def _progress(self):
         if not (self.cfg.progress and self.runtime.is_main):
