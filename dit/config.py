@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -132,3 +133,23 @@ def parse_command(commands: dict[str, tuple[type, str]], argv: list[str] | None,
 def to_dict(cfg) -> dict:
     """The config as a plain dict: what checkpoints and metrics store."""
     return dataclasses.asdict(cfg)
+
+
+def check_positive(cfg, *names: str) -> None:
+    """Each named field, where set, must be > 0: one line naming the flag otherwise."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}.")
+
+
+def check_writable_file(path: str, flag: str) -> None:
+    """Before the expensive work: ``path`` must name a file (not a folder) in a folder we can create or write."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a folder: pass a file name, e.g. {target / 'out.png'}.")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {path}: {parent} is not a writable folder; pass a path you can write.")

@@ -60,6 +60,8 @@ class ExtractConfig:
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
 
     def __post_init__(self):
+        if os.path.exists(self.features_path) and not os.path.isdir(self.features_path):
+            raise UserError(f"--features-path {self.features_path} is a file: pass a folder for the store.")
         if self.image_size % 8 or self.batch_size < 1 or self.shard_size < 1 or self.num_workers < 0:
             raise UserError(
                 f"need --image-size a multiple of 8, positive --batch-size/--shard-size and --num-workers >= 0, "

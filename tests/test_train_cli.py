@@ -91,12 +91,13 @@ def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err  # a stopped run is told apart from a finished one (0)
     assert "stopped by SIGTERM" in err
     saved = load_checkpoint(latest_checkpoint(out / "checkpoints"))
     assert saved["step"] >= 3
     resumed = run(train_args(image_folder, out, saved["step"] + 2, "--resume", "auto"))
     assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from step {saved['step']} (" in resumed.stderr
     assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] == saved["step"] + 2
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import option
+from dit.config import check_positive, check_writable_file, option
+from dit.errors import UserError
 from dit.runtime import PRECISIONS
 
 SAMPLERS = ("ddpm", "ddim")
@@ -32,6 +33,13 @@ class SamplingOptions:
     device: str | None = option(None, "default: cuda if available, else cpu")
     peak_tflops: float | None = option(None, "device peak for MFU (default: datasheet table, else measured)")
 
+    def __post_init__(self):
+        check_positive(self, "num_sampling_steps", "peak_tflops", "image_size", "num_classes")
+        if not self.guidance_scale >= 1:
+            raise UserError(
+                f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {self.guidance_scale}."
+            )
+
 
 @dataclass
 class SampleConfig(SamplingOptions):
@@ -42,6 +50,11 @@ class SampleConfig(SamplingOptions):
     out: str = option("sample.png", "PNG grid to write")
     nrow: int = option(4, "images per grid row")
     progress: bool = option(True, "show the denoising progress")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "nrow")
+        check_writable_file(self.out, "--out")
 
 
 @dataclass
@@ -55,3 +68,7 @@ class FidConfig(SamplingOptions):
     per_proc_batch_size: int = option(32, "images per batch on each process")
     num_fid_samples: int = option(50_000, "images in the set")
     global_seed: int = option(0, "image i's label and noise are keyed by (global seed, i)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(self, "per_proc_batch_size", "num_fid_samples")

@@ -16,8 +16,9 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from dit.atomic import atomic_write
+from dit.atomic import FolderLock, atomic_write, stale_temp_files
 from dit.data.images import to_uint8
+from dit.data.store import sha256_file
 from dit.errors import UserError
 from dit.models import registry_name
 from dit.runtime import Runtime
@@ -49,20 +50,25 @@ def png_path(folder: Path, index: int) -> Path:
 
 
 def sample_folder_name(c: FidConfig, sm: SamplingModel) -> str:
-    """Like the official folder name, plus the sampler and guided channels, which change the set too."""
+    """Like the official folder name, plus the sampler, the guided channels, the set's size and the batch,
+    which change the set too: another --num-fid-samples is another set, never a replacement of this one."""
     name = (registry_name(sm.config) or "custom").replace("/", "-")
     vae = Path(sm.vae_spec).name if sm.vae_spec else "none"
     guided = "" if str(c.guidance_channels) == "3" else f"-cfgch-{c.guidance_channels}"
     return (
         f"{name}-{Path(c.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{c.guidance_scale}{guided}"
-        f"-seed-{c.global_seed}-{c.sampler}{c.num_sampling_steps}"
+        f"-seed-{c.global_seed}-{c.sampler}{c.num_sampling_steps}-n{c.num_fid_samples}-b{c.per_proc_batch_size}"
     )
 
 
-def _set_identity(c: FidConfig, sm: SamplingModel) -> dict:
-    """Everything that decides the pixels of image i (not N, the batch size or the world size)."""
+def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str) -> dict:
+    """Everything that decides the set: the weights by content (a retrained file at the same path is another
+    set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits);
+    not the world size (tested equal)."""
     return {
-        "ckpt": str(Path(c.ckpt).resolve()),
+        "ckpt_sha256": ckpt_sha256,
+        "num_fid_samples": c.num_fid_samples,
+        "per_proc_batch_size": c.per_proc_batch_size,
         "weights": sm.weights,
         "model_config": sm.config.to_dict(),
         "image_size": sm.image_size,
@@ -74,6 +80,16 @@ def _set_identity(c: FidConfig, sm: SamplingModel) -> dict:
         "global_seed": c.global_seed,
         "precision": c.precision,
     }
+
+
+def png_complete(path: Path) -> bool:
+    """A PNG that ends in its IEND chunk: one cut short (a full disk, a copy interrupted) does not count as done."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-12, 2)
+            return f.read(12)[4:8] == b"IEND"
+    except OSError:
+        return False
 
 
 def write_png(path: Path, image: np.ndarray) -> None:
@@ -93,7 +109,7 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
     np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
     member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
     """
-    missing = [i for i in range(num_samples) if not png_path(folder, i).is_file()]
+    missing = [i for i in range(num_samples) if not png_complete(png_path(folder, i))]
     if missing:
         raise UserError(
             f"{len(missing)} of {num_samples} samples are missing from {folder} (first: {missing[:5]}): "
@@ -120,32 +136,48 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
 
 def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     """Write images 0..N-1 as PNGs (skipping batches already on disk), then pack them into ``{folder}.npz``."""
-    rank, world, device = runtime.rank, runtime.world, runtime.device
-    if c.num_fid_samples < 1 or c.per_proc_batch_size < 1:
-        raise UserError("--num-fid-samples and --per-proc-batch-size must be >= 1.")
+    rank, device = runtime.rank, runtime.device
     channels = parse_guidance_channels(c.guidance_channels)
     sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
     check_guidance(c.guidance_scale, sm.config)
     diffusion = make_diffusion(sm, c.num_sampling_steps)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm)
-    identity, manifest = _set_identity(c, sm), folder / "sample_set.json"
+    ckpt_sha256 = runtime.gather_objects(sha256_file(c.ckpt) if rank == 0 else None)[0]
+    identity, manifest = _set_identity(c, sm, ckpt_sha256), folder / "sample_set.json"
     if manifest.is_file() and json.loads(manifest.read_text()) != identity:
         raise UserError(
-            f"{folder} holds samples made with other settings (see {manifest}): pass another --sample-dir "
-            "or delete the folder."
+            f"{folder} holds samples made with other settings or other weights (see {manifest}): pass another "
+            "--sample-dir or delete the folder."
         )
-    runtime.barrier()
+    lock, error = None, None
+    if rank == 0:  # one sampling run per set: a second one would write the same files
+        try:
+            lock = FolderLock(folder, "sampling run", "wait for it, or pass another --sample-dir").acquire()
+        except UserError as e:
+            error = str(e)
+    if error := runtime.gather_objects(error)[0]:
+        raise UserError(error)
+    try:
+        return _write_set(c, sm, diffusion, channels, folder, identity, manifest, runtime)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _write_set(
+    c: FidConfig, sm, diffusion, channels, folder: Path, identity: dict, manifest: Path, runtime
+) -> FidReport:
+    rank, world, device = runtime.rank, runtime.world, runtime.device
     if rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(".*.tmp"):  # PNGs half-written when a previous run was killed
-            stale.unlink()
+        for stale in stale_temp_files(folder):  # PNGs half-written when a previous run was killed
+            stale.unlink(missing_ok=True)
         if not manifest.is_file():
             atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
     runtime.barrier()
 
     peak = device_peak(device, c.precision, c.peak_tflops) if rank == 0 else (None, "")
     mine = batches(c.num_fid_samples, c.per_proc_batch_size, rank, world)
-    todo = [b for b in mine if not all(png_path(folder, i).is_file() for i in b)]
+    todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
     done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
     bar = tqdm(
         total=sum(len(b) for b in mine),

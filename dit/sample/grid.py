@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torchvision.utils import save_image
 
+from dit.atomic import atomic_write
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
@@ -53,7 +54,8 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     images = to_images(sm, samples)
     decode_s = time.perf_counter() - denoised
     out = Path(c.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_image(images, out, nrow=c.nrow, normalize=True, value_range=(-1, 1))
+    atomic_write(
+        out, lambda f: save_image(images, f, format="png", nrow=c.nrow, normalize=True, value_range=(-1, 1))
+    )
     cost = measure_cost(sm, c.num_sampling_steps, c.guidance_scale, len(labels), denoised - start, decode_s, peak)
     return SampleReport(out, labels, sm.weights, cost)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
-from dit.config import option
+from dit.config import check_positive, option
 from dit.errors import UserError
 from dit.model_config import DiTConfig, model_config
 from dit.models import ATTENTION_BACKENDS
@@ -130,6 +131,18 @@ class TrainConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}.")
         if not 0.0 <= self.min_lr_frac <= 1.0:
             raise UserError(f"--min-lr-frac must be in [0, 1], got {self.min_lr_frac}.")
+        check_positive(self, "peak_tflops", "depth", "hidden_size", "num_heads", "patch_size", "num_classes")
+        for name in ("price_per_hour", "memory_reserve_gib"):
+            if (value := getattr(self, name)) is not None and value < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}.")
+        if not self.eval_guidance_scale >= 1:
+            raise UserError(
+                f"--eval-guidance-scale must be >= 1 (1 disables guidance), got {self.eval_guidance_scale}."
+            )
+        if Path(self.results_dir).exists() and not Path(self.results_dir).is_dir():
+            raise UserError(
+                f"--results-dir {self.results_dir} is a file: pass a folder (it is created if missing)."
+            )
         if self.max_nonfinite < 1 or self.mfu_warmup_steps < 0:
             raise UserError(
                 f"--max-nonfinite must be >= 1 and --mfu-warmup-steps >= 0, got {self.max_nonfinite} and "

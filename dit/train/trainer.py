@@ -91,16 +91,17 @@ class Trainer:
             self.ledger.sinks.info(note)
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
+        # Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail).
+        self.decoder = self.data.vae
+        if self.decoder is None and self.data.vae_spec is not None and (cfg.sample_every or cfg.eval_every):
+            from dit.vae import load_vae
+
+            self.decoder = load_vae(self.data.vae_spec, device)
         self.evaluation = None
         if cfg.eval_every:
             from dit.eval.inloop import InLoopEval
 
-            vae = self.data.vae
-            if vae is None and self.data.vae_spec is not None:  # latents from a store: decode them to score
-                from dit.vae import load_vae
-
-                vae = load_vae(self.data.vae_spec, device)
-            self.evaluation = InLoopEval(cfg, runtime, model_cfg, vae, self.data.vae_spec)
+            self.evaluation = InLoopEval(cfg, runtime, model_cfg, self.decoder, self.data.vae_spec)
             self.ledger.sinks.info(self.evaluation.describe())
 
     def _lock_run_folder(self) -> list[str]:
@@ -345,7 +346,7 @@ class Trainer:
             return
         cfg = self.cfg
         sm = SamplingModel(
-            ema, "ema", cfg.image_size, self.data.vae, self.data.vae_spec, cfg.noise_schedule, cfg.predict_xstart
+            ema, "ema", cfg.image_size, self.decoder, self.data.vae_spec, cfg.noise_schedule, cfg.predict_xstart
         )
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.seed, i) for i in range(len(labels))]

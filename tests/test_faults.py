@@ -1,0 +1,309 @@
+"""The fault and bad-input matrix (docs/reliability.md): one test per case of issue 15, each a one-line
+``error:`` (or the documented recovery), nothing lost."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_image_folder, run_face, write_our_checkpoint
+from PIL import Image
+from test_train import Pixels, tiny_config
+
+from dit.atomic import FolderLock, atomic_write_bytes
+from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dit.data.reader import LatentStoreDataset
+from dit.data.store import MANIFEST, read_manifest, shard_file, verify_store, write_moments_store
+from dit.errors import UserError
+from dit.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(run: Path) -> str:
+    return (run / "log.txt").read_text()
+
+
+# ---- 1. one run per folder ----------------------------------------------------------------------------------
+
+
+def test_1_a_run_folder_is_locked_and_a_dead_runs_lock_taken_over(tmp_path):
+    cfg = tiny_config(tmp_path, max_steps=2)
+    holder = FolderLock(cfg.results_dir, "training run", "wait").acquire()  # as a live run holds it
+    with pytest.raises(UserError, match=rf"in use by another training run \(pid {os.getpid()}"):
+        train(cfg, Pixels())
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    holder.release()
+    # a killed run leaves the file with its record but no flock: taken over, with a message
+    (tmp_path / "run" / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "since": "earlier"}))
+    train(cfg, Pixels())
+    assert "took over the lock of a run that is no longer running (pid 999999 on gone)" in log(tmp_path / "run")
+
+
+# ---- 2. partial checkpoint files ----------------------------------------------------------------------------
+
+
+def test_2_partial_checkpoints_are_removed(tmp_path):
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    partial = tmp_path / "run" / "checkpoints" / "0000004.pt.tmp-killed"
+    partial.write_bytes(b"x" * 4096)  # a save that a kill -9 cut short
+    train(tiny_config(tmp_path, max_steps=4, resume="auto"), Pixels())
+    assert not partial.exists() and [s for s, _ in list_checkpoints(partial.parent)] == [2, 4]
+    assert "removed 1 partial checkpoint file(s)" in log(tmp_path / "run")
+
+
+# ---- 3 and 4. a damaged latent store -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path) -> Path:
+    g = torch.Generator().manual_seed(0)
+    moments = torch.randn(24, 2, 2, 4, 4, 4, generator=g).abs() * 0.1
+    write_moments_store(str(tmp_path / "store"), moments, torch.arange(24) % 3, num_classes=3, shard_size=8)
+    return tmp_path / "store"
+
+
+def test_3_a_flipped_byte_in_a_shard_is_caught_on_first_use(store):
+    shard = store / shard_file(1)
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x40  # a latent off by orders of magnitude, as in the report
+    shard.write_bytes(bytes(data))
+    ds = LatentStoreDataset(str(store))  # opening is cheap: no pass over the data
+    ds[0]  # shard 0 is fine
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors fails its sha256 check.*extract_features\.py"):
+        ds[8]
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda text: text[:-20], "not valid JSON"),
+        (
+            lambda text: text.replace('"scaling_factor": 0.18215', '"scaling_factor": 182.15'),
+            "changed after it was written",
+        ),
+        (lambda text: text.replace('"num_images": 24', '"num_images": 25'), "changed after it was written"),
+    ],
+)
+def test_4_a_damaged_manifest_is_refused_by_the_reader_and_verify(store, damage, match):
+    path = store / MANIFEST
+    path.write_text(damage(path.read_text()))
+    for read in (LatentStoreDataset, verify_store):
+        with pytest.raises(UserError, match=match):
+            read(str(store))
+
+
+def test_4_a_manifest_without_its_keys_names_them(store):
+    manifest = json.loads((store / MANIFEST).read_text())
+    for key in ("shards", "scaling_factor", "manifest_sha256"):
+        manifest.pop(key)
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="scaling_factor is missing; shards is missing"):
+        read_manifest(str(store))
+
+
+# ---- 5. a resume that would change the run ------------------------------------------------------------------
+
+
+def test_5_resume_refuses_other_settings_and_rewrites_nothing(tmp_path):
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    before = latest.read_bytes()
+    with pytest.raises(UserError, match=r"seed: 0 -> 1; lr: 0.001 -> 0.0005"):
+        train(tiny_config(tmp_path, max_steps=4, resume="auto", seed=1, lr=5e-4), Pixels())
+    with pytest.raises(UserError, match="only recipe fields"):
+        tiny_config(tmp_path, resume="auto", allow_changes=["seed"])
+    assert latest.read_bytes() == before and latest_checkpoint(latest.parent) == latest
+    train(tiny_config(tmp_path, max_steps=4, resume="auto", lr=5e-4, allow_changes=["lr"]), Pixels())
+    assert load_checkpoint(latest_checkpoint(latest.parent))["step"] == 4
+
+
+# ---- 6. numeric flags out of range ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("class_dropout_prob", 1.0), ("class_dropout_prob", -0.1), ("max_nonfinite", 0), ("ema_decay", 1.0),
+     ("min_lr_frac", 1.5), ("peak_tflops", 0.0), ("price_per_hour", -1.0), ("memory_reserve_gib", -2.0),
+     ("eval_guidance_scale", 0.5), ("global_batch_size", 0), ("num_workers", -1)],
+)  # fmt: skip
+def test_6_out_of_range_flags_name_themselves(tmp_path, field, value):
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(UserError, match=flag):
+        tiny_config(tmp_path, **{field: value})
+
+
+# ---- 7. OS errors -------------------------------------------------------------------------------------------
+
+
+def test_7_results_dir_that_is_a_file_or_unwritable(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        tiny_config(tmp_path, results_dir=str(tmp_path / "file"))
+    real_open = os.open
+
+    def read_only(path, *a, **k):
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(UserError, match=r"cannot write .*\.lock: Permission denied\. Make the folder writable"):
+        train(tiny_config(tmp_path / "ro"), Pixels())
+
+
+def test_7_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, monkeypatch):
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
+
+    def full(obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(UserError, match="No space left on device. Free space on that disk") as err:
+        train(tiny_config(tmp_path, max_steps=4, resume="auto"), Pixels())
+    assert "\n" not in str(err.value)
+    assert latest_checkpoint(latest.parent) == latest and not list(latest.parent.glob("*.tmp-*"))
+
+
+def test_7_sample_out_that_is_a_folder_fails_before_sampling(our_ckpt, tmp_path, capsys):
+    code, _, err = run_face("sample.py", ["--ckpt", str(our_ckpt), "--out", str(tmp_path)], capsys)
+    assert code == 2 and err.startswith("error: --out") and "is a folder" in err
+
+
+# ---- 8. images ----------------------------------------------------------------------------------------------
+
+
+def test_8_a_bad_image_in_a_worker_is_one_line(tmp_path):
+    images = make_image_folder(tmp_path / "images", {"cat": 5, "dog": 5})
+    cfg = tiny_config(tmp_path, data_path=images, num_classes=3, image_size=8, num_workers=1, max_steps=8)
+    with pytest.raises(UserError) as err:
+        train(cfg)
+    text = str(err.value)
+    assert "broken.jpg" in text and "\n" not in text and "Traceback" not in text
+
+
+def test_8_sixteen_bit_pngs_are_scaled_not_clipped(tmp_path):
+    from dit.data.images import read_image
+
+    wide = np.array([[0, 32768, 65535, 1000]], dtype=np.uint16).repeat(4, 0)
+    Image.fromarray(wide).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode.startswith("I")
+    x = read_image(str(tmp_path / "deep.png"), 4)
+    assert x.shape == (3, 4, 4) and x[0, 0].tolist() == [0, 128, 255, 4]  # 65535 -> 255, not 0/255 only
+
+
+# ---- 9. FID sample sets -------------------------------------------------------------------------------------
+
+
+def fid(ckpt, out, n=4, *extra):
+    argv = ["--ckpt", ckpt, "--sample-dir", out, "--num-fid-samples", n, "--per-proc-batch-size", 2,
+            "--num-sampling-steps", 2, "--precision", "fp32", "--peak-tflops", 1, *extra]  # fmt: skip
+    return [str(a) for a in argv]
+
+
+def test_9_sample_sets_stale_temps_truncated_pngs_and_another_size(our_ckpt, tmp_path, capsys):
+    code, _, err = run_face("scripts/sample_ddp.py", fid(our_ckpt, tmp_path), capsys)
+    assert code == 0, err
+    (npz,) = tmp_path.glob("*.npz")
+    folder = npz.with_suffix("")
+    good = (folder / "000001.png").read_bytes()
+    (folder / "000001.png").write_bytes(good[: len(good) // 2])  # cut short
+    (folder / "000002.png.tmp-dead").write_bytes(b"half")  # a write a kill interrupted
+    npz.unlink()
+    code, _, err = run_face("scripts/sample_ddp.py", fid(our_ckpt, tmp_path), capsys)
+    assert code == 0, err
+    assert (folder / "000001.png").read_bytes() == good and not list(folder.glob("*.tmp-*"))
+    first = npz.read_bytes()
+    code, _, err = run_face("scripts/sample_ddp.py", fid(our_ckpt, tmp_path, 6), capsys)
+    assert code == 0, err
+    assert npz.read_bytes() == first and len(list(tmp_path.glob("*.npz"))) == 2  # another set, not a replacement
+    identity = json.loads((folder / "sample_set.json").read_text())
+    assert len(identity["ckpt_sha256"]) == 64 and identity["num_fid_samples"] == 4
+
+
+def test_9_other_weights_at_the_same_path_are_another_set(tmp_path, capsys, vae_dir):
+    ckpt = write_our_checkpoint(tmp_path / "a", vae_dir, seed=0)
+    assert run_face("scripts/sample_ddp.py", fid(ckpt, tmp_path / "s"), capsys)[0] == 0
+    write_our_checkpoint(tmp_path / "a", vae_dir, seed=5)  # retrained, same file name
+    code, _, err = run_face("scripts/sample_ddp.py", fid(ckpt, tmp_path / "s"), capsys)
+    assert code == 2 and "other weights" in err
+
+
+# ---- 10. how a run ends -------------------------------------------------------------------------------------
+
+
+def test_10_a_run_that_fails_before_its_first_step_writes_no_checkpoint(tmp_path):
+    class Broken(Pixels):
+        def __getitem__(self, i):
+            raise UserError(f"cannot decode image item{i}.png: broken. Remove or replace the file.")
+
+    with pytest.raises(UserError, match="item"):
+        train(tiny_config(tmp_path), Broken())
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") is None
+    train(tiny_config(tmp_path, max_steps=2), Pixels())  # so the rerun needs no --resume
+
+
+def test_10_resume_is_logged(tmp_path):
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    train(tiny_config(tmp_path, max_steps=3, resume="auto"), Pixels())
+    assert "resumed from step 2 (" in log(tmp_path / "run")
+
+
+# ---- 11. file modes -----------------------------------------------------------------------------------------
+
+
+def test_11_atomic_writes_respect_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "shared.bin", b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.bin").stat().st_mode & 0o777 == 0o644
+
+
+# ---- 12. a store's VAE ---------------------------------------------------------------------------------------
+
+
+def test_12_a_store_run_records_the_stores_vae_and_decodes_its_grids(tmp_path, vae_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dit.extract import ExtractConfig, extract_features
+
+    images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
+    store = tmp_path / "store"
+    extract_features(
+        ExtractConfig(features_path=str(store), data_path=images, image_size=32, vae=vae_dir, num_workers=0)
+    )
+    cfg = tiny_config(tmp_path, feature_path=str(store), vae="ema", image_size=32, num_classes=3, max_steps=2,
+                      global_batch_size=4, sample_every=2)  # fmt: skip
+    train(cfg)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    assert saved["config"]["vae"] == os.path.abspath(vae_dir)  # not the --vae default
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    (grid,) = events.Images("samples/ema")
+    assert grid.width > 32 and grid.height >= 32  # decoded 32 px images, not 4x4 latents
+
+
+# ---- 13. the seeding the docs describe -----------------------------------------------------------------------
+
+
+def test_13_image_i_is_keyed_by_its_position_in_the_list(our_ckpt, tmp_path, capsys):
+    """docs/sampling.md: image i's noise is keyed by (seed, i), i its position in --class-labels."""
+    common = ["--ckpt", str(our_ckpt), "--num-sampling-steps", "4", "--precision", "fp32", "--peak-tflops", "1",
+              "--nrow", "1"]  # fmt: skip
+    run_face("sample.py", [*common, "--class-labels", "1", "2", "--out", str(tmp_path / "both.png")], capsys)
+    run_face("sample.py", [*common, "--class-labels", "1", "--out", str(tmp_path / "first.png")], capsys)
+    run_face("sample.py", [*common, "--class-labels", "2", "--out", str(tmp_path / "second.png")], capsys)
+    both, first, second = (np.asarray(Image.open(tmp_path / f"{n}.png")) for n in ("both", "first", "second"))
+    size = first.shape[0]  # a lone image is saved without the grid's 2-pixel padding
+    top, bottom = (both[2 + k * (size + 2) : 2 + k * (size + 2) + size, 2 : 2 + size].astype(int) for k in (0, 1))
+    assert np.abs(top - first).max() <= 1  # position 0 alone = position 0 in the list (to a rounding step)
+    assert np.abs(bottom - second).mean() > 5  # label 2 alone is drawn from position 0's noise, not position 1's
