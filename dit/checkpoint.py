@@ -10,6 +10,7 @@ are bare state dicts; official ``train.py`` files hold ``{model, ema, opt, args}
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -28,9 +29,47 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
+# The official releases (bare EMA state dicts), where the official scripts download them from. DiT publishes
+# no checksums for them; a download is checked instead by loading it (weights_only) and by the model's strict
+# key and shape check, and its sha256 is printed so that it can be compared across machines.
+OFFICIAL_RELEASES = {
+    f"DiT-XL-2-{size}x{size}.pt": f"https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-{size}x{size}.pt"
+    for size in (256, 512)
+}
+
+
+def official_release(image_size: int | None) -> str:
+    """The official DiT-XL/2 release for an image size (256 by default), as the official sample.py picks it."""
+    size = image_size or 256
+    return f"DiT-XL-2-{size}x{size}.pt"
+
+
+def find_checkpoint(name: str | os.PathLike) -> Path:
+    """A checkpoint path; an official release name that is no file here is looked up in torch hub's cache
+    and downloaded there when missing (as the official sample.py does). Offline, the error says where to
+    put the file."""
+    path = Path(name)
+    if path.is_file() or path.name not in OFFICIAL_RELEASES or str(path) != path.name:
+        return path
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / path.name
+    if not cached.is_file():
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            print(f"downloading {path.name} from {OFFICIAL_RELEASES[path.name]} to {cached}", flush=True)
+            torch.hub.download_url_to_file(OFFICIAL_RELEASES[path.name], str(cached), progress=True)
+        except Exception as e:  # no network, a proxy, a full disk: all the same to the user
+            raise UserError(
+                f"cannot download {path.name} ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}): "
+                f"fetch {OFFICIAL_RELEASES[path.name]} elsewhere and put it at {cached}, or pass --ckpt /path/to/it."
+            ) from None
+        digest = hashlib.sha256(cached.read_bytes()).hexdigest()
+        print(f"{cached}: sha256 {digest}", flush=True)
+    return cached
+
+
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict."""
-    path = Path(path)
+    path = find_checkpoint(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass the path of a .pt file (--ckpt).")
     try:

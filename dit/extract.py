@@ -36,6 +36,7 @@ from dit.vae import (
     latent_downsample,
     load_vae,
     scaling_factor,
+    shift_factor,
     vae_id_and_config_hash,
     weights_sha256,
 )
@@ -130,6 +131,7 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
         vae_config_sha256=config_sha,
         vae_weights_sha256=weights_sha256(vae),
         scaling_factor=scaling_factor(vae),
+        shift_factor=shift_factor(vae),
         image_size=cfg.image_size,
         latent_shape=[vae.config.latent_channels, latent, latent],
         encode_precision=cfg.precision,

@@ -32,7 +32,9 @@ class DiTConfig:
             if int(getattr(self, name)) <= 0:
                 raise UserError(f"DiT {name} must be positive, got {getattr(self, name)}.")
         if self.num_classes < 0:
-            raise UserError(f"num_classes must be >= 0, got {self.num_classes}.")
+            raise UserError(f"num_classes must be >= 0 (0: unconditional), got {self.num_classes}.")
+        if self.num_classes == 0 and self.class_dropout_prob > 0:  # no labels to drop: no guidance either
+            object.__setattr__(self, "class_dropout_prob", 0.0)
         if self.input_size % self.patch_size:
             raise UserError(
                 f"input size {self.input_size} is not divisible by patch size {self.patch_size}: "
@@ -99,3 +101,41 @@ def registry_name(cfg: DiTConfig) -> str | None:
 def describe(cfg: DiTConfig) -> str:
     name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
     return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes"
+
+
+def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int | None = None) -> DiTConfig:
+    """The DiT a state dict's shapes imply: official releases are bare state dicts with no config.
+
+    Depth, width, patch, input size, channels, classes, learned sigma and the MLP ratio are read from the
+    tensors; the head count is not in any shape (qkv is D x 3D for every head count), so it is the
+    registry's for that depth and width, else ``num_heads``, else 64-wide heads. A bare table of C + 1 rows
+    is C classes and the null class, as every official release has."""
+    try:
+        hidden, in_channels, patch, _ = shapes["x_embedder.proj.weight"]
+        tokens = shapes["pos_embed"][1]
+        depth = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("blocks."))
+        out_channels = shapes["final_layer.linear.weight"][0] // (patch * patch)
+        mlp_hidden = shapes["blocks.0.mlp.fc1.weight"][0]
+        frequencies = shapes["t_embedder.mlp.0.weight"][1]
+    except (KeyError, ValueError, IndexError):
+        raise UserError(
+            "the weights are not a DiT state dict (x_embedder, pos_embed, blocks.N, final_layer missing): pass "
+            "an official DiT release, an official train.py checkpoint, or a dit-ledger checkpoint."
+        ) from None
+    grid = round(tokens**0.5)
+    table = shapes.get("y_embedder.embedding_table.weight")
+    registry = {(d, h): heads for d, h, heads in _SIZES.values()}
+    heads = registry.get((depth, hidden)) or num_heads or max(1, hidden // 64)
+    return DiTConfig(
+        depth=depth,
+        hidden_size=hidden,
+        num_heads=num_heads or heads,
+        patch_size=patch,
+        input_size=grid * patch,
+        in_channels=in_channels,
+        num_classes=table[0] - 1 if table else 0,
+        learn_sigma=out_channels == 2 * in_channels,
+        class_dropout_prob=0.1 if table else 0.0,
+        mlp_ratio=mlp_hidden / hidden,
+        frequency_embedding_size=frequencies,
+    )

@@ -293,7 +293,8 @@ class DiT(nn.Module):
 
         self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size, frequency_embedding_size)
-        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        # An unconditional model (num_classes 0) has no label table: its conditioning is the timestep alone.
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes else None
         # Frozen, but a Parameter (not a buffer) so that it is in the state dict as in the official release.
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.tokens, hidden_size), requires_grad=False)
         self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
@@ -319,7 +320,8 @@ class DiT(nn.Module):
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.x_embedder.proj.bias)
-        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        if self.y_embedder is not None:
+            nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
         for layer in [b.adaLN_modulation[-1] for b in self.blocks] + [
@@ -395,7 +397,9 @@ class DiT(nn.Module):
         """
         self._check_input(x)
         x = self.x_embedder(x) + self.pos_embed
-        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
+        c = self.t_embedder(t)
+        if self.y_embedder is not None:
+            c = c + self.y_embedder(y, self.training, force_drop_ids)
         for block, ckpt in zip(self.blocks, self.checkpoint_mask):
             if ckpt and torch.is_grad_enabled():
                 x = checkpoint(block, x, c, use_reentrant=False)

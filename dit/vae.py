@@ -1,7 +1,8 @@
 """The frozen image autoencoder: load it by alias, hub id or folder; encode to and decode from DiT latents.
 
-This module is the ONE place the latent scaling rule lives (latent = posterior sample x ``scaling_factor``,
-read from the VAE's own config), so the trainer, the latent store and the sampler cannot disagree about it.
+This module is the ONE place the latent scaling rule lives: latent = (posterior sample - ``shift_factor``) x
+``scaling_factor``, both read from the VAE's own config (the SD VAEs have no shift; the SD3 and FLUX VAEs,
+16 latent channels, do), so the trainer, the latent store and the sampler cannot disagree about it.
 """
 
 from __future__ import annotations
@@ -60,11 +61,6 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
                 f"`hf download {source} --local-dir DIR`, copy DIR here and pass --vae DIR"
             )
         raise UserError(f"cannot load VAE {source!r}: {first_line}. Fix: {fix}.") from e
-    if vae.config.shift_factor:
-        raise UserError(
-            f"VAE {source!r} has shift_factor={vae.config.shift_factor}; dit-ledger latents follow the SD VAE "
-            "rule latent = z * scaling_factor with no shift. Use an SD-style VAE (--vae ema|mse)."
-        )
     return vae.to(device).eval().requires_grad_(False)
 
 
@@ -96,6 +92,11 @@ def scaling_factor(vae: AutoencoderKL) -> float:
     return float(vae.config.scaling_factor)
 
 
+def shift_factor(vae: AutoencoderKL) -> float:
+    """The latents' offset before scaling (0 for the SD VAEs; 0.0609 for SD3's, 0.1159 for FLUX's)."""
+    return float(getattr(vae.config, "shift_factor", None) or 0.0)
+
+
 def latent_downsample(vae: AutoencoderKL) -> int:
     """Image pixels per latent pixel along one side: each encoder block but the last halves the resolution."""
     return 2 ** (len(vae.config.block_out_channels) - 1)
@@ -109,22 +110,36 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tens
 
 
 def sample_latents(
-    mean: torch.Tensor, std: torch.Tensor, scale: float, generator: torch.Generator | None = None
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    scale: float,
+    generator: torch.Generator | None = None,
+    shift: float = 0.0,
+    eps: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A fresh posterior draw, scaled: (mean + std * eps) * scale, in float32 whatever the moments' dtype.
+    """A posterior draw, shifted and scaled: (mean + std * eps - shift) * scale, in float32; ``eps`` is drawn
+    here unless given (a trainer passes its own keyed draw).
 
     In place on the noise buffer: the latent-store reader calls this per batch, where allocations show up."""
-    eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
-    return eps.mul_(std).add_(mean).mul_(scale)
+    if eps is None:
+        eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+    else:
+        eps = eps.to(torch.float32, copy=True)
+    return eps.mul_(std).add_(mean).sub_(shift).mul_(scale)
 
 
-def encode(vae: AutoencoderKL, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def encode(
+    vae: AutoencoderKL,
+    images: torch.Tensor,
+    generator: torch.Generator | None = None,
+    eps: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Images in [-1, 1] to scaled latents, as DiT trains on them (a posterior sample, not the mean)."""
-    return sample_latents(*encode_moments(vae, images), scaling_factor(vae), generator)
+    return sample_latents(*encode_moments(vae, images), scaling_factor(vae), generator, shift_factor(vae), eps)
 
 
 @torch.no_grad()
 def decode(vae: AutoencoderKL, latents: torch.Tensor) -> torch.Tensor:
     """Scaled latents back to float32 images in [-1, 1]."""
-    images = vae.decode((latents / scaling_factor(vae)).to(dtype=vae.dtype)).sample
+    images = vae.decode((latents / scaling_factor(vae) + shift_factor(vae)).to(dtype=vae.dtype)).sample
     return images.float().clamp_(-1.0, 1.0)

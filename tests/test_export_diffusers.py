@@ -51,6 +51,8 @@ def test_exported_folder_is_a_complete_pipeline(exported):
     config = json.loads((d / "transformer" / "config.json").read_text())
     assert config["norm_eps"] == 1e-6 and config["num_embeds_ada_norm"] == PIPELINE_NULL_CLASS
     assert json.loads((d / "scheduler" / "scheduler_config.json").read_text())["_class_name"] == "DDIMScheduler"
+    readme = (d / "README.md").read_text()  # how to load it with DiT's exact timestep frequencies
+    assert "downscale_freq_shift = 0" in readme and "from_pretrained" in readme
 
 
 OFFLINE_USE = """

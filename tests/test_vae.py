@@ -112,9 +112,16 @@ def test_offline_hub_id_is_a_user_error_naming_the_fix(monkeypatch):
         load_vae("mse")
 
 
-def test_vae_with_a_shift_factor_is_refused(tmp_path):
-    vae = build_tiny_vae()
-    vae.register_to_config(shift_factor=0.1)
+def test_sd3_style_vae_shifts_then_scales_16_channel_latents(tmp_path):
+    """The SD3/FLUX family: 16 latent channels and latent = (z - shift_factor) x scaling_factor."""
+    vae = build_tiny_vae(latent_channels=16)
+    vae.register_to_config(shift_factor=0.1, scaling_factor=1.5)
     vae.save_pretrained(tmp_path)
-    with pytest.raises(UserError, match="shift_factor"):
-        load_vae(str(tmp_path))
+    vae = load_vae(str(tmp_path))
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
+    mean, std = encode_moments(vae, images)
+    z = encode(vae, images, generator=torch.Generator().manual_seed(3))
+    eps = torch.randn(mean.shape, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(z, (mean + std * eps - 0.1) * 1.5)
+    assert z.shape == (2, 16, 4, 4)
+    torch.testing.assert_close(decode(vae, z), vae.decode(z / 1.5 + 0.1).sample.clamp(-1, 1))

@@ -156,7 +156,7 @@ def param_counts(cfg: DiTConfig) -> ParamCounts:
     final_linear = d * p * p * cfg.out_channels + p * p * cfg.out_channels
     t_embed = cfg.frequency_embedding_size * d + d + d * d + d
     adaln = depth * (6 * d * d + 6 * d) + (2 * d * d + 2 * d)
-    labels = (cfg.num_classes + int(cfg.class_dropout_prob > 0)) * d
+    labels = (cfg.num_classes + int(cfg.class_dropout_prob > 0)) * d if cfg.num_classes else 0
     return ParamCounts(
         per_token=patch + depth * block_token + final_linear,
         per_sample=t_embed + adaln,

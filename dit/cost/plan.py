@@ -337,6 +337,8 @@ def plan_sampling(
     _positive("--num-images", num_images)
     _positive("--num-gpus", num_devices)
     _positive("--price-per-hour", price_per_device_hour)
+    if cfg.num_classes == 0 and guidance_scale > 1:
+        raise UserError("an unconditional model (--num-classes 0) has nothing to guide: pass --guidance-scale 1.")
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode)
     total = per_image.total * num_images

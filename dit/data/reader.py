@@ -57,6 +57,7 @@ class LatentStoreDataset(Dataset):
         self.path, self.manifest = path, manifest
         self.flip, self.sample_posterior = flip, sample_posterior
         self.scale = float(manifest["scaling_factor"])
+        self.shift = float(manifest.get("shift_factor", 0.0))
         self.latent_shape = tuple(manifest["latent_shape"])
         self.classes = sorted(manifest["class_to_index"], key=manifest["class_to_index"].get)
         self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
@@ -98,7 +99,7 @@ class LatentStoreDataset(Dataset):
         """Image pixels per latent pixel along a side (8 for the SD VAE)."""
         return self.manifest["image_size"] // self.latent_shape[1]
 
-    def check_compatible(self, in_channels: int, input_size: int, num_classes: int) -> None:
+    def check_compatible(self, in_channels: int, input_size: int, num_classes: int | None) -> None:
         """Refuse to train a model whose latent channels, latent size or class count differ from the store's."""
         c, h, _ = self.latent_shape
         down = self.downsample
@@ -111,7 +112,7 @@ class LatentStoreDataset(Dataset):
                 f"{input_size} (pass --image-size {self.manifest['image_size']}, or re-extract the store with "
                 f"--image-size {input_size * down})"
             )
-        if num_classes != len(self.classes):
+        if num_classes is not None and num_classes != len(self.classes):  # None: unconditional
             problems.append(
                 f"{len(self.classes)} classes but the model has {num_classes} (pass --num-classes {len(self.classes)})"
             )
@@ -139,7 +140,10 @@ class LatentStoreDataset(Dataset):
             moments[row] = self._shard(s)[0][j, v]
         moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
-        latents = sample_latents(mean, std, self.scale) if self.sample_posterior else mean.float() * self.scale
+        if self.sample_posterior:
+            latents = sample_latents(mean, std, self.scale, shift=self.shift)
+        else:
+            latents = (mean.float() - self.shift) * self.scale
         if self.flip_mode == "latent":
             mirror = torch.rand(len(index)) < 0.5
             latents[mirror] = latents[mirror].flip(-1)

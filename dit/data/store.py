@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import safetensors.torch
@@ -98,6 +98,7 @@ class StoreSpec:
     num_sources: int
     crop: str = "adm_center_crop"
     moments: str = "mean,std"
+    shift_factor: float = 0.0  # latents are (z - shift) x scale (SD3/FLUX VAEs); 0 for the SD VAEs
     vae_config: dict | None = None  # the AutoencoderKL config, for the cost of encoding (its hash is above)
 
     @property
@@ -200,10 +201,11 @@ def check_existing_store(folder: str, spec: StoreSpec) -> None:
         return
     old = read_manifest(folder)
     new = json.loads(json.dumps(asdict(spec)))  # tuples to lists, as the manifest holds them
+    defaults = {f.name: f.default for f in fields(StoreSpec)}  # a store older than a field has its default
     diffs = [
-        f"{key}: store has {old.get(key)!r}, this run has {value!r}"
+        f"{key}: store has {old.get(key, defaults.get(key))!r}, this run has {value!r}"
         for key, value in new.items()
-        if key not in ("vae_id", "vae_config") and old.get(key) != value
+        if key not in ("vae_id", "vae_config") and old.get(key, defaults.get(key)) != value
     ]
     if diffs:
         if any(d.startswith("vae_") for d in diffs):

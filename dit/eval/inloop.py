@@ -36,6 +36,7 @@ class InLoopEval:
         seed = mix_seed(Stream.EVAL, cfg.seed)
         n, classes = cfg.eval_num_samples, model_config.num_classes
         self.labels = [fid_label(seed, i, classes) for i in range(n)]
+        self.conditional = classes > 0
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), cfg.image_size).decode if vae is not None else 0.0
         per_image = sampling_flops_per_image(
@@ -73,7 +74,7 @@ class InLoopEval:
                     sm, diffusion, labels, [self.seeds[i] for i in batch], c.eval_sampler,
                     c.eval_guidance_scale, 3, rt.precision,
                 )  # fmt: skip
-                yield images, labels
+                yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())
         ema.train(was_training)

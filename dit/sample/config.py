@@ -17,7 +17,11 @@ CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the pap
 class SamplingOptions:
     """Where the weights come from and how to run them (sample.py and sample_ddp.py alike)."""
 
-    ckpt: str = option(help="our training checkpoint, an official train.py file, or a bare state dict")
+    ckpt: str | None = option(
+        None,
+        "our training checkpoint, an official train.py file, or a bare state dict (default: the official "
+        "DiT-XL-2-<image size>.pt release, downloaded if missing)",
+    )
     model: str | None = option(None, "for files without a config (default DiT-XL/2)")
     image_size: int | None = option(None, "pixels per side, for files without a config (default 256)")
     num_classes: int | None = option(None, "for files without a config (default 1000)")
@@ -32,9 +36,12 @@ class SamplingOptions:
     ema: bool = option(True, "sample with the EMA weights (--no-ema: the raw weights)")
     device: str | None = option(None, "default: cuda if available, else cpu")
     peak_tflops: float | None = option(None, "device peak for MFU (default: datasheet table, else measured)")
+    tf32: bool | None = option(None, "the official scripts' switch: --tf32 is --precision tf32, --no-tf32 is fp32")
 
     def __post_init__(self):
-        check_positive(self, "num_sampling_steps", "peak_tflops", "image_size", "num_classes")
+        if self.tf32 is not None:  # one precision setting: the official flag only chooses between two of them
+            self.precision = "tf32" if self.tf32 else "fp32"
+        check_positive(self, "num_sampling_steps", "peak_tflops", "image_size")
         if not self.guidance_scale >= 1:
             raise UserError(
                 f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {self.guidance_scale}."

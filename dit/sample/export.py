@@ -31,6 +31,8 @@ PIPELINE_NULL_CLASS = 1000  # DiTPipeline.__call__ hard-codes the unconditional 
 
 def diffusers_transformer_config(cfg: DiTConfig) -> dict:
     """``DiTTransformer2DModel`` arguments for a DiT, or a UserError naming what diffusers cannot express."""
+    if cfg.num_classes == 0:
+        raise UserError("diffusers' DiTPipeline is class-conditional; an unconditional DiT cannot be exported.")
     if cfg.mlp_ratio != 4.0 or cfg.frequency_embedding_size != 256:
         raise UserError(
             f"diffusers' DiT has a 4x MLP and 256 timestep frequencies; this model has mlp_ratio {cfg.mlp_ratio} "
@@ -178,6 +180,30 @@ def transformer_difference(
     }
 
 
+EXPORT_README = """# A DiT exported by dit-ledger
+
+```python
+from diffusers import DiTPipeline
+
+pipe = DiTPipeline.from_pretrained(".")  # works offline
+```
+
+**Timestep frequencies.** diffusers' DiT divides the timestep frequencies by half - 1 where DiT divides by
+half, and has no config key to change it, so a pipeline loaded as above differs from the trained model (for
+a trained DiT-XL/2, a relative RMS of about 1e-2 in the output). For the exact model, patch the loaded
+transformer before sampling:
+
+```python
+for block in pipe.transformer.transformer_blocks:
+    block.norm1.emb.time_proj.downscale_freq_shift = 0  # dit.sample.export.use_dit_timestep_frequencies
+```
+
+**Guidance.** `DiTPipeline` guides with the null class 1000 and on all latent channels; the official DiT
+(and dit-ledger's sample.py by default) guides the first three. Its `guidance_scale` is therefore not the
+paper's scale: for the paper's samples, use dit-ledger's `sample.py` or `scripts/sample_ddp.py`.
+"""
+
+
 def export_pipeline(
     model: DiT, vae, out_dir: str | os.PathLike, noise_schedule: str = "linear", id2label: dict | None = None
 ) -> Path:
@@ -203,6 +229,7 @@ def export_pipeline(
         index = json.loads((tmp / "model_index.json").read_text())
         index["id2label"] = {str(k): v for k, v in labels.items()}
         atomic_write_bytes(tmp / "model_index.json", json.dumps(index, indent=2).encode())
+        atomic_write_bytes(tmp / "README.md", EXPORT_README.encode())
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)

@@ -6,6 +6,7 @@ any number of resumes give the same set; a folder made with other settings is re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import zipfile
@@ -17,6 +18,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dit.atomic import FolderLock, atomic_write, stale_temp_files
+from dit.checkpoint import find_checkpoint, official_release
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.errors import UserError
@@ -137,6 +139,7 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
 def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     """Write images 0..N-1 as PNGs (skipping batches already on disk), then pack them into ``{folder}.npz``."""
     rank, device = runtime.rank, runtime.device
+    c = dataclasses.replace(c, ckpt=str(find_checkpoint(c.ckpt or official_release(c.image_size))))
     channels = parse_guidance_channels(c.guidance_channels)
     sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
     check_guidance(c.guidance_scale, sm.config)

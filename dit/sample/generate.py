@@ -70,6 +70,8 @@ def check_guidance(guidance_scale: float, cfg: DiTConfig) -> None:
 
 def check_labels(labels: Sequence[int], num_classes: int) -> list[int]:
     labels = [int(y) for y in labels]
+    if num_classes == 0:  # unconditional: one image per entry, the label itself unused
+        return [0] * len(labels)
     if not labels:
         raise UserError("no class labels given: pass --class-labels with at least one label.")
     bad = [y for y in labels if not 0 <= y < num_classes]
@@ -84,7 +86,7 @@ def default_class_labels(num_classes: int) -> list[int]:
     """The official sample.py's eight ImageNet classes, or the first eight classes of other models."""
     if num_classes == 1000:
         return list(OFFICIAL_CLASS_LABELS)
-    return [i % num_classes for i in range(8)]
+    return [i % num_classes if num_classes else 0 for i in range(8)]
 
 
 # ---- seeds and noise --------------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ def noise_seed(seed: int, index: int) -> int:
 
 def fid_label(seed: int, index: int, num_classes: int) -> int:
     """Image ``index``'s class in a sample set: uniform like the official sample_ddp.py, but per image."""
-    return mix_seed(Stream.LABEL, seed, index) % num_classes  # modulo bias < num_classes / 2**63
+    return mix_seed(Stream.LABEL, seed, index) % num_classes if num_classes else 0  # bias < classes / 2**63
 
 
 class PerImageNoise:

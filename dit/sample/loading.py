@@ -6,13 +6,12 @@ import os
 
 import torch
 
-from dit.checkpoint import load_checkpoint, model_weights
+from dit.checkpoint import load_checkpoint, model_weights, official_release
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig, model_config, registry_name
+from dit.model_config import model_config_from_shapes
+from dit.models import DiT, DiTConfig, describe, registry_name
 from dit.sample.generate import SamplingModel
 from dit.vae import VAE_ALIASES, latent_downsample, load_vae
-
-DEFAULT_MODEL, DEFAULT_IMAGE_SIZE, DEFAULT_NUM_CLASSES = "DiT-XL/2", 256, 1000
 
 
 def recorded_run_config(ckpt: dict) -> dict:
@@ -34,7 +33,7 @@ def _agree(flag: str, given, recorded):
 
 
 def load_sampling_model(
-    ckpt_path: str | os.PathLike,
+    ckpt_path: str | os.PathLike | None,
     model: str | None = None,
     image_size: int | None = None,
     num_classes: int | None = None,
@@ -46,12 +45,13 @@ def load_sampling_model(
     """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
 
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
-    official releases are bare state dicts, built from ``model``/``image_size``/``num_classes`` (official
-    defaults DiT-XL/2, 256, 1000). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
+    official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
+    ``image_size`` and ``num_classes`` are then checks). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
     None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
     ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
     when the run was pixel space.
     """
+    ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     ckpt = load_checkpoint(ckpt_path)
     run = recorded_run_config(ckpt)
     weights, which = model_weights(ckpt, use_ema)
@@ -79,20 +79,26 @@ def load_sampling_model(
             raise UserError(f"--model {model} does not match the checkpoint, which holds {name}: drop --model.")
         _agree("--num-classes", num_classes, cfg.num_classes)
         image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
-    else:
-        name = _agree("--model", model, run.get("model")) or DEFAULT_MODEL
-        image_size = _agree("--image-size", image_size, run.get("image_size")) or DEFAULT_IMAGE_SIZE
-        num_classes = _agree("--num-classes", num_classes, run.get("num_classes")) or DEFAULT_NUM_CLASSES
-        if image_size % factor:
-            raise UserError(f"--image-size {image_size} is not a multiple of the VAE's downsampling {factor}.")
-        # A pixel-space bare state dict does not say its channel count; its patch embedding does.
-        patch = weights.get("x_embedder.proj.weight")
-        channels = patch.shape[1] if pixel and patch is not None else (3 if pixel else 4)
-        cfg = model_config(name, input_size=image_size // factor, num_classes=num_classes, in_channels=channels)
+    else:  # an official release or train.py file: the weights' shapes say which model; flags are checks
+        cfg = model_config_from_shapes({k: tuple(v.shape) for k, v in weights.items()})
+        name = registry_name(cfg) or "custom"
+        recorded = run.get("model")
+        for given in (model, recorded):
+            if given is not None and given != name:
+                raise UserError(
+                    f"--model {given} does not match the checkpoint, whose weights are {describe(cfg)}: drop --model."
+                )
+        _agree("--num-classes", num_classes, cfg.num_classes)
+        image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
     if cfg.input_size * factor != image_size:
         raise UserError(
             f"--image-size {image_size} needs a model input of {image_size // factor}, but the checkpoint's model "
             f"takes {cfg.input_size}: pass --image-size {cfg.input_size * factor}."
+        )
+    if not pixel and cfg.in_channels != vae_module.config.latent_channels:
+        raise UserError(
+            f"the checkpoint's model takes {cfg.in_channels}-channel latents, but VAE {vae_spec!r} makes "
+            f"{vae_module.config.latent_channels}: pass the VAE it was trained with (--vae)."
         )
     if pixel and cfg.in_channels not in (1, 3):
         raise UserError(

@@ -39,7 +39,7 @@ class TrainConfig:
     num_heads: int | None = option(None, "custom size: override the head count")
     patch_size: int | None = option(None, "custom size: override the patch size")
     image_size: int = option(256, "image size in pixels (latents are image_size / the VAE's downsampling)")
-    num_classes: int = option(1000, "number of classes (the null class is added)")
+    num_classes: int = option(1000, "number of classes (the null class is added); 0: an unconditional model")
     class_dropout_prob: float = option(0.1, "label dropout for classifier-free guidance, in [0, 1)")
     learn_sigma: bool = option(True, "learn the variance (the hybrid loss) as DiT does")
     noise_schedule: str = option("linear", "beta schedule", choices=("linear", "squaredcos_cap_v2"))
@@ -53,6 +53,9 @@ class TrainConfig:
     global_batch_size: int = option(256, "images per optimizer step, all devices together")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step")
     max_steps: int = option(400_000, "optimizer steps to train for")
+    epochs: int | None = option(
+        None, "the official train.py's length: epochs over the data, converted to --max-steps"
+    )
     lr: float = option(1e-4, "AdamW learning rate (constant after warm-up)")
     weight_decay: float = option(0.0, "AdamW weight decay")
     warmup_steps: int = option(0, "linear learning-rate warm-up steps")
@@ -63,7 +66,7 @@ class TrainConfig:
     grad_clip: float = option(0.0, "clip the gradient norm to this (0: off)")
     ema_decay: float = option(0.9999, "EMA decay")
     ema_warmup: bool = option(False, "EMA decay min(decay, (1+n)/(10+n)) for short runs")
-    seed: int = option(0, "global seed")
+    seed: int = option(0, "global seed", aliases=("--global-seed",))
     # speed
     precision: str = option("bf16", "matmul precision (the paper: fp32 with TF32, i.e. tf32)", choices=PRECISIONS)
     activation_checkpointing: str = option("none", ACTIVATION_CHECKPOINTING_HELP)
@@ -83,6 +86,11 @@ class TrainConfig:
     # output, checkpoint files, logging
     results_dir: str = option("results/run", "this run's folder: checkpoints, metrics, TensorBoard")
     resume: str | None = option(None, "auto (latest in results-dir) or a checkpoint path")
+    init_from: str | None = option(
+        None,
+        "fine-tune: start a fresh run from these weights (an official release, an official train.py file, or ours)",
+    )
+    init_from_weights: str = option("ema", "which weights of --init-from", choices=("ema", "model"))
     allow_changes: list[str] | None = option(
         None,
         f"on --resume, recipe fields that may differ from the checkpoint's: any of {', '.join(RECIPE_FIELDS)}",
@@ -131,7 +139,7 @@ class TrainConfig:
                 raise UserError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}.")
         if not 0.0 <= self.min_lr_frac <= 1.0:
             raise UserError(f"--min-lr-frac must be in [0, 1], got {self.min_lr_frac}.")
-        check_positive(self, "peak_tflops", "depth", "hidden_size", "num_heads", "patch_size", "num_classes")
+        check_positive(self, "epochs", "peak_tflops", "depth", "hidden_size", "num_heads", "patch_size")
         for name in ("price_per_hour", "memory_reserve_gib"):
             if (value := getattr(self, name)) is not None and value < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}.")
@@ -149,6 +157,11 @@ class TrainConfig:
                 f"{self.mfu_warmup_steps}."
             )
         parse_activation_checkpointing(self.activation_checkpointing)
+        if self.init_from and self.resume:
+            raise UserError(
+                "--init-from starts a new run from other weights and --resume continues one: pass one of them "
+                "(a fine-tune started with --init-from is continued with --resume auto alone)."
+            )
         unknown = sorted(set(self.allow_changes or ()) - set(RECIPE_FIELDS))
         if unknown:
             raise UserError(

@@ -132,7 +132,9 @@ def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) 
 
         ds = LatentStoreDataset(cfg.feature_path)
         c, h, _ = ds.latent_shape
-        ds.check_compatible(in_channels=c, input_size=cfg.image_size // ds.downsample, num_classes=cfg.num_classes)
+        ds.check_compatible(
+            in_channels=c, input_size=cfg.image_size // ds.downsample, num_classes=cfg.num_classes or None
+        )
         m = ds.manifest
         return TrainData(ds, c, h, vae_spec=m["vae_id"], vae_config=m.get("vae_config"), store_manifest=m)
     if not cfg.data_path:
@@ -141,7 +143,7 @@ def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) 
 
     ds = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=True)
     notes = [line] if (line := describe_skipped(ds.skipped, cfg.data_path)) else []
-    if len(ds.classes) > cfg.num_classes:
+    if cfg.num_classes and len(ds.classes) > cfg.num_classes:  # 0: unconditional, the folders are ignored
         raise UserError(
             f"{cfg.data_path} has {len(ds.classes)} class folders but --num-classes is {cfg.num_classes}: "
             f"pass --num-classes {len(ds.classes)}."

@@ -53,11 +53,22 @@ class Trainer:
         cfg, runtime = self.cfg, self.runtime
         device, world = runtime.device, runtime.world
         self.data = build_data(cfg, dataset, device)
+        if cfg.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
+            per_epoch = max(1, len(self.data.dataset) // cfg.global_batch_size)
+            cfg.max_steps = cfg.epochs * per_epoch
+            notes.append(
+                f"--epochs {cfg.epochs} = {cfg.epochs} x {per_epoch:,} steps of {cfg.global_batch_size} images = --max-steps {cfg.max_steps:,}"
+            )
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
         resume_from, ckpt = resume_point(cfg, self.ckpt_dir, model_cfg, self.data.vae_spec)
 
         torch.manual_seed(cfg.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.attention)
+        if cfg.init_from and ckpt is None:  # a fine-tune's first start (its resumes come from its own checkpoints)
+            from dit.train.init import init_from
+
+            report = self.out / "init_from.json" if runtime.is_main else None
+            notes.append(init_from(model, cfg.init_from, cfg.init_from_weights, report))
         self.attention = attention_kernel(cfg.attention, device.type, runtime.precision.compute_dtype)
         self.micro = cfg.global_batch_size // (world * cfg.grad_accum_steps)
         model.set_checkpointing(self._checkpointed_blocks(model))
@@ -156,13 +167,17 @@ class Trainer:
     # ---- one step -------------------------------------------------------------------------------------
 
     def _randomness(self, step: int, shape):
-        """Timesteps, noise and class dropout of the whole global batch for this step (identical on every rank)."""
+        """Timesteps, noise, class dropout and (encoding on the fly) the posterior draw of the whole global
+        batch for this step, identical on every rank: the VAE's sample too is keyed by (seed, step), so a
+        resumed run or another world size encodes the same latents (the global RNG is not: a data loader's
+        start draws from it)."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.seed, step))
         b, device = self.cfg.global_batch_size, self.runtime.device
         t = torch.randint(0, self.diffusion.num_timesteps, (b,), generator=g, device=device)
         noise = torch.randn((b, *shape), generator=g, device=device)
         drop = (torch.rand(b, generator=g, device=device) < self.cfg.class_dropout_prob).long()
-        return t, noise, drop
+        eps = torch.randn((b, *shape), generator=g, device=device) if self.data.vae is not None else None
+        return t, noise, drop, eps
 
     def _model_fn(self, x, t, **kwargs):
         """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32."""
@@ -181,17 +196,18 @@ class Trainer:
         for group in opt.param_groups:
             group["lr"] = cfg.lr_at(state.step)
         mc = model.config
-        t_all, noise_all, drop_all = self._randomness(state.step, (mc.in_channels, mc.input_size, mc.input_size))
+        shape = (mc.in_channels, mc.input_size, mc.input_size)
+        t_all, noise_all, drop_all, eps_all = self._randomness(state.step, shape)
         total = None
         for m, (x, y) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
+            sl = slice(lo, lo + self.micro)
             if self.data.vae is not None:
                 from dit.vae import encode
 
                 with torch.no_grad():
-                    x = encode(self.data.vae, x)
-            lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
-            sl = slice(lo, lo + self.micro)
+                    x = encode(self.data.vae, x, eps=eps_all[sl])
             kwargs = {"y": y, "force_drop_ids": drop_all[sl]} if mc.class_dropout_prob > 0 else {"y": y}
             last = m == len(batches) - 1
             if state.sharded:
