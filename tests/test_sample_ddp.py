@@ -72,7 +72,7 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(our_ckpt, one_rank, tmp
     png_path(folder, 3).unlink()
     png_path(folder, 4).unlink()
     png_path(folder, 5).unlink()
-    (folder / ".000004.png.abc123.tmp").write_bytes(b"\x89PNG half")
+    (folder / "000004.png.tmp-abc123").write_bytes(b"\x89PNG half")  # atomic_write's temporary name
     kept = {i: png_path(folder, i).stat().st_mtime_ns for i in (0, 1)}
 
     code, out, err = run_face("scripts/sample_ddp.py", fid_args(our_ckpt, tmp_path), capsys)
@@ -80,7 +80,7 @@ def test_a_killed_run_resumes_without_duplicates_or_gaps(our_ckpt, one_rank, tmp
     # Batch [2, 3] is made again whole (its numerics depend on its batch), batch [0, 1] is left alone.
     assert "4 images in" in out, "the two unfinished batches (4 images) are made again, nothing else"
     assert {i: png_path(folder, i).stat().st_mtime_ns for i in (0, 1)} == kept
-    assert not list(folder.glob(".*.tmp"))
+    assert not list(folder.glob("*.tmp-*"))
     assert sorted(p.name for p in folder.glob("*.png")) == [f"{i:06d}.png" for i in range(N)]
     assert np.array_equal(np.load(npz)["arr_0"], reference)
 
