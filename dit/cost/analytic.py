@@ -137,7 +137,8 @@ def training_flops_per_image(
 def sampling_flops_per_image(
     cfg: DiTConfig, num_steps: int, guidance_scale: float, vae_decode_flops: float = 0.0
 ) -> SampleFlops:
-    """Steps x forward, doubled under classifier-free guidance (a scale > 1 batches cond and uncond)."""
+    """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
+    uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun."""
     if num_steps < 1:
         raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
     if guidance_scale < 1.0:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 
+from dit.config import to_dict
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.eval.evaluator import Evaluator, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.sample.generate import SamplingModel, check_guidance, fid_label, generate, make_diffusion, noise_seed
+from dit.sample.generate import Sampler, SamplingModel, check_guidance, fid_label, generate, noise_seed
 
 
 class InLoopEval:
@@ -61,8 +62,8 @@ class InLoopEval:
         """Score the (unsharded) EMA model: the metrics, and what the evaluation itself cost."""
         c, rt = self.cfg, self.runtime
         start = time.perf_counter()
-        sm = SamplingModel(ema, "ema", c.image_size, self.vae, self.vae_spec, c.noise_schedule, c.predict_xstart)
-        diffusion = make_diffusion(sm, c.eval_sampling_steps)
+        sm = SamplingModel.from_run(ema, "ema", c.image_size, self.vae, self.vae_spec, to_dict(c))
+        sampler = Sampler(sm, c.eval_sampling_steps, c.eval_sampler)
         mine = my_batches(c.eval_num_samples, c.eval_batch_size, rt.rank, rt.world)
         was_training = ema.training
         ema.eval()
@@ -71,9 +72,8 @@ class InLoopEval:
             for batch in mine:
                 labels = [self.labels[i] for i in batch]
                 images = generate(
-                    sm, diffusion, labels, [self.seeds[i] for i in batch], c.eval_sampler,
-                    c.eval_guidance_scale, 3, rt.precision,
-                )  # fmt: skip
+                    sm, sampler, labels, [self.seeds[i] for i in batch], c.eval_guidance_scale, 3, rt.precision
+                )
                 yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())
@@ -87,7 +87,7 @@ class InLoopEval:
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
             "eval_guidance_scale": c.eval_guidance_scale,
-            "eval_sampler": f"{c.eval_sampler}{c.eval_sampling_steps}",
+            "eval_sampler": f"{sampler.describe()} {c.eval_sampling_steps} steps, {sampler.nfe} evaluations",
             "eval_sampling_pflops": sampling_flops / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
             "eval_seconds": seconds,

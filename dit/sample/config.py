@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from dit.config import check_positive, check_writable_file, option
 from dit.errors import UserError
 from dit.runtime import PRECISIONS
+from dit.transport.samplers import DIFFUSION_FORMS, LAST_STEPS
 
-SAMPLERS = ("ddpm", "ddim")
+DIFFUSION_SAMPLERS = ("ddpm", "ddim")
+FLOW_SAMPLERS = ("ode", "sde")
+SAMPLERS = DIFFUSION_SAMPLERS + FLOW_SAMPLERS
 GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
 CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
 
@@ -31,7 +34,19 @@ class SamplingOptions:
     guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
     guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
     num_sampling_steps: int = option(250, "respaced steps (official rounding)")
-    sampler: str = option("ddpm", "ddpm (ancestral, learned variance) or ddim (eta 0)", choices=SAMPLERS)
+    sampler: str | None = option(
+        None,
+        "diffusion models: ddpm (ancestral, the default) or ddim (eta 0); flow models: ode (the default) or sde",
+        choices=SAMPLERS,
+    )
+    sampling_method: str | None = option(
+        None,
+        "flow models: ode euler, heun (the default) or dopri5 (adaptive, torchdiffeq); sde euler (the default) or heun",
+    )
+    diffusion_form: str = option(
+        "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
+    )
+    last_step: str = option("mean", "flow sde: the last deterministic step (SiT's, h = 0.04)", choices=LAST_STEPS)
     precision: str = option("tf32", "fp32, tf32 (the official scripts), bf16 or fp16 (CUDA)", choices=PRECISIONS)
     ema: bool = option(True, "sample with the EMA weights (--no-ema: the raw weights)")
     device: str | None = option(None, "default: cuda if available, else cpu")

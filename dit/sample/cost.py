@@ -21,7 +21,8 @@ from dit.sample.generate import SamplingModel
 class SamplingCost:
     model_flops_per_image: float  # the DiT over all steps, doubled where guidance doubles the batch
     vae_flops_per_image: float  # one VAE decode; 0 for pixel-space models
-    num_sampling_steps: int
+    nfe: int  # network evaluations per image, as run (a guided evaluation doubles the batch, not the count)
+    sampler: str
     guided: bool
     images: int
     dit_s: float  # wall time of the denoising loop
@@ -63,7 +64,7 @@ class SamplingCost:
         passes = 2 if self.guided else 1
         doubling = ", guidance doubles the batch" if self.guided else ""
         line = (
-            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.num_sampling_steps} steps x "
+            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe} evaluations x "
             f"{passes} pass{'es' if passes > 1 else ''}{doubling}) for {self.images} images in {self.dit_s:.6g} s, "
             f"MFU {pct(self.mfu)}"
         )
@@ -81,10 +82,10 @@ class SamplingCost:
         return line
 
 
-def flops_per_image(sm: SamplingModel, num_steps: int, guidance_scale: float) -> tuple[float, float]:
-    """(DiT FLOPs incl. the guidance doubling, VAE decode FLOPs) per image, from the cost package."""
+def flops_per_image(sm: SamplingModel, nfe: int, guidance_scale: float) -> tuple[float, float]:
+    """(DiT FLOPs over ``nfe`` evaluations incl. the guidance doubling, VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
-    counted = sampling_flops_per_image(sm.config, num_steps, guidance_scale, vae_decode_flops=decode_flops)
+    counted = sampling_flops_per_image(sm.config, nfe, guidance_scale, vae_decode_flops=decode_flops)
     return counted.model, counted.vae_decode
 
 
@@ -101,14 +102,16 @@ def device_peak(device: torch.device, precision: str, peak_tflops: float | None 
 
 def measure_cost(
     sm: SamplingModel,
-    num_steps: int,
+    sampler,
     guidance_scale: float,
     images: int,
     dit_s: float,
     decode_s: float,
     peak: tuple[Peak | None, str],
 ) -> SamplingCost:
-    model_flops, decode_flops = flops_per_image(sm, num_steps, guidance_scale)
+    """The cost of ``images`` made by ``sampler`` (after its run: its evaluation count is the one it made)."""
+    model_flops, decode_flops = flops_per_image(sm, sampler.nfe, guidance_scale)
     return SamplingCost(
-        model_flops, decode_flops, num_steps, guidance_scale > 1, images, dit_s, decode_s, peak[0], peak[1]
-    )
+        model_flops, decode_flops, sampler.nfe, sampler.describe(), guidance_scale > 1, images, dit_s, decode_s,
+        peak[0], peak[1],
+    )  # fmt: skip

@@ -27,10 +27,10 @@ from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import (
+    Sampler,
     SamplingModel,
     check_guidance,
     fid_label,
-    make_diffusion,
     noise_seed,
     parse_guidance_channels,
     sample_latents,
@@ -51,7 +51,7 @@ def png_path(folder: Path, index: int) -> Path:
     return folder / f"{index:06d}.png"
 
 
-def sample_folder_name(c: FidConfig, sm: SamplingModel) -> str:
+def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str:
     """Like the official folder name, plus the sampler, the guided channels, the set's size and the batch,
     which change the set too: another --num-fid-samples is another set, never a replacement of this one."""
     name = (registry_name(sm.config) or "custom").replace("/", "-")
@@ -59,11 +59,12 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel) -> str:
     guided = "" if str(c.guidance_channels) == "3" else f"-cfgch-{c.guidance_channels}"
     return (
         f"{name}-{Path(c.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{c.guidance_scale}{guided}"
-        f"-seed-{c.global_seed}-{c.sampler}{c.num_sampling_steps}-n{c.num_fid_samples}-b{c.per_proc_batch_size}"
+        f"-seed-{c.global_seed}-{sampler.describe().replace(' ', '-')}{c.num_sampling_steps}"
+        f"-n{c.num_fid_samples}-b{c.per_proc_batch_size}"
     )
 
 
-def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str) -> dict:
+def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler) -> dict:
     """Everything that decides the set: the weights by content (a retrained file at the same path is another
     set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits);
     not the world size (tested equal)."""
@@ -77,7 +78,8 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str) -> dict:
         "vae": sm.vae_spec,
         "guidance_scale": c.guidance_scale,
         "guidance_channels": str(c.guidance_channels),
-        "sampler": c.sampler,
+        "sampler": sampler.describe(),
+        "sde": [c.diffusion_form, c.last_step] if sampler.kind == "sde" else None,
         "num_sampling_steps": c.num_sampling_steps,
         "global_seed": c.global_seed,
         "precision": c.precision,
@@ -143,10 +145,10 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     channels = parse_guidance_channels(c.guidance_channels)
     sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
     check_guidance(c.guidance_scale, sm.config)
-    diffusion = make_diffusion(sm, c.num_sampling_steps)
-    folder = Path(c.sample_dir) / sample_folder_name(c, sm)
+    sampler = Sampler(sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step)
+    folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)
     ckpt_sha256 = runtime.gather_objects(sha256_file(c.ckpt) if rank == 0 else None)[0]
-    identity, manifest = _set_identity(c, sm, ckpt_sha256), folder / "sample_set.json"
+    identity, manifest = _set_identity(c, sm, ckpt_sha256, sampler), folder / "sample_set.json"
     if manifest.is_file() and json.loads(manifest.read_text()) != identity:
         raise UserError(
             f"{folder} holds samples made with other settings or other weights (see {manifest}): pass another "
@@ -161,14 +163,14 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     if error := runtime.gather_objects(error)[0]:
         raise UserError(error)
     try:
-        return _write_set(c, sm, diffusion, channels, folder, identity, manifest, runtime)
+        return _write_set(c, sm, sampler, channels, folder, identity, manifest, runtime)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _write_set(
-    c: FidConfig, sm, diffusion, channels, folder: Path, identity: dict, manifest: Path, runtime
+    c: FidConfig, sm, sampler: Sampler, channels, folder: Path, identity: dict, manifest: Path, runtime
 ) -> FidReport:
     rank, world, device = runtime.rank, runtime.world, runtime.device
     if rank == 0:
@@ -196,9 +198,7 @@ def _write_set(
         seeds = [noise_seed(c.global_seed, i) for i in batch]
         runtime.sync()
         start = time.perf_counter()
-        samples = sample_latents(
-            sm, diffusion, labels, seeds, c.sampler, c.guidance_scale, channels, runtime.precision
-        )
+        samples = sample_latents(sm, sampler, labels, seeds, c.guidance_scale, channels, runtime.precision)
         runtime.sync()
         denoised = time.perf_counter()
         images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
@@ -210,7 +210,7 @@ def _write_set(
     bar.close()
     cost = None
     if rank == 0 and generated:
-        cost = measure_cost(sm, c.num_sampling_steps, c.guidance_scale, generated, dit_s, decode_s, peak)
+        cost = measure_cost(sm, sampler, c.guidance_scale, generated, dit_s, decode_s, peak)
     runtime.barrier()
     npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
     runtime.barrier()

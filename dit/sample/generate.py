@@ -9,6 +9,7 @@ number of devices and after any resume (the official per-rank seeding is not).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 from dit.runtime import Precision, Stream, mix_seed
-from dit.sample.config import SAMPLERS
+from dit.sample.config import DIFFUSION_SAMPLERS, FLOW_SAMPLERS
+from dit.transport import Transport
+from dit.transport.samplers import ODE_METHODS, SDE_METHODS, FlowField, ode_sample, planned_nfe, sde_sample
 from dit.vae import decode
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
@@ -36,12 +39,25 @@ class SamplingModel:
     image_size: int  # pixels per side of the images it makes
     vae: torch.nn.Module | None  # None: a pixel-space model whose outputs are images in [-1, 1]
     vae_spec: str | None
-    noise_schedule: str = "linear"
+    noise_schedule: str = "linear"  # diffusion models
     predict_xstart: bool = False
+    transport: Transport | None = None  # flow models: their objective; None for diffusion models
 
     @property
     def config(self) -> DiTConfig:
         return self.model.config
+
+    @classmethod
+    def from_run(
+        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict
+    ) -> SamplingModel:
+        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
+        transport = None
+        if run.get("objective") == "flow":
+            names = {f.name for f in dataclasses.fields(Transport)}
+            transport = Transport(**{k: v for k, v in run.items() if k in names})
+        schedule, xstart = run.get("noise_schedule") or "linear", bool(run.get("predict_xstart"))
+        return cls(model, weights, image_size, vae, vae_spec, schedule, xstart, transport)
 
 
 # ---- checks on what the user asked for --------------------------------------------------------------------
@@ -148,8 +164,8 @@ def denoise(
     the library loop draws each step's noise for the whole batch from the global RNG; ``step_noise`` gives
     per-image streams. DDIM with eta = 0 draws no noise, so it uses ``ddim_sample`` as it is.
     """
-    if sampler not in SAMPLERS:
-        raise UserError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}.")
+    if sampler not in DIFFUSION_SAMPLERS:
+        raise UserError(f"--sampler must be one of {', '.join(DIFFUSION_SAMPLERS)}, got {sampler!r}.")
     x, kwargs = x_T, {"y": y}
     steps = range(diffusion.num_timesteps - 1, -1, -1)
     for i in tqdm(steps, disable=not progress, leave=False, desc=sampler):
@@ -165,23 +181,72 @@ def denoise(
     return x
 
 
-def make_diffusion(sm: SamplingModel, num_steps: int):
-    if num_steps < 1:
-        raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
-    return create_diffusion(
-        str(num_steps),
-        noise_schedule=sm.noise_schedule,
-        learn_sigma=sm.config.learn_sigma,
-        predict_xstart=sm.predict_xstart,
-    )
+class Sampler:
+    """One sampling method with its settings; ``run`` denoises a batch and leaves ``nfe``, the network
+    evaluations it made (a guided batch is one evaluation of a doubled batch)."""
+
+    def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, method: str | None = None,
+                 diffusion_form: str = "sigma", last_step: str = "mean", atol: float = 1e-6, rtol: float = 1e-3):  # fmt: skip
+        if num_steps < 1:
+            raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
+        flow = sm.transport is not None
+        kind = kind or ("ode" if flow else "ddpm")
+        if kind not in (FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS):
+            allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS
+            raise UserError(
+                f"--sampler {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use "
+                f"{' or '.join(allowed)}."
+            )
+        methods = {"ode": ODE_METHODS, "sde": SDE_METHODS}.get(kind, ())
+        method = method or {"ode": "heun", "sde": "euler"}.get(kind)
+        if methods and method not in methods:
+            raise UserError(
+                f"--sampling-method for --sampler {kind} must be one of {', '.join(methods)}, got {method!r}."
+            )
+        if flow and kind == "sde" and diffusion_form == "SBDM" and sm.transport.interval(training=False)[0] == 0:
+            raise UserError(
+                "the SBDM diffusion is infinite at t = 0: pass a --sample-eps above 0, or another --diffusion-form."
+            )
+        self.sm, self.kind, self.method, self.num_steps = sm, kind, method, num_steps
+        self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
+        self.diffusion = None if flow else create_diffusion(
+            str(num_steps), noise_schedule=sm.noise_schedule, learn_sigma=sm.config.learn_sigma,
+            predict_xstart=sm.predict_xstart,
+        )  # fmt: skip
+        self.nfe = 0
+
+    @property
+    def planned_nfe(self) -> int | None:
+        """Evaluations per image before running (None for the adaptive dopri5)."""
+        if self.diffusion is not None:
+            return self.num_steps
+        return planned_nfe(self.kind, self.method, self.num_steps, self.last_step)
+
+    def describe(self) -> str:
+        return self.kind if self.method is None else f"{self.kind} {self.method}"
+
+    def run(self, model_fn: Callable, x: torch.Tensor, y: torch.Tensor, step_noise: Callable, progress=False):
+        if self.diffusion is not None:
+            self.nfe = self.num_steps
+            return denoise(model_fn, self.diffusion, x, y, self.kind, step_noise, progress)
+        field = FlowField(self.sm.transport, model_fn, {"y": y})
+        bar = tqdm(total=self.num_steps, disable=not progress, leave=False, desc=self.describe())
+        with torch.no_grad():
+            if self.kind == "ode":
+                x = ode_sample(field, x, self.num_steps, self.method, self.atol, self.rtol, bar)
+            else:
+                x = sde_sample(field, x, self.num_steps, step_noise, self.method, self.diffusion_form,
+                               last_step=self.last_step, progress=bar)  # fmt: skip
+        bar.close()
+        self.nfe = field.nfe
+        return x
 
 
 def sample_latents(
     sm: SamplingModel,
-    diffusion,
+    sampler: Sampler,
     labels: Sequence[int],
     seeds: Sequence[int],
-    sampler: str = "ddpm",
     guidance_scale: float = 1.0,
     guidance_channels: int | str = 3,
     precision: Precision | None = None,
@@ -195,7 +260,7 @@ def sample_latents(
     if guidance_scale > 1:  # [conditional; unconditional], sharing the noise; the null label is num_classes
         x, y = torch.cat([x, x]), torch.cat([y, torch.full_like(y, cfg.num_classes)])
     model_fn = guided_model_fn(sm.model, guidance_scale, guidance_channels, precision)
-    return denoise(model_fn, diffusion, x, y, sampler, noise, progress)[: len(labels)]
+    return sampler.run(model_fn, x, y, noise, progress)[: len(labels)]
 
 
 def to_images(sm: SamplingModel, samples: torch.Tensor) -> torch.Tensor:
@@ -208,17 +273,14 @@ def to_images(sm: SamplingModel, samples: torch.Tensor) -> torch.Tensor:
 
 def generate(
     sm: SamplingModel,
-    diffusion,
+    sampler: Sampler,
     labels: Sequence[int],
     seeds: Sequence[int],
-    sampler: str = "ddpm",
     guidance_scale: float = 1.0,
     guidance_channels: int | str = 3,
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
-    samples = sample_latents(
-        sm, diffusion, labels, seeds, sampler, guidance_scale, guidance_channels, precision, progress
-    )
+    samples = sample_latents(sm, sampler, labels, seeds, guidance_scale, guidance_channels, precision, progress)
     return to_images(sm, samples)

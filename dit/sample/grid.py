@@ -13,10 +13,10 @@ from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import (
+    Sampler,
     check_guidance,
     check_labels,
     default_class_labels,
-    make_diffusion,
     noise_seed,
     parse_guidance_channels,
     sample_latents,
@@ -41,14 +41,12 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     check_guidance(c.guidance_scale, sm.config)
     labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)
-    diffusion = make_diffusion(sm, c.num_sampling_steps)
+    sampler = Sampler(sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step)
     seeds = [noise_seed(c.seed, i) for i in range(len(labels))]
     peak = device_peak(device, c.precision, c.peak_tflops)
     runtime.sync()
     start = time.perf_counter()
-    samples = sample_latents(
-        sm, diffusion, labels, seeds, c.sampler, c.guidance_scale, channels, runtime.precision, c.progress
-    )
+    samples = sample_latents(sm, sampler, labels, seeds, c.guidance_scale, channels, runtime.precision, c.progress)
     runtime.sync()
     denoised = time.perf_counter()
     images = to_images(sm, samples)
@@ -57,5 +55,5 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     atomic_write(
         out, lambda f: save_image(images, f, format="png", nrow=c.nrow, normalize=True, value_range=(-1, 1))
     )
-    cost = measure_cost(sm, c.num_sampling_steps, c.guidance_scale, len(labels), denoised - start, decode_s, peak)
+    cost = measure_cost(sm, sampler, c.guidance_scale, len(labels), denoised - start, decode_s, peak)
     return SampleReport(out, labels, sm.weights, cost)

@@ -109,5 +109,4 @@ def load_sampling_model(
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     net = net.to(device).eval().requires_grad_(False)
-    schedule = run.get("noise_schedule") or "linear"
-    return SamplingModel(net, which, image_size, vae_module, vae_spec, schedule, bool(run.get("predict_xstart")))
+    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)

@@ -11,11 +11,15 @@ from dit.errors import UserError
 from dit.model_config import DiTConfig, model_config
 from dit.models import ATTENTION_BACKENDS
 from dit.runtime import PRECISIONS
+from dit.sample.config import SAMPLERS
+from dit.transport.path import PATHS
+from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
 
 # What a resumed run must share with its checkpoint: the data order and the model's math.
 IDENTITY_FIELDS = (
     "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
-    "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size",
+    "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size", "objective",
+    "path_type", "prediction", "loss_weight", "time_sampling", "logit_mean", "logit_std", "train_eps",
 )  # fmt: skip
 # What changes the optimisation: a resume may change these only when --allow-changes names them.
 RECIPE_FIELDS = (
@@ -41,9 +45,25 @@ class TrainConfig:
     image_size: int = option(256, "image size in pixels (latents are image_size / the VAE's downsampling)")
     num_classes: int = option(1000, "number of classes (the null class is added); 0: an unconditional model")
     class_dropout_prob: float = option(0.1, "label dropout for classifier-free guidance, in [0, 1)")
-    learn_sigma: bool = option(True, "learn the variance (the hybrid loss) as DiT does")
-    noise_schedule: str = option("linear", "beta schedule", choices=("linear", "squaredcos_cap_v2"))
-    predict_xstart: bool = option(False, "predict x0 instead of the noise")
+    learn_sigma: bool = option(True, "learn the variance (the hybrid loss) as DiT does; flow models never do")
+    # the objective: DiT's Gaussian diffusion, or SiT's flow matching (docs/flow_matching.md)
+    objective: str = option(
+        "diffusion", "diffusion (DiT) or flow (SiT's flow matching)", choices=("diffusion", "flow")
+    )
+    noise_schedule: str = option("linear", "diffusion: beta schedule", choices=("linear", "squaredcos_cap_v2"))
+    predict_xstart: bool = option(False, "diffusion: predict x0 instead of the noise")
+    path_type: str = option("linear", "flow: the interpolant", choices=PATHS)
+    prediction: str = option("velocity", "flow: what the model predicts", choices=PREDICTIONS)
+    loss_weight: str = option("none", "flow, score or noise predictions: the loss weight", choices=LOSS_WEIGHTS)
+    time_sampling: str = option(
+        "uniform", "flow: training times, uniform (SiT) or logit-normal (SD3)", choices=TIME_SAMPLING
+    )
+    logit_mean: float = option(0.0, "flow, logit-normal times: the mean m of sigmoid(N(m, s))")
+    logit_std: float = option(1.0, "flow, logit-normal times: the spread s")
+    train_eps: float | None = option(
+        None, "flow: times kept off the ends in training (default: SiT's for the path)"
+    )
+    sample_eps: float | None = option(None, "flow: times kept off the ends in sampling (default: SiT's)")
     # data
     data_path: str | None = option(None, "image folder with one sub-folder per class")
     feature_path: str | None = option(None, "latent store written by extract_features.py")
@@ -112,7 +132,9 @@ class TrainConfig:
         1.0, "guidance scale of the evaluation samples", aliases=("--eval-cfg-scale",)
     )
     eval_sampling_steps: int = option(50, "denoising steps of the evaluation samples")
-    eval_sampler: str = option("ddim", "sampler of the evaluation samples", choices=("ddpm", "ddim"))
+    eval_sampler: str | None = option(
+        None, "sampler of the evaluation samples (default: ddim for diffusion, ode for flow)", choices=SAMPLERS
+    )
     eval_batch_size: int = option(64, "evaluation images per batch on each process")
     eval_inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
 
@@ -157,6 +179,9 @@ class TrainConfig:
                 f"{self.mfu_warmup_steps}."
             )
         parse_activation_checkpointing(self.activation_checkpointing)
+        if self.objective == "flow":
+            self.learn_sigma = False  # a flow model predicts one field; SiT's extra head is never read
+            self.transport()  # checks the combination
         if self.init_from and self.resume:
             raise UserError(
                 "--init-from starts a new run from other weights and --resume continues one: pass one of them "
@@ -185,6 +210,13 @@ class TrainConfig:
             for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS)
             if name in saved and saved[name] != getattr(self, name) and name not in allowed
         ]
+
+    def transport(self):
+        """The flow-matching objective of this run (``objective == "flow"``)."""
+        from dit.transport import Transport
+
+        return Transport(self.path_type, self.prediction, self.loss_weight, self.time_sampling, self.logit_mean,
+                         self.logit_std, self.train_eps, self.sample_eps)  # fmt: skip
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""

@@ -350,7 +350,7 @@ class Trainer:
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
         from torchvision.utils import make_grid
 
-        from dit.sample.generate import SamplingModel, generate, make_diffusion
+        from dit.sample.generate import Sampler, SamplingModel, generate
 
         ema, mc = self.state.ema.model, self.state.model.config
         if self.state.sharded:  # sample from a whole copy on rank 0; gathering it is collective
@@ -361,13 +361,12 @@ class Trainer:
         if not self.runtime.is_main:
             return
         cfg = self.cfg
-        sm = SamplingModel(
-            ema, "ema", cfg.image_size, self.decoder, self.data.vae_spec, cfg.noise_schedule, cfg.predict_xstart
-        )
+        sm = SamplingModel.from_run(ema, "ema", cfg.image_size, self.decoder, self.data.vae_spec, to_dict(cfg))
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.seed, i) for i in range(len(labels))]
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
-        images = generate(sm, make_diffusion(sm, 50), labels, seeds, "ddim", guidance, 3, self.runtime.precision)
+        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode")
+        images = generate(sm, sampler, labels, seeds, guidance, 3, self.runtime.precision)
         self.ledger.sinks.image(
             "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
         )

@@ -1,0 +1,136 @@
+"""ODE and SDE samplers for flow-matching models, from noise (t = t0) to data (t = 1), counting the network
+evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for.
+
+ODE: ``euler`` (1 evaluation a step), ``heun`` (2: the trapezoid of the ends, torchdiffeq's ``heun2``) on a
+uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's default, atol 1e-6,
+rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps); here it counts steps.
+
+SDE (SiT's Euler-Maruyama and Heun): dx = (v + w s) dt + sqrt(2 w) dW on a grid from t0 to 1 - h, then one
+last deterministic step of length h (SiT's ``Mean``, h = 0.04, by default). w(t) is the diffusion form;
+SiT's CLI default is ``sigma`` (w = sigma_t). Each evaluation calls the network once: SiT's code calls it
+twice with the same input (for the velocity, then for the score); the result is the same, the cost half.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from dit.transport.path import _expand
+from dit.transport.transport import Transport
+
+ODE_METHODS = ("euler", "heun", "dopri5")
+SDE_METHODS = ("euler", "heun")
+DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
+LAST_STEPS = ("mean", "tweedie", "euler", "none")
+
+
+class FlowField:
+    """(velocity, score) at (x, t) from one network call; ``nfe`` counts the calls."""
+
+    def __init__(self, transport: Transport, model_fn: Callable, model_kwargs: dict):
+        self.transport, self.path, self.model_fn, self.kwargs = transport, transport.path, model_fn, model_kwargs
+        self.nfe = 0
+
+    def __call__(self, x: torch.Tensor, t: float, score: bool = False):
+        tt = torch.full((len(x),), float(t), device=x.device)
+        out = self.model_fn(x, tt, **self.kwargs)[:, : x.shape[1]]
+        self.nfe += 1
+        v = self.path.velocity(x, tt, self.transport.prediction, out)
+        return (v, self.path.score(x, tt, self.transport.prediction, out)) if score else v
+
+
+def ode_sample(
+    field: FlowField, x: torch.Tensor, steps: int, method: str = "heun", atol=1e-6, rtol=1e-3, progress=None
+):
+    t0, t1 = field.transport.interval(training=False)
+    if method == "dopri5":
+        from dit.errors import require
+
+        odeint = require("torchdiffeq", "flow", "the adaptive dopri5 sampler").odeint
+        ts = torch.tensor([t0, t1], dtype=torch.float64, device=x.device)
+        return odeint(lambda t, y: field(y, float(t)), x, ts, method="dopri5", atol=atol, rtol=rtol)[-1]
+    grid = torch.linspace(t0, t1, steps + 1, dtype=torch.float64).tolist()
+    for i in range(steps):
+        t, h = grid[i], grid[i + 1] - grid[i]
+        k1 = field(x, t)
+        if method == "euler":
+            x = x + h * k1
+        else:
+            k2 = field(x + h * k1, t + h)
+            x = x + 0.5 * h * (k1 + k2)
+        if progress is not None:
+            progress.update(1)
+    return x
+
+
+def diffusion_coefficient(transport: Transport, form: str, t: float, norm: float = 1.0) -> float:
+    """w(t) of the SDE dx = (v + w s) dt + sqrt(2 w) dW (SiT's ``compute_diffusion``)."""
+    tt = torch.tensor([t], dtype=torch.float64)
+    if form == "constant":
+        return norm
+    if form == "SBDM":
+        return norm * float(transport.path.drift_var(tt))
+    if form == "sigma":
+        return norm * float(transport.path.alpha_sigma(tt)[2])
+    if form == "linear":
+        return norm * (1 - t)
+    if form == "decreasing":
+        return 0.25 * (norm * math.cos(math.pi * t) + 1) ** 2
+    return norm * math.sin(math.pi * t) ** 2  # increasing-decreasing
+
+
+def sde_sample(
+    field: FlowField,
+    x: torch.Tensor,
+    steps: int,
+    noise: Callable[[], torch.Tensor],
+    method: str = "euler",
+    form: str = "sigma",
+    norm: float = 1.0,
+    last_step: str = "mean",
+    last_step_size: float = 0.04,
+    progress=None,
+):
+    """``steps`` evaluations' worth of Euler-Maruyama (or twice as many Heun) steps, the last deterministic."""
+    t0, _ = field.transport.interval(training=False)
+    grid = torch.linspace(t0, 1 - last_step_size, steps, dtype=torch.float64).tolist() if steps > 1 else [t0]
+
+    def drift(y, t):
+        v, s = field(y, t, score=True)
+        return v + diffusion_coefficient(field.transport, form, t, norm) * s
+
+    for i in range(len(grid) - 1):
+        t, dt = grid[i], grid[i + 1] - grid[i]
+        w = diffusion_coefficient(field.transport, form, t, norm)
+        z = noise()
+        z = z.repeat(len(x) // len(z), *([1] * (z.dim() - 1)))  # the guided batch's halves share it
+        if method == "euler":
+            x = x + drift(x, t) * dt + math.sqrt(2 * w * dt) * z
+        else:  # SiT's Heun: the noise first, then a Heun step on the drift
+            x = x + math.sqrt(2 * w * dt) * z
+            k1 = drift(x, t)
+            k2 = drift(x + dt * k1, t + dt)
+            x = x + 0.5 * dt * (k1 + k2)
+        if progress is not None:
+            progress.update(1)
+    t, h = grid[-1], 1 - grid[-1]
+    if last_step == "none":
+        return x
+    if last_step == "euler":
+        return x + h * field(x, t)
+    if last_step == "mean":
+        return x + h * drift(x, t)
+    alpha, _, sigma, _ = (_expand(c, x) for c in field.path.alpha_sigma(torch.full((len(x),), t, device=x.device)))
+    _, s = field(x, t, score=True)
+    return x / alpha + sigma**2 / alpha * s  # Tweedie: E[x1 | x_t]
+
+
+def planned_nfe(kind: str, method: str, steps: int, last_step: str = "mean") -> int | None:
+    """Network evaluations a fixed-grid sampler makes (None for the adaptive dopri5: known after the run)."""
+    if kind == "ode":
+        return {"euler": steps, "heun": 2 * steps}.get(method)
+    em_steps = max(steps, 1) - 1
+    return em_steps * (1 if method == "euler" else 2) + (0 if last_step == "none" else 1)

@@ -1,0 +1,101 @@
+"""Flow matching on the DiT backbone: SiT's objective (interpolant, prediction, loss weight, times).
+
+The model sees the raw time t in [0, 1] (1 = data), as SiT, REPA and LightningDiT feed it, and predicts
+the velocity (the default), the score or the noise. Losses (per sample, the mean over the latent):
+
+  velocity: |v - u_t|^2                          (SiT never weights it)
+  noise:    w |eps_hat - x0|^2                    score: w |sigma_t s_hat + x0|^2
+  w = 1 (none), (d_t / sigma_t)^2 (velocity: the velocity loss in disguise), d_t / sigma_t^2 (likelihood)
+
+Training times are uniform on [train_eps, 1 - train_eps'] as in SiT (velocity on linear/GVP: [0, 1];
+score and noise: [1e-3, 1 - 1e-3]; VP: [0, 1 - 1e-5]), or logit-normal (SD3: sigmoid of N(m, s)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dit.transport.path import PATHS, Path, _expand
+
+PREDICTIONS = ("velocity", "score", "noise")
+LOSS_WEIGHTS = ("none", "velocity", "likelihood")
+TIME_SAMPLING = ("uniform", "logit-normal")
+
+
+def default_eps(path: str, prediction: str) -> tuple[float, float]:
+    """SiT's (train_eps, sample_eps): velocity on linear/GVP 0 and 0, VP 1e-5 and 1e-3, else 1e-3 and 1e-3."""
+    if path == "vp":
+        return 1e-5, 1e-3
+    if prediction == "velocity":
+        return 0.0, 0.0
+    return 1e-3, 1e-3
+
+
+@dataclass(frozen=True)
+class Transport:
+    path_type: str = "linear"
+    prediction: str = "velocity"
+    loss_weight: str = "none"
+    time_sampling: str = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    train_eps: float | None = None  # None: SiT's default for the path and prediction
+    sample_eps: float | None = None
+
+    def __post_init__(self):
+        for value, allowed in ((self.path_type, PATHS), (self.prediction, PREDICTIONS),
+                               (self.loss_weight, LOSS_WEIGHTS), (self.time_sampling, TIME_SAMPLING)):  # fmt: skip
+            if value not in allowed:
+                raise ValueError(f"{value!r} is not one of {allowed}")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.path_type)
+
+    def eps(self) -> tuple[float, float]:
+        train, sample = default_eps(self.path_type, self.prediction)
+        return (self.train_eps if self.train_eps is not None else train,
+                self.sample_eps if self.sample_eps is not None else sample)  # fmt: skip
+
+    def interval(self, training: bool) -> tuple[float, float]:
+        """[t0, t1] of training times or of the sampler's grid (SiT's ``check_interval``): VP never starts at
+        pure noise, so only its data end is kept off; the other paths keep eps off both ends (0 for velocity)."""
+        eps = self.eps()[0 if training else 1]
+        return (0.0 if self.path_type == "vp" else eps), 1 - eps
+
+    def sample_t(self, n: int, generator: torch.Generator, device) -> torch.Tensor:
+        t0, t1 = self.interval(training=True)
+        if self.time_sampling == "uniform":
+            u = torch.rand(n, generator=generator, device=device)
+        else:
+            u = torch.sigmoid(
+                self.logit_mean + self.logit_std * torch.randn(n, generator=generator, device=device)
+            )
+        return t0 + (t1 - t0) * u
+
+    def training_losses(self, model, x1: torch.Tensor, t: torch.Tensor, model_kwargs=None, noise=None) -> dict:
+        """{"loss": (N,)} for data x1 at times t with noise x0 (drawn here unless given), as SiT computes it."""
+        x0 = torch.randn_like(x1) if noise is None else noise
+        path = self.path
+        xt, ut = path.interpolate(t, x0, x1)
+        out = model(xt, t, **(model_kwargs or {}))[:, : x1.shape[1]]
+        if self.prediction == "velocity":
+            loss = ((out - ut) ** 2).mean(dim=tuple(range(1, x1.dim())))
+            return {"loss": loss}
+        _, _, sigma, _ = path.alpha_sigma(t)
+        d = path.drift_var(t)
+        weight = {"none": torch.ones_like(t), "velocity": (d / sigma) ** 2, "likelihood": d / sigma**2}[
+            self.loss_weight
+        ]
+        if self.prediction == "noise":
+            err = out - x0
+        else:
+            err = _expand(sigma, x1) * out + x0
+        return {"loss": weight * (err**2).mean(dim=tuple(range(1, x1.dim())))}
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
