@@ -14,7 +14,7 @@ for name in ("diffusers", "fvcore", "accelerate", "timm"):
 import torch
 from dit.errors import UserError
 from dit.runtime import Runtime
-from dit.sample.generate import generate, make_diffusion
+from dit.sample.generate import Sampler, generate
 from dit.sample.loading import load_sampling_model
 from dit.train import TrainConfig, train
 from dit.checkpoint import latest_checkpoint
@@ -31,7 +31,7 @@ cfg = TrainConfig(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, image_s
 train(cfg, Pixels())
 with Runtime("cpu") as rt:
     sm = load_sampling_model(latest_checkpoint(out + "/checkpoints"))
-    images = generate(sm, make_diffusion(sm, 2), [0, 1], [0, 1], "ddim", 2.0, 3, rt.precision)
+    images = generate(sm, Sampler(sm, 2, "ddim"), [0, 1], [0, 1], 2.0, 3, rt.precision)
 assert images.shape == (2, 3, 8, 8)
 for call in (lambda: __import__("dit.vae").vae.load_vae("ema"),
              lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config)):

@@ -22,7 +22,7 @@ from dit.models import DiT, DiT_models
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.fid_set import batches
-from dit.sample.generate import fid_label, generate, make_diffusion, noise_seed
+from dit.sample.generate import Sampler, fid_label, generate, noise_seed
 from dit.sample.grid import run_sample
 from dit.sample.loading import load_sampling_model
 
@@ -129,10 +129,10 @@ def test_the_runs_own_vae_is_the_default_for_non_sd_vaes(sm, vae_dir):
 
 @pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
 def test_samplers_with_and_without_guidance(sm, sampler):
-    diffusion = make_diffusion(sm, int(STEPS))
+    diffusion = Sampler(sm, int(STEPS), sampler)
     seeds = [noise_seed(0, i) for i in range(2)]
     images = {
-        (scale, ch): generate(sm, diffusion, [3, 4], seeds, sampler, scale, ch)
+        (scale, ch): generate(sm, diffusion, [3, 4], seeds, scale, ch)
         for scale, ch in [(1.0, 3), (4.0, 3), (4.0, "all")]
     }
     for x in images.values():
@@ -142,9 +142,10 @@ def test_samplers_with_and_without_guidance(sm, sampler):
 
 
 def test_ddpm_and_ddim_differ(sm):
-    diffusion, seeds = make_diffusion(sm, int(STEPS)), [noise_seed(0, 0)]
+    seeds = [noise_seed(0, 0)]
     assert not torch.equal(
-        generate(sm, diffusion, [1], seeds, "ddpm"), generate(sm, diffusion, [1], seeds, "ddim")
+        generate(sm, Sampler(sm, int(STEPS), "ddpm"), [1], seeds),
+        generate(sm, Sampler(sm, int(STEPS), "ddim"), [1], seeds),
     )
 
 
@@ -157,7 +158,7 @@ def test_guided_batch_shares_noise_and_uses_the_null_label(sm, monkeypatch):
         return original(self, x, t, y)
 
     monkeypatch.setattr(DiT, "forward", spy)
-    generate(sm, make_diffusion(sm, 3), [1, 2, 3], [5, 6, 7], "ddpm", 1.5, 3)
+    generate(sm, Sampler(sm, 3, "ddpm"), [1, 2, 3], [5, 6, 7], 1.5, 3)
     assert len(seen) == 3
     for x, y in seen:
         assert torch.equal(x[:3], x[3:]), "both halves of a guided batch must hold the same noisy input"
@@ -166,10 +167,10 @@ def test_guided_batch_shares_noise_and_uses_the_null_label(sm, monkeypatch):
 
 def test_an_image_does_not_depend_on_its_batch(sm):
     """Per-image seeds: what makes a sample set the same on any number of devices."""
-    diffusion = make_diffusion(sm, int(STEPS))
+    diffusion = Sampler(sm, int(STEPS), "ddpm")
     labels, seeds = [fid_label(0, i, 10) for i in range(3)], [noise_seed(0, i) for i in range(3)]
-    together = generate(sm, diffusion, labels, seeds, "ddpm", 1.5)
-    alone = torch.cat([generate(sm, diffusion, [y], [s], "ddpm", 1.5) for y, s in zip(labels, seeds)])
+    together = generate(sm, diffusion, labels, seeds, 1.5)
+    alone = torch.cat([generate(sm, diffusion, [y], [s], 1.5) for y, s in zip(labels, seeds)])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
     assert noise_seed(0, 1) != noise_seed(1, 0) and noise_seed(0, 1) != noise_seed(0, 2)
 

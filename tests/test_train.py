@@ -235,7 +235,7 @@ def test_attention_kernel_sets_hardware_flops_and_memory(tmp_path, precision, at
 
 def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
     from dit.runtime import Runtime
-    from dit.sample.generate import make_diffusion
+    from dit.sample.generate import Sampler
     from dit.sample.loading import load_sampling_model
     from dit.train import Trainer
 
@@ -250,11 +250,11 @@ def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
         min_lr_frac=0.1,
     )
     trainer = Trainer(cfg, Runtime("cpu"), Pixels())
-    assert trainer.state.model.config.learn_sigma is False and trainer.diffusion.betas.max() > 0.5  # cosine caps
+    assert trainer.state.model.config.learn_sigma is False and trainer.objective.betas.max() > 0.5  # cosine caps
     assert [cfg.lr_at(s) for s in (0, 1)] == pytest.approx([5e-4, 1e-3])
     assert cfg.lr_at(3) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     trainer.run()
     sm = load_sampling_model(str(latest_checkpoint(tmp_path / "run" / "checkpoints")), vae="none")
-    d = make_diffusion(sm, 10)
+    d = Sampler(sm, 10).diffusion
     assert sm.predict_xstart and d.model_mean_type.name == "START_X" and d.model_var_type.name == "FIXED_LARGE"
-    assert d.alphas_cumprod[0] == pytest.approx(trainer.diffusion.alphas_cumprod[0])
+    assert d.alphas_cumprod[0] == pytest.approx(trainer.objective.alphas_cumprod[0])

@@ -88,10 +88,16 @@ class Trainer:
             for block in model.blocks:
                 block.compile()
         self.ddp_model = model if sharded else data_parallel(model, device, world)
-        self.diffusion = create_diffusion(
-            "", noise_schedule=cfg.noise_schedule, learn_sigma=cfg.learn_sigma, predict_xstart=cfg.predict_xstart
-        )
-        self.diffusion.tables(device)  # uploaded once: a step makes no host-to-device copies of them
+        if cfg.objective == "flow":  # SiT's flow matching on the same model
+            self.objective = cfg.transport()
+        else:
+            self.objective = create_diffusion(
+                "",
+                noise_schedule=cfg.noise_schedule,
+                learn_sigma=cfg.learn_sigma,
+                predict_xstart=cfg.predict_xstart,
+            )
+            self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(cfg, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device)
@@ -173,7 +179,10 @@ class Trainer:
         start draws from it)."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.seed, step))
         b, device = self.cfg.global_batch_size, self.runtime.device
-        t = torch.randint(0, self.diffusion.num_timesteps, (b,), generator=g, device=device)
+        if self.cfg.objective == "flow":  # continuous times in [0, 1], 1 = data
+            t = self.objective.sample_t(b, g, device)
+        else:
+            t = torch.randint(0, self.objective.num_timesteps, (b,), generator=g, device=device)
         noise = torch.randn((b, *shape), generator=g, device=device)
         drop = (torch.rand(b, generator=g, device=device) < self.cfg.class_dropout_prob).long()
         eps = torch.randn((b, *shape), generator=g, device=device) if self.data.vae is not None else None
@@ -214,7 +223,7 @@ class Trainer:
                 model.set_requires_gradient_sync(last)
             no_sync = not last and not state.sharded and self.ddp_model is not model
             with self.ddp_model.no_sync() if no_sync else contextlib.nullcontext():
-                terms = self.diffusion.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
+                terms = self.objective.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
                 loss = terms["loss"].mean() / cfg.grad_accum_steps
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
