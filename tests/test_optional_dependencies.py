@@ -1,4 +1,4 @@
-"""The core runs on its declared dependencies alone: diffusers and fvcore are extras (setup.cfg)."""
+"""The core runs on its declared dependencies alone: diffusers, fvcore, torchdiffeq are extras (setup.cfg)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A pixel-space run end to end (train, checkpoint, sample) with the optional packages made unimportable.
 SCRIPT = r"""
 import sys
-for name in ("diffusers", "fvcore", "accelerate", "timm"):
+for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm"):
     sys.modules[name] = None  # "import diffusers" now raises ImportError
 import torch
 from dit.errors import UserError
@@ -18,6 +18,8 @@ from dit.sample.generate import Sampler, generate
 from dit.sample.loading import load_sampling_model
 from dit.train import TrainConfig, train
 from dit.checkpoint import latest_checkpoint
+from dit.transport import Transport
+from dit.transport.samplers import FlowField, ode_sample
 
 class Pixels(torch.utils.data.Dataset):
     def __len__(self):
@@ -34,7 +36,8 @@ with Runtime("cpu") as rt:
     images = generate(sm, Sampler(sm, 2, "ddim"), [0, 1], [0, 1], 2.0, 3, rt.precision)
 assert images.shape == (2, 3, 8, 8)
 for call in (lambda: __import__("dit.vae").vae.load_vae("ema"),
-             lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config)):
+             lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config),
+             lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), 1, "dopri5")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

@@ -182,23 +182,30 @@ def cmd_train(a: TrainArgs) -> None:
 def cmd_sample(a: SampleArgs) -> None:
     cfg = a.config()
     vae = plan.vae_config_for(a.vae)
+    nfe = a.evaluations()
     result = plan.plan_sampling(
         cfg,
         a.image_size,
         a.num_images,
-        a.num_sampling_steps,
+        nfe,
         a.guidance_scale,
         a.num_gpus,
         **a.budget(),
         vae_config=vae,
     )
+    method = a.sampling_method or {"ode": "heun", "sde": "euler"}.get(a.sampler)
+    result.update(
+        num_sampling_steps=a.num_sampling_steps,
+        sampler=a.sampler if method is None else f"{a.sampler} {method}",
+        nfe=nfe,
+    )
 
     def pairs(r):
-        passes = r["forward_passes_per_image"] // r["num_sampling_steps"]
+        passes = r["forward_passes_per_image"] // r["nfe"]
         guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided"] else " (no guidance)"
         out = [
             ("model", f"{describe(cfg)} at {r['image_size']} px"),
-            ("DiT / image", f"{r['num_sampling_steps']} steps x {passes} pass{'es' if passes > 1 else ''}{guided} x "
+            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps) x {passes} pass{'es' if passes > 1 else ''}{guided} x "
                             f"{_num(r['forward_gflops'], 2)} GFLOP = {_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP "
                             f"= {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
         ]  # fmt: skip

@@ -116,7 +116,27 @@ class SampleArgs(ModelArgs, BudgetArgs):
     guidance_scale: float = option(
         1.5, "classifier-free guidance scale; above 1 doubles the batch", aliases=("--cfg-scale",)
     )
+    sampler: str = option("ddpm", "ddpm or ddim (diffusion), ode or sde (flow matching)",
+                          choices=("ddpm", "ddim", "ode", "sde"))  # fmt: skip
+    sampling_method: str | None = option(None, "ode: euler, heun or dopri5 (default heun); sde: euler or heun")
+    last_step: str = option("mean", "sde: the last step (none saves one evaluation)")
+    nfe: int | None = option(None, "network evaluations per image, for the adaptive dopri5 (read a run's log)")
     json: bool = option(False, "print JSON")
+
+    def evaluations(self) -> int:
+        """Network evaluations per image of the chosen sampler: steps for DDPM/DDIM/Euler, 2 per Heun step."""
+        from dit.transport.samplers import ODE_METHODS, SDE_METHODS, planned_nfe
+
+        if self.sampler in ("ddpm", "ddim"):
+            return self.nfe or self.num_sampling_steps
+        methods = ODE_METHODS if self.sampler == "ode" else SDE_METHODS
+        method = self.sampling_method or ("heun" if self.sampler == "ode" else "euler")
+        if method not in methods:
+            raise UserError(f"--sampling-method for --sampler {self.sampler} must be one of {', '.join(methods)}.")
+        planned = planned_nfe(self.sampler, method, self.num_sampling_steps, self.last_step)
+        if planned is None and self.nfe is None:
+            raise UserError(f"{method} picks its own steps: pass --nfe, the evaluations per image a run printed.")
+        return self.nfe or planned
 
 
 @dataclass

@@ -64,7 +64,7 @@ class SamplingCost:
         passes = 2 if self.guided else 1
         doubling = ", guidance doubles the batch" if self.guided else ""
         line = (
-            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe} evaluations x "
+            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe} network evaluations (NFE) x "
             f"{passes} pass{'es' if passes > 1 else ''}{doubling}) for {self.images} images in {self.dit_s:.6g} s, "
             f"MFU {pct(self.mfu)}"
         )

@@ -1,0 +1,170 @@
+"""Flow matching against SiT's equations: interpolants, targets, conversions, losses, samplers, NFE, and the
+trainer and sampler around them (values computed by hand from the paper's formulas)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from helpers import run_face
+from test_train import Pixels, tiny_config
+
+from dit.checkpoint import latest_checkpoint, load_checkpoint
+from dit.transport import Path, Transport
+from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, planned_nfe, sde_sample
+
+T = torch.tensor([0.0, 0.25, 0.5, 0.9, 1.0], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kind", ["linear", "gvp", "vp"])
+def test_the_path_goes_from_noise_to_data_with_its_derivative_as_target(kind):
+    path = Path(kind)
+    g = torch.Generator().manual_seed(0)
+    x0, x1 = (torch.randn(5, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    xt, ut = path.interpolate(T, x0, x1)
+    assert torch.allclose(xt[-1], x1[-1])  # row i sits at T[i]; t = 1 is data on every path
+    if kind != "vp":  # VP never reaches pure noise: alpha(0) = exp(-(b1 + b0) / 4)
+        assert torch.allclose(xt[0], x0[0])
+    else:
+        assert path.alpha_sigma(T)[0][0] == pytest.approx(math.exp(-0.25 * 19.9 - 0.05))
+    h = 1e-6  # u_t is d x_t / dt: check it against a central difference
+    inner = torch.tensor([0.25, 0.5, 0.9], dtype=torch.float64)
+    plus, _ = path.interpolate(inner + h, x0[1:4], x1[1:4])
+    minus, _ = path.interpolate(inner - h, x0[1:4], x1[1:4])
+    torch.testing.assert_close(ut[1:4], (plus - minus) / (2 * h), rtol=1e-5, atol=1e-6)
+    if kind == "linear":
+        torch.testing.assert_close(ut, x1 - x0)  # SiT's velocity target
+        torch.testing.assert_close(path.drift_var(inner), (1 - inner) / inner)
+
+
+@pytest.mark.parametrize("kind", ["linear", "gvp", "vp"])
+def test_velocity_score_and_noise_are_one_field(kind):
+    """For data at one point c, p_t = N(alpha c, sigma^2): its score and noise give the true velocity."""
+    path = Path(kind)
+    t = torch.tensor([0.3, 0.6, 0.8], dtype=torch.float64)
+    c, x0 = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    alpha, d_alpha, sigma, d_sigma = (v[:, None] for v in path.alpha_sigma(t))
+    x = alpha * c + sigma * x0
+    true_v = d_alpha * c + d_sigma * x0
+    score = -(x - alpha * c) / sigma**2
+    torch.testing.assert_close(path.velocity(x, t, "score", score), true_v)
+    torch.testing.assert_close(path.velocity(x, t, "noise", x0), true_v)  # the noise is x0 itself
+    torch.testing.assert_close(path.score(x, t, "velocity", true_v), score)
+
+
+def test_losses_for_fixed_noise_and_times():
+    x1, x0 = torch.ones(2, 1, 2, 2), torch.full((2, 1, 2, 2), 2.0)
+    t = torch.tensor([0.25, 0.5])
+
+    def const(value):
+        return lambda x, t, **kw: torch.full_like(x, value)
+
+    velocity = Transport().training_losses(const(0.5), x1, t, noise=x0)["loss"]
+    torch.testing.assert_close(velocity, torch.full((2,), (0.5 - (1 - 2)) ** 2))  # u = x1 - x0 = -1
+    noise = Transport(prediction="noise", loss_weight="likelihood").training_losses(const(1.5), x1, t, noise=x0)[
+        "loss"
+    ]
+    sigma, d = 1 - t, (1 - t) / t  # linear: d_t = (1 - t) / t
+    torch.testing.assert_close(noise, d / sigma**2 * (1.5 - 2.0) ** 2)
+    score = Transport(prediction="score", loss_weight="velocity").training_losses(const(-1.0), x1, t, noise=x0)[
+        "loss"
+    ]
+    torch.testing.assert_close(score, (d / sigma) ** 2 * (sigma * -1.0 + 2.0) ** 2)
+
+
+def test_training_times_follow_sits_intervals_and_logit_normal():
+    g = torch.Generator().manual_seed(0)
+    assert Transport().interval(training=True) == (0.0, 1.0)
+    assert Transport(prediction="noise").interval(training=True) == (1e-3, 1 - 1e-3)
+    assert Transport(path_type="vp").interval(training=True) == (0.0, 1 - 1e-5)
+    t = Transport(time_sampling="logit-normal").sample_t(200_000, g, "cpu")
+    inside = ((t > 0.162) & (t < 0.838)).float().mean()  # SD3's (0, 1): 90% in [0.162, 0.838]
+    assert abs(float(inside) - 0.90) < 0.005 and abs(float(t.median()) - 0.5) < 0.005
+
+
+def linear_field(a: float, transport=None):
+    """A 'model' whose velocity is a x: the ODE's solution from x(0) is x(0) exp(a t)."""
+    return FlowField(transport or Transport(), lambda x, t, **kw: a * x, {})
+
+
+def test_euler_and_heun_steps_on_a_linear_field():
+    x0, a = torch.ones(1, 1, 1, 1, dtype=torch.float64), 0.7
+    field = linear_field(a)
+    assert float(ode_sample(field, x0, 1, "euler")) == pytest.approx(1 + a)
+    assert float(ode_sample(linear_field(a), x0, 1, "heun")) == pytest.approx(1 + a + a * a / 2)
+    coarse, fine = (abs(float(ode_sample(linear_field(a), x0, n, "heun")) - math.exp(a)) for n in (10, 20))
+    assert 3.5 < coarse / fine < 4.5  # second order
+    assert field.nfe == 1
+
+
+def test_evaluations_are_counted_as_planned():
+    x = torch.ones(2, 1, 1, 1, dtype=torch.float64)
+    for method, steps in (("euler", 7), ("heun", 7)):
+        field = linear_field(0.3)
+        ode_sample(field, x, steps, method)
+        assert field.nfe == planned_nfe("ode", method, steps) == steps * (1 if method == "euler" else 2)
+    for method in ("euler", "heun"):
+        field = linear_field(0.3)
+        sde_sample(field, x, 6, lambda: torch.zeros(2, 1, 1, 1, dtype=torch.float64), method)
+        assert field.nfe == planned_nfe("sde", method, 6)
+    pytest.importorskip("torchdiffeq")
+    field = linear_field(0.3)
+    out = ode_sample(field, x, 1, "dopri5")
+    assert float(out[0]) == pytest.approx(math.exp(0.3), rel=1e-3) and field.nfe >= 6  # adaptive: counted
+
+
+def test_sde_diffusion_forms():
+    tr = Transport()
+    t = 0.25
+    assert diffusion_coefficient(tr, "constant", t) == 1.0
+    assert diffusion_coefficient(tr, "sigma", t) == pytest.approx(0.75)
+    assert diffusion_coefficient(tr, "SBDM", t) == pytest.approx(0.75 / 0.25)  # d_t = (1 - t) / t
+    assert diffusion_coefficient(tr, "linear", t) == pytest.approx(0.75)
+    assert diffusion_coefficient(tr, "decreasing", t) == pytest.approx(0.25 * (math.cos(math.pi / 4) + 1) ** 2)
+    assert diffusion_coefficient(tr, "increasing-decreasing", t) == pytest.approx(math.sin(math.pi / 4) ** 2)
+
+
+def flow_config(tmp_path, **kw):
+    return tiny_config(tmp_path, objective="flow", **kw)
+
+
+def test_a_flow_run_resumes_exactly_and_records_its_objective(tmp_path):
+    from dit.train import train
+
+    train(flow_config(tmp_path / "a", max_steps=4), Pixels())
+    train(flow_config(tmp_path / "b", max_steps=2), Pixels())
+    train(flow_config(tmp_path / "b", max_steps=4, resume="auto"), Pixels())
+    a = load_checkpoint(latest_checkpoint(tmp_path / "a" / "run" / "checkpoints"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "b" / "run" / "checkpoints"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["config"]["objective"] == "flow" and a["model_config"]["learn_sigma"] is False
+    assert torch.count_nonzero(a["model"]["final_layer.linear.weight"]) > 0
+
+
+def test_sample_py_builds_the_flow_sampler_and_prints_its_evaluations(tmp_path, capsys):
+    from dit.train import train
+
+    train(flow_config(tmp_path, max_steps=2), Pixels())
+    ckpt = str(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    common = ["--ckpt", ckpt, "--num-sampling-steps", "5", "--precision", "fp32", "--peak-tflops", "1",
+              "--out", str(tmp_path / "g.png"), "--class-labels", "1"]  # fmt: skip
+    code, out, err = run_face("sample.py", [*common, "--sampler", "ode", "--sampling-method", "heun"], capsys)
+    assert code == 0, err
+    assert "ode heun: 10 network evaluations (NFE)" in out
+    code, _, err = run_face("sample.py", [*common, "--sampler", "ddpm"], capsys)
+    assert code == 2 and "does not sample a flow-matching model" in err
+
+
+def test_dit_cost_counts_a_samplers_evaluations(capsys):
+    from dit.cost.__main__ import main
+
+    argv = ["sample", "--model", "DiT-XL/2", "--num-sampling-steps", "25", "--guidance-scale", "1.5", "--json"]
+    assert main([*argv, "--sampler", "ode", "--sampling-method", "heun"]) == 0
+    heun = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--sampler", "ddpm"]) == 0
+    ddpm = json.loads(capsys.readouterr().out)
+    assert heun["forward_passes_per_image"] == 2 * ddpm["forward_passes_per_image"] == 100  # 50 NFE x 2 (guidance)
+    assert main([*argv, "--sampler", "ode", "--sampling-method", "dopri5"]) == 2
+    assert "--nfe" in capsys.readouterr().err
