@@ -1,11 +1,15 @@
-"""Quality against compute at three model sizes: the DiT paper's scaling question on the quick start's digits.
+"""Quality against compute on the quick start's digits: model sizes (the DiT paper's scaling question) and
+objectives (DiT's diffusion against SiT's flow matching), each over one or more seeds.
 
-Each size trains on MNIST-5k (the quick start's recipe and batch) for the same training-FLOPs budget, so the
-smaller models take more steps, and is evaluated with the digit FID at evenly spaced steps. About 35 minutes
-on 2 CPU cores; not part of CI.
+Each run trains on MNIST-5k (the quick start's recipe and batch) for the same training-FLOPs budget, so the
+smaller models take more steps, and is evaluated with the digit FID at evenly spaced steps, with samplers of
+equal network evaluations (DDIM 10 steps for diffusion, Heun 5 steps = 10 NFE for flow). A finished run is
+reused and a stopped one resumes, so the script can be rerun. Not part of CI; times are in docs/evaluation.md.
 
   python scripts/scaling.py --out out/scaling --plot docs/images/scaling_mnist.png \\
       --json docs/results/scaling_mnist.json
+  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --out out/objectives \\
+      --plot docs/images/flow_vs_diffusion_mnist.png --json docs/results/flow_vs_diffusion_mnist.json
 """
 
 from __future__ import annotations
@@ -25,48 +29,73 @@ from dit.cost.quality import compute_to_target, read_run
 from dit.data.digits import DigitDataset
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
+from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
 
-# (name, depth, hidden size, heads): the quick start's model in the middle, a 6x smaller and a 3x larger one.
-SIZES = (("S", 4, 64, 2), ("M", 6, 128, 4), ("L", 8, 192, 6))
+# (name, depth, hidden size, heads): the quick start's model in the middle, a 2.6x smaller and a 2.9x larger one
+# (in training FLOPs per image; a smaller S spent its budget in too many steps to finish on a CPU).
+SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
 
 
 @dataclass
 class ScalingConfig:
-    """Train three DiT sizes on the digits for one FLOPs budget each; plot digit FID against compute."""
+    """Train DiT sizes x objectives x seeds on the digits for one FLOPs budget each; plot FID against compute."""
 
     budget_tflops: float = option(60.0, "training FLOPs per model (model FLOPs, TFLOP)")
     evaluations: int = option(6, "evaluations per run, evenly spaced in steps")
     eval_samples: int = option(500, "EMA samples per evaluation")
-    eval_sampling_steps: int = option(10, "DDIM steps of the evaluation samples")
+    eval_sampling_steps: int = option(
+        10, "network evaluations per evaluation sample: DDIM steps, or twice the Heun steps of a flow run"
+    )
     eval_guidance_scale: float = option(1.5, "guidance of the evaluation samples")
     sizes: list[str] = option(["S", "M", "L"], "which sizes to run", choices=tuple(s[0] for s in SIZES))
+    objectives: list[str] = option(["diffusion"], "training objectives", choices=("diffusion", "flow"))
+    seeds: list[int] = option([0], "training seeds (one run each)")
     targets: list[float] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to")
-    seed: int = option(0, "training seed")
     precision: str = option("fp32", "training precision", choices=("fp32", "bf16"))
-    out: str = option("out/scaling", "runs go to OUT/SIZE")
+    out: str = option("out/scaling", "runs go to OUT/SIZE, or OUT/SIZE-OBJECTIVE-sSEED")
     plot: str | None = option(None, "write the FID-against-FLOPs chart here (PNG)")
     json: str | None = option(None, "write the summary here")
 
 
-def run_size(c: ScalingConfig, name: str, depth: int, hidden: int, heads: int, ref: str) -> Path:
+def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> Path:
+    name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
-    folder = Path(c.out) / name
+    folder = Path(c.out) / run_name(c, name, objective, seed)
     base = digits_train_config(preset, 1, folder, None)
     per_step = training_flops_per_image(base.model_config(1, preset.image_size)).model * preset.batch_size
     steps = max(c.evaluations, round(c.budget_tflops * 1e12 / per_step))
+    flow = objective == "flow"
     cfg = digits_train_config(
         preset, steps, folder, None, eval_ref=ref, eval_every=max(1, steps // c.evaluations),
-        eval_samples=c.eval_samples, sample_steps=c.eval_sampling_steps,
+        eval_samples=c.eval_samples, sample_steps=c.eval_sampling_steps // 2 if flow else c.eval_sampling_steps,
     )  # fmt: skip
     cfg = dataclasses.replace(
-        cfg, eval_guidance_scale=c.eval_guidance_scale, seed=c.seed, precision=c.precision, progress=False,
-        ckpt_every=steps, keep_last=1, log_every=max(1, steps // 50),
+        cfg, eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
+        ckpt_every=max(1, steps // c.evaluations), keep_last=1, log_every=max(1, steps // 50), resume="auto",
+        objective=objective, eval_sampler="ode" if flow else "ddim",
     )  # fmt: skip
-    if not (folder / "metrics.jsonl").is_file():  # a finished size is reused: the script can be resumed
-        train(cfg, DigitDataset(preset.image_size))
+    if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
+        result = train(cfg, DigitDataset(preset.image_size))
+        if result.get("signal"):
+            raise SystemExit(EXIT_CODES[result["signal"]])
     return folder
+
+
+def run_name(c: ScalingConfig, size: str, objective: str, seed: int) -> str:
+    """SIZE alone for the plain size study (the folders earlier runs wrote), else SIZE-OBJECTIVE-sSEED."""
+    if c.objectives == ["diffusion"] and c.seeds == [0]:
+        return size
+    return f"{size}-{objective}-s{seed}"
+
+
+def finished(folder: Path, steps: int) -> bool:
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return any(r.get("kind") == "eval" and r.get("step") == steps for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,11 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     Path(c.out).mkdir(parents=True, exist_ok=True)
     ref = str(Path(c.out) / "digits_ref.npz")
     save_stats(ref, digits_reference(load_digit_classifier()))
-    runs = {}
-    for name, depth, hidden, heads in SIZES:
-        if name in c.sizes:
-            runs[name] = run_size(c, name, depth, hidden, heads, ref)
-            print(f"{name}: done ({runs[name]})", file=sys.stderr)
+    runs, labels = {}, []
+    for size in SIZES:
+        if size[0] not in c.sizes:
+            continue
+        for objective in c.objectives:
+            for seed in c.seeds:
+                key = run_name(c, size[0], objective, seed)
+                runs[key] = run_one(c, size, objective, seed, ref)
+                labels.append(f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}, seed {seed}")
+                print(f"{key}: done ({runs[key]})", file=sys.stderr)
     summary = {
         "command": "python scripts/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "runs": {},
@@ -100,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             r = summary["runs"][name]["to_target"][str(t)]
             r.pop("evaluations")
     if c.plot:
-        labels = [f"DiT {n} (depth {d}, hidden {h})" for n, d, h, _ in SIZES if n in runs]
-        plot_quality(c.plot, [str(f) for f in runs.values()], labels, "Digit FID against training FLOPs, 3 sizes")
+        title = "Digit FID against training FLOPs" + (
+            f", {len(c.sizes)} sizes" if len(c.sizes) > 1 else f": {' vs '.join(c.objectives)}"
+        )
+        plot_quality(c.plot, [str(f) for f in runs.values()], labels, title)
     text = json.dumps(summary, indent=1)
     if c.json:
         atomic_write_bytes(c.json, (text + "\n").encode())

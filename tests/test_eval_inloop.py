@@ -62,6 +62,13 @@ def test_evaluations_are_records_against_the_compute_so_far(tmp_path, digits_ref
     assert "evaluation every 2 steps: 70 EMA samples" in log and "eval: step=2 fid=" in log
 
 
+def test_a_flow_run_is_evaluated_with_its_ode_sampler(tmp_path, digits_ref):
+    train(eval_config(tmp_path, digits_ref, objective="flow"), digits())
+    evals = [r for r in records(tmp_path / "run") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [2, 4] and all(np.isfinite(r["fid"]) for r in evals)
+    assert evals[0]["eval_sampler"] == "ode heun 2 steps, 4 evaluations"
+
+
 def test_the_same_weights_score_the_same(tmp_path, digits_ref):
     from dit.eval.inloop import InLoopEval
     from dit.models import DiT, model_config

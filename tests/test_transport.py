@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import run_face
@@ -52,6 +53,9 @@ def test_velocity_score_and_noise_are_one_field(kind):
     torch.testing.assert_close(path.velocity(x, t, "score", score), true_v)
     torch.testing.assert_close(path.velocity(x, t, "noise", x0), true_v)  # the noise is x0 itself
     torch.testing.assert_close(path.score(x, t, "velocity", true_v), score)
+    zero = torch.zeros(1, dtype=torch.float64)  # the SDE sampler of a velocity model starts at t = 0
+    if kind != "vp":
+        assert torch.isfinite(path.score(x[:1], zero, "velocity", true_v[:1])).all()
 
 
 def test_losses_for_fixed_noise_and_times():
@@ -97,6 +101,19 @@ def test_euler_and_heun_steps_on_a_linear_field():
     coarse, fine = (abs(float(ode_sample(linear_field(a), x0, n, "heun")) - math.exp(a)) for n in (10, 20))
     assert 3.5 < coarse / fine < 4.5  # second order
     assert field.nfe == 1
+
+
+def test_one_euler_maruyama_step_and_the_mean_last_step_by_hand():
+    """Linear path, v = a x, sigma diffusion: from t = 0 (s = -x there) to 0.96, then SiT's mean step of 0.04."""
+    a, x, z = (
+        0.5,
+        torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64),
+        torch.full((1, 1, 1, 1), 0.3, dtype=torch.float64),
+    )
+    out = sde_sample(linear_field(a), x, 2, lambda: z, "euler", "sigma")
+    x1 = x + (a - 1) * x * 0.96 + math.sqrt(2 * 1.0 * 0.96) * z  # w(0) = sigma(0) = 1
+    s = (0.96 * a * x1 - x1) / (0.04**2 + 0.96 * 0.04)  # score from velocity at t = 0.96
+    torch.testing.assert_close(out, x1 + 0.04 * (a * x1 + 0.04 * s))  # drift v + w s, w = sigma = 0.04
 
 
 def test_evaluations_are_counted_as_planned():
@@ -155,6 +172,14 @@ def test_sample_py_builds_the_flow_sampler_and_prints_its_evaluations(tmp_path, 
     assert "ode heun: 10 network evaluations (NFE)" in out
     code, _, err = run_face("sample.py", [*common, "--sampler", "ddpm"], capsys)
     assert code == 2 and "does not sample a flow-matching model" in err
+    fid = ["--ckpt", ckpt, "--sample-dir", str(tmp_path / "fid"), "--num-fid-samples", "3", "--per-proc-batch-size",
+           "2", "--num-sampling-steps", "3", "--precision", "fp32", "--peak-tflops", "1", "--sampler", "sde"]  # fmt: skip
+    code, out, err = run_face("scripts/sample_ddp.py", fid, capsys)
+    assert code == 0, err
+    assert "sde euler: 3 network evaluations (NFE)" in out  # 2 Euler-Maruyama steps and the mean last step
+    (npz,) = (tmp_path / "fid").glob("*.npz")
+    with np.load(npz) as f:
+        assert f["arr_0"].shape[0] == 3 and f["arr_0"].std() > 0
 
 
 def test_dit_cost_counts_a_samplers_evaluations(capsys):

@@ -67,10 +67,12 @@ class Path:
 
     def score(self, x: torch.Tensor, t: torch.Tensor, prediction: str, out: torch.Tensor) -> torch.Tensor:
         """The score (gradient of log p_t) at (x, t) from the model's output."""
-        alpha, d_alpha, sigma, _ = (_expand(c, x) for c in self.alpha_sigma(t))
+        alpha, d_alpha, sigma, d_sigma = (_expand(c, x) for c in self.alpha_sigma(t))
         if prediction == "score":
             return out
         if prediction == "noise":
             return -out / sigma
-        # velocity: s = (v - (alpha'/alpha) x) / d_t
-        return (out - d_alpha / alpha * x) / _expand(self.drift_var(t), x)
+        # velocity: s = (v - (alpha'/alpha) x) / d_t, written as SiT does so that it stays finite at t = 0
+        # (alpha = 0), where the SDE sampler of a velocity model starts
+        ratio = alpha / d_alpha
+        return (ratio * out - x) / (sigma**2 - ratio * d_sigma * sigma)
