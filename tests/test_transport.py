@@ -13,6 +13,7 @@ from helpers import run_face
 from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
+from dit.errors import UserError
 from dit.transport import Path, Transport
 from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, planned_nfe, sde_sample
 
@@ -193,3 +194,24 @@ def test_dit_cost_counts_a_samplers_evaluations(capsys):
     assert heun["forward_passes_per_image"] == 2 * ddpm["forward_passes_per_image"] == 100  # 50 NFE x 2 (guidance)
     assert main([*argv, "--sampler", "ode", "--sampling-method", "dopri5"]) == 2
     assert "--nfe" in capsys.readouterr().err
+
+
+def test_sits_own_checkpoints_sample_as_flow_models(tmp_path):
+    """SiT's train.py files (args in SiT's spelling, a 2C head) and bare releases with --objective flow."""
+    from dit.models import DiT, model_config
+    from dit.sample.loading import load_sampling_model
+
+    net = DiT.from_config(model_config("DiT-S/2", input_size=8, in_channels=3, num_classes=2, depth=1,
+                                       hidden_size=32, num_heads=2, learn_sigma=True))  # fmt: skip
+    weights = net.state_dict()
+    args = {"path_type": "Linear", "prediction": "velocity", "loss_weight": None, "sample_eps": None,
+            "train_eps": None, "image_size": 8, "vae": "none"}  # fmt: skip
+    torch.save({"model": weights, "ema": weights, "args": args}, tmp_path / "sit.pt")
+    torch.save(weights, tmp_path / "bare.pt")
+    sm = load_sampling_model(tmp_path / "sit.pt")
+    assert sm.transport is not None and sm.transport.path_type == "linear" and sm.config.learn_sigma
+    assert load_sampling_model(tmp_path / "bare.pt", vae="none").transport is None  # DiT's releases
+    sm = load_sampling_model(tmp_path / "bare.pt", vae="none", objective="flow")
+    assert sm.transport is not None and sm.transport.prediction == "velocity"
+    with pytest.raises(UserError, match="--objective diffusion does not match"):
+        load_sampling_model(tmp_path / "sit.pt", objective="diffusion")

@@ -31,6 +31,10 @@ class SamplingOptions:
     vae: str | None = option(
         None, "ema, mse, a hub id, a folder, or none (default: as the official scripts, or the run's own VAE)"
     )
+    objective: str | None = option(
+        None, "for files without a config: flow for a SiT release (default: as recorded, else diffusion)",
+        choices=("diffusion", "flow"),
+    )  # fmt: skip
     guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
     guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
     num_sampling_steps: int = option(250, "respaced steps (official rounding)")

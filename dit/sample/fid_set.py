@@ -143,7 +143,9 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     rank, device = runtime.rank, runtime.device
     c = dataclasses.replace(c, ckpt=str(find_checkpoint(c.ckpt or official_release(c.image_size))))
     channels = parse_guidance_channels(c.guidance_channels)
-    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema")
+    sm = load_sampling_model(
+        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema", objective=c.objective
+    )
     check_guidance(c.guidance_scale, sm.config)
     sampler = Sampler(sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)

@@ -37,7 +37,9 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     """Sample ``class_labels`` (one image each, image i seeded by (seed, i)) and write a PNG grid."""
     device = runtime.device
     channels = parse_guidance_channels(c.guidance_channels)
-    sm = load_sampling_model(c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="mse")
+    sm = load_sampling_model(
+        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="mse", objective=c.objective
+    )
     check_guidance(c.guidance_scale, sm.config)
     labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)

@@ -22,6 +22,18 @@ def recorded_run_config(ckpt: dict) -> dict:
     return {}
 
 
+def sit_run_config(run: dict) -> dict:
+    """SiT's train.py records ``args`` in its own spelling (path_type "Linear", model "SiT-XL/2", no
+    objective): the same flow model under our names, so its checkpoints sample with their transport."""
+    if "path_type" not in run or "objective" in run:
+        return run
+    run = {**run, "objective": "flow", "path_type": str(run["path_type"]).lower()}
+    run["loss_weight"] = str(run.get("loss_weight") or "none").lower()
+    if isinstance(run.get("model"), str):
+        run["model"] = run["model"].replace("SiT-", "DiT-")  # SiT's networks are DiT's
+    return run
+
+
 def _agree(flag: str, given, recorded):
     """The recorded value unless the user asked for a different one, which is a mistake worth naming."""
     if given is not None and recorded is not None and given != recorded:
@@ -41,19 +53,23 @@ def load_sampling_model(
     use_ema: bool = True,
     device: str | torch.device = "cpu",
     sd_decoder: str = "mse",
+    objective: str | None = None,
 ) -> SamplingModel:
     """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
 
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
     official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
-    ``image_size`` and ``num_classes`` are then checks). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
+    ``image_size`` and ``num_classes`` are then checks; ``objective`` "flow" marks a bare SiT release, whose
+    transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
     None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
     ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
     when the run was pixel space.
     """
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     ckpt = load_checkpoint(ckpt_path)
-    run = recorded_run_config(ckpt)
+    run = sit_run_config(recorded_run_config(ckpt))
+    recorded_objective = run.get("objective") or ("diffusion" if run else None)
+    run["objective"] = _agree("--objective", objective, recorded_objective) or "diffusion"
     weights, which = model_weights(ckpt, use_ema)
 
     recorded_pixel = "vae" in run and run["vae"] in (None, "none")
