@@ -87,9 +87,10 @@ class QuickstartConfig:
     num_sampling_steps: int | None = option(None, "DDIM steps for the grid (default: the preset's)")
     per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)")
     eval_samples: int | None = option(None, "EMA samples scored at the end, 65 or more (default: the preset's)")
+    eval_every: int | None = option(None, "also score them every N steps (default: only at the end)")
 
     def __post_init__(self):
-        for name in ("max_steps", "num_sampling_steps", "per_class", "eval_samples"):
+        for name in ("max_steps", "num_sampling_steps", "per_class", "eval_samples", "eval_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
@@ -112,6 +113,7 @@ def main(argv=None):
         run_dir,
         args.device,
         eval_ref=str(digits_ref),
+        eval_every=args.eval_every or 0,
         eval_samples=args.eval_samples,
         sample_steps=args.num_sampling_steps,
     )

@@ -101,3 +101,11 @@ def test_precision_mode_scores_each_run(tmp_path):
     rows = json.loads(rows_file.read_text())["rows"]
     assert [(r["precision"], r["seed"]) for r in rows] == [("fp32", 0), ("bf16", 0)]
     assert all(r["fid"] > 0 and 0 <= r["class_accuracy"] <= 1 and r["steps"] == 2 for r in rows)
+
+
+@pytest.mark.slow
+def test_repeat_mode_runs_the_quick_start_with_in_loop_evaluations(tmp_path):
+    bench("repeat", "--runs", "1", "--max-steps", "20", "--peak", "cached", "--eval-every", "10",
+          "--json", str(tmp_path / "r.json"))  # fmt: skip
+    (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert row["evaluations"] == 2 and 0 < row["mfu"] < 1.5 and row["steps"] == 20

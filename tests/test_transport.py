@@ -215,3 +215,12 @@ def test_sits_own_checkpoints_sample_as_flow_models(tmp_path):
     assert sm.transport is not None and sm.transport.prediction == "velocity"
     with pytest.raises(UserError, match="--objective diffusion does not match"):
         load_sampling_model(tmp_path / "sit.pt", objective="diffusion")
+
+
+def test_a_one_step_diffusion_sampler_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from dit.sample.generate import Sampler
+
+    with pytest.raises(UserError, match="must be >= 2 for --sampler ddim"):
+        Sampler(SimpleNamespace(transport=None), 1, "ddim")

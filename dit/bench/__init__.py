@@ -147,9 +147,9 @@ def _attention(a: c.AttentionBench) -> Result:
 
 
 def _repeat(a: c.RepeatBench) -> Result:
-    rows = bench_repeat(a.runs, a.max_steps, fresh_peak=a.peak == "fresh")
+    rows = bench_repeat(a.runs, a.max_steps, fresh_peak=a.peak == "fresh", eval_every=a.eval_every)
     mfus = [row["mfu"] for row in rows]
-    r = Result(rows, ["run", "steps", "mfu", "steps_per_sec", "peak_tflops", "fresh_peak"])
+    r = Result(rows, ["run", "steps", "mfu", "steps_per_sec", "peak_tflops", "fresh_peak", "evaluations"])
     r.extra["max_over_min_mfu"] = max(mfus) / min(mfus)
     r.notes.append(
         f"MFU over {a.runs} runs: {min(mfus):.2%} to {max(mfus):.2%} (max/min {max(mfus) / min(mfus):.3f})"

@@ -125,6 +125,7 @@ class RepeatBench:
         "fresh: every run measures the CPU peak anew; cached: the runs share one measurement",
         choices=("fresh", "cached"),
     )
+    eval_every: int = option(0, "also evaluate every N steps (100 digit samples): the MFU must not change")
     json: str | None = option(None, JSON_HELP)
 
 

@@ -266,25 +266,27 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     }
 
 
-def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True) -> list[dict]:
+def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:
     """The quick start's training, ``runs`` times in fresh processes: each run's MFU (the mean over its
     windows after warm-up) and peak, so their spread says how far one run's MFU can be trusted.
 
     ``fresh_peak`` gives every run an empty peak cache, so each measures the CPU peak anew (the harder
-    case); otherwise the runs share one measurement, as runs on one machine do."""
+    case); otherwise the runs share one measurement, as runs on one machine do. ``eval_every`` adds the
+    in-loop digit evaluation (100 samples), whose time must stay out of the MFU."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
             out = Path(tmp) / f"run{i}"
             env = {**os.environ, "DIT_CACHE_DIR": str(Path(tmp) / (f"cache{i}" if fresh_peak else "cache"))}
-            argv = ["-m", "dit.quickstart", "--steps", str(steps), "--out", str(out), "--per-class", "1"]
-            done = subprocess.run(
-                [sys.executable, *argv, "--sample-steps", "1"], env=env, capture_output=True, text=True
-            )
+            argv = ["-m", "dit.quickstart", "--max-steps", str(steps), "--out", str(out), "--per-class", "1",
+                    "--num-sampling-steps", "2", "--eval-samples", "100"]  # fmt: skip
+            if eval_every:
+                argv += ["--eval-every", str(eval_every)]
+            done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"quick start run {i} failed:\n{done.stderr[-2000:]}")
             records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-            timed = [r for r in records if not r["in_warmup"]]
+            timed = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
             rows.append(
                 {
                     "mode": "repeat",
@@ -294,6 +296,7 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True) -> li
                     "steps_per_sec": statistics.fmean(r["steps_per_sec"] for r in timed),
                     "peak_tflops": timed[-1]["peak_tflops"],
                     "fresh_peak": fresh_peak,
+                    "evaluations": sum(r.get("kind") == "eval" for r in records),
                 }
             )
     return rows

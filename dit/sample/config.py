@@ -51,6 +51,8 @@ class SamplingOptions:
         "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
     )
     last_step: str = option("mean", "flow sde: the last deterministic step (SiT's, h = 0.04)", choices=LAST_STEPS)
+    atol: float = option(1e-6, "flow ode dopri5: absolute tolerance (SiT's default)")
+    rtol: float = option(1e-3, "flow ode dopri5: relative tolerance (SiT's default)")
     precision: str = option("tf32", "fp32, tf32 (the official scripts), bf16 or fp16 (CUDA)", choices=PRECISIONS)
     ema: bool = option(True, "sample with the EMA weights (--no-ema: the raw weights)")
     device: str | None = option(None, "default: cuda if available, else cpu")
@@ -60,7 +62,7 @@ class SamplingOptions:
     def __post_init__(self):
         if self.tf32 is not None:  # one precision setting: the official flag only chooses between two of them
             self.precision = "tf32" if self.tf32 else "fp32"
-        check_positive(self, "num_sampling_steps", "peak_tflops", "image_size")
+        check_positive(self, "num_sampling_steps", "peak_tflops", "image_size", "atol", "rtol")
         if not self.guidance_scale >= 1:
             raise UserError(
                 f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {self.guidance_scale}."

@@ -80,6 +80,8 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
         "guidance_channels": str(c.guidance_channels),
         "sampler": sampler.describe(),
         "sde": [c.diffusion_form, c.last_step] if sampler.kind == "sde" else None,
+        "tolerances": [c.atol, c.rtol] if sampler.method == "dopri5" else None,
+        "transport": None if sm.transport is None else dataclasses.asdict(sm.transport),
         "num_sampling_steps": c.num_sampling_steps,
         "global_seed": c.global_seed,
         "precision": c.precision,
@@ -147,7 +149,7 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
         c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema", objective=c.objective
     )
     check_guidance(c.guidance_scale, sm.config)
-    sampler = Sampler(sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step)
+    sampler = Sampler.from_options(sm, c)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)
     ckpt_sha256 = runtime.gather_objects(sha256_file(c.ckpt) if rank == 0 else None)[0]
     identity, manifest = _set_identity(c, sm, ckpt_sha256, sampler), folder / "sample_set.json"

@@ -207,6 +207,11 @@ class Sampler:
             raise UserError(
                 "the SBDM diffusion is infinite at t = 0: pass a --sample-eps above 0, or another --diffusion-form."
             )
+        if not flow and num_steps < 2:
+            raise UserError(
+                f"--num-sampling-steps must be >= 2 for --sampler {kind}: a one-step respacing has no posterior "
+                "(the official diffusion's variances need two steps)."
+            )
         self.sm, self.kind, self.method, self.num_steps = sm, kind, method, num_steps
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.diffusion = None if flow else create_diffusion(
@@ -214,6 +219,13 @@ class Sampler:
             predict_xstart=sm.predict_xstart,
         )  # fmt: skip
         self.nfe = 0
+
+    @classmethod
+    def from_options(cls, sm: SamplingModel, c) -> Sampler:
+        """The sampler that sample.py's and sample_ddp.py's options (``SamplingOptions``) ask for."""
+        return cls(
+            sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol
+        )
 
     @property
     def planned_nfe(self) -> int | None:

@@ -43,7 +43,7 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     check_guidance(c.guidance_scale, sm.config)
     labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)
-    sampler = Sampler(sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step)
+    sampler = Sampler.from_options(sm, c)
     seeds = [noise_seed(c.seed, i) for i in range(len(labels))]
     peak = device_peak(device, c.precision, c.peak_tflops)
     runtime.sync()
