@@ -6,9 +6,9 @@ smaller models take more steps, and is evaluated with the digit FID at evenly sp
 equal network evaluations (DDIM 10 steps for diffusion, Heun 5 steps = 10 NFE for flow). A finished run is
 reused and a stopped one resumes, so the script can be rerun. Not part of CI; times are in docs/evaluation.md.
 
-  python scripts/scaling.py --out out/scaling --plot docs/images/scaling_mnist.png \\
+  python scripts/scaling.py --out out/studies --plot docs/images/scaling_mnist.png \\
       --json docs/results/scaling_mnist.json
-  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --out out/objectives \\
+  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --out out/studies \\
       --plot docs/images/flow_vs_diffusion_mnist.png --json docs/results/flow_vs_diffusion_mnist.json
 """
 
@@ -54,7 +54,7 @@ class ScalingConfig:
     seeds: list[int] = option([0], "training seeds (one run each)")
     targets: list[float] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to")
     precision: str = option("fp32", "training precision", choices=("fp32", "bf16"))
-    out: str = option("out/scaling", "runs go to OUT/SIZE, or OUT/SIZE-OBJECTIVE-sSEED")
+    out: str = option("out/scaling", "runs go to OUT/SIZE-OBJECTIVE-sSEED (a run already there is reused)")
     plot: str | None = option(None, "write the FID-against-FLOPs chart here (PNG)")
     json: str | None = option(None, "write the summary here")
 
@@ -62,7 +62,7 @@ class ScalingConfig:
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> Path:
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
-    folder = Path(c.out) / run_name(c, name, objective, seed)
+    folder = Path(c.out) / run_name(name, objective, seed)
     base = digits_train_config(preset, 1, folder, None)
     per_step = training_flops_per_image(base.model_config(1, preset.image_size)).model * preset.batch_size
     steps = max(c.evaluations, round(c.budget_tflops * 1e12 / per_step))
@@ -83,10 +83,8 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
     return folder
 
 
-def run_name(c: ScalingConfig, size: str, objective: str, seed: int) -> str:
-    """SIZE alone for the plain size study (the folders earlier runs wrote), else SIZE-OBJECTIVE-sSEED."""
-    if c.objectives == ["diffusion"] and c.seeds == [0]:
-        return size
+def run_name(size: str, objective: str, seed: int) -> str:
+    """One folder per run, so two studies in one --out share the runs they have in common."""
     return f"{size}-{objective}-s{seed}"
 
 
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for objective in c.objectives:
             for seed in c.seeds:
-                key = run_name(c, size[0], objective, seed)
+                key = run_name(size[0], objective, seed)
                 runs[key] = run_one(c, size, objective, seed, ref)
                 labels.append(f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}, seed {seed}")
                 print(f"{key}: done ({runs[key]})", file=sys.stderr)
