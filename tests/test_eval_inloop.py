@@ -67,6 +67,13 @@ def test_a_flow_run_is_evaluated_with_its_ode_sampler(tmp_path, digits_ref):
     evals = [r for r in records(tmp_path / "run") if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [2, 4] and all(np.isfinite(r["fid"]) for r in evals)
     assert evals[0]["eval_sampler"] == "ode heun 2 steps, 4 evaluations"
+    from dit.checkpoint import latest_checkpoint, load_checkpoint
+    from dit.cost.analytic import sampling_flops_per_image
+    from dit.models import DiTConfig
+
+    model = DiTConfig(**load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["model_config"])
+    heun = sampling_flops_per_image(model, 4, evals[0]["eval_guidance_scale"]).total  # 2 steps x 2 evaluations
+    assert evals[0]["eval_sampling_pflops"] == pytest.approx(70 * heun / 1e15)
 
 
 def test_the_same_weights_score_the_same(tmp_path, digits_ref):

@@ -20,6 +20,7 @@ from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.sample.generate import Sampler, SamplingModel, check_guidance, fid_label, generate, noise_seed
+from dit.transport.samplers import DEFAULT_METHODS, planned_nfe
 
 
 class InLoopEval:
@@ -40,15 +41,19 @@ class InLoopEval:
         self.conditional = classes > 0
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), cfg.image_size).decode if vae is not None else 0.0
-        per_image = sampling_flops_per_image(
-            model_config, cfg.eval_sampling_steps, cfg.eval_guidance_scale, vae_decode_flops=decode
+        self.kind = kind = cfg.eval_sampler or ("ode" if cfg.objective == "flow" else "ddim")
+        nfe = (
+            planned_nfe(kind, DEFAULT_METHODS[kind], cfg.eval_sampling_steps) if kind in DEFAULT_METHODS else None
+        )
+        per_image = sampling_flops_per_image(  # the network evaluations the sampler makes: 2 a step for Heun
+            model_config, nfe or cfg.eval_sampling_steps, cfg.eval_guidance_scale, vae_decode_flops=decode
         )
         self.sampling_flops_per_image = per_image.total
 
     def describe(self) -> str:
         c = self.cfg
         return (
-            f"evaluation every {c.eval_every} steps: {c.eval_num_samples:,} EMA samples ({c.eval_sampler} "
+            f"evaluation every {c.eval_every} steps: {c.eval_num_samples:,} EMA samples ({self.kind} "
             f"{c.eval_sampling_steps} steps, guidance {c.eval_guidance_scale:g}) against {c.eval_ref} "
             f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}); about "
             f"{self.cost_flops() / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
@@ -63,7 +68,7 @@ class InLoopEval:
         c, rt = self.cfg, self.runtime
         start = time.perf_counter()
         sm = SamplingModel.from_run(ema, "ema", c.image_size, self.vae, self.vae_spec, to_dict(c))
-        sampler = Sampler(sm, c.eval_sampling_steps, c.eval_sampler)
+        sampler = Sampler(sm, c.eval_sampling_steps, self.kind)
         mine = my_batches(c.eval_num_samples, c.eval_batch_size, rt.rank, rt.world)
         was_training = ema.training
         ema.eval()
@@ -87,7 +92,7 @@ class InLoopEval:
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
             "eval_guidance_scale": c.eval_guidance_scale,
-            "eval_sampler": f"{sampler.describe()} {c.eval_sampling_steps} steps, {sampler.nfe} evaluations",
+            "eval_sampler": f"{sampler.describe()} {c.eval_sampling_steps} steps, {sampler.planned_nfe} evaluations",
             "eval_sampling_pflops": sampling_flops / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
             "eval_seconds": seconds,

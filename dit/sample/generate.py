@@ -23,7 +23,15 @@ from dit.models import DiT, DiTConfig
 from dit.runtime import Precision, Stream, mix_seed
 from dit.sample.config import DIFFUSION_SAMPLERS, FLOW_SAMPLERS
 from dit.transport import Transport
-from dit.transport.samplers import ODE_METHODS, SDE_METHODS, FlowField, ode_sample, planned_nfe, sde_sample
+from dit.transport.samplers import (
+    DEFAULT_METHODS,
+    ODE_METHODS,
+    SDE_METHODS,
+    FlowField,
+    ode_sample,
+    planned_nfe,
+    sde_sample,
+)
 from dit.vae import decode
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
@@ -198,7 +206,7 @@ class Sampler:
                 f"{' or '.join(allowed)}."
             )
         methods = {"ode": ODE_METHODS, "sde": SDE_METHODS}.get(kind, ())
-        method = method or {"ode": "heun", "sde": "euler"}.get(kind)
+        method = method or DEFAULT_METHODS.get(kind)
         if methods and method not in methods:
             raise UserError(
                 f"--sampling-method for --sampler {kind} must be one of {', '.join(methods)}, got {method!r}."

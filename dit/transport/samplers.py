@@ -23,6 +23,7 @@ from dit.transport.transport import Transport
 
 ODE_METHODS = ("euler", "heun", "dopri5")
 SDE_METHODS = ("euler", "heun")
+DEFAULT_METHODS = {"ode": "heun", "sde": "euler"}
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 
