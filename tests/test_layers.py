@@ -7,7 +7,16 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [  # module prefixes, top layer first
     (
         "core",
-        ("dit.model_config", "dit.models", "dit.diffusion", "dit.config", "dit.errors", "dit.atomic", "dit.cli"),
+        (
+            "dit.model_config",
+            "dit.models",
+            "dit.diffusion",
+            "dit.transport",
+            "dit.config",
+            "dit.errors",
+            "dit.atomic",
+            "dit.cli",
+        ),
     ),
     ("cost", ("dit.cost",)),
     ("data", ("dit.vae", "dit.data")),

@@ -16,7 +16,6 @@ from dit.cost import analytic, peaks, plan
 from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArgs, SampleArgs, TrainArgs
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, describe
-from dit.transport.samplers import DEFAULT_METHODS
 
 # ---- output ---------------------------------------------------------------------------------------------
 
@@ -194,7 +193,7 @@ def cmd_sample(a: SampleArgs) -> None:
         **a.budget(),
         vae_config=vae,
     )
-    method = a.sampling_method or DEFAULT_METHODS.get(a.sampler)
+    method = a.method()
     result.update(
         num_sampling_steps=a.num_sampling_steps,
         sampler=a.sampler if method is None else f"{a.sampler} {method}",

@@ -123,14 +123,19 @@ class SampleArgs(ModelArgs, BudgetArgs):
     nfe: int | None = option(None, "network evaluations per image, for the adaptive dopri5 (read a run's log)")
     json: bool = option(False, "print JSON")
 
+    def method(self) -> str | None:
+        """The ODE/SDE integrator (None for DDPM/DDIM); the transport is imported here, not with the planner."""
+        from dit.transport.samplers import DEFAULT_METHODS
+
+        return self.sampling_method or DEFAULT_METHODS.get(self.sampler)
+
     def evaluations(self) -> int:
         """Network evaluations per image of the chosen sampler: steps for DDPM/DDIM/Euler, 2 per Heun step."""
-        from dit.transport.samplers import DEFAULT_METHODS, ODE_METHODS, SDE_METHODS, planned_nfe
+        from dit.transport.samplers import ODE_METHODS, SDE_METHODS, planned_nfe
 
         if self.sampler in ("ddpm", "ddim"):
             return self.nfe or self.num_sampling_steps
-        methods = ODE_METHODS if self.sampler == "ode" else SDE_METHODS
-        method = self.sampling_method or DEFAULT_METHODS[self.sampler]
+        methods, method = (ODE_METHODS if self.sampler == "ode" else SDE_METHODS), self.method()
         if method not in methods:
             raise UserError(f"--sampling-method for --sampler {self.sampler} must be one of {', '.join(methods)}.")
         planned = planned_nfe(self.sampler, method, self.num_sampling_steps, self.last_step)
