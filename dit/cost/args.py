@@ -26,7 +26,9 @@ class ModelArgs:
     latent_size: int | None = option(None, "the model's input size, if not image size / the VAE's downsampling")
     in_channels: int | None = option(None, "default: the VAE's latent channels (4 for SD), or 3 with --vae none")
     num_classes: int = option(1000, "classes")
-    learn_sigma: bool = option(True, "output 2C channels (learned variance), as DiT does")
+    learn_sigma: bool = option(
+        True, "output 2C channels (learned variance), as DiT does; --no-learn-sigma for a flow model"
+    )
     depth: int | None = option(None, "custom size")
     hidden_size: int | None = option(None, "custom size")
     num_heads: int | None = option(None, "custom size")

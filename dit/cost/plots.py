@@ -16,6 +16,13 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
 def _plain_ticks(axis, ticks) -> None:
     """Plain numbers at chosen ticks on a log axis (matplotlib's default 3x10^1 labels collide)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
@@ -46,10 +53,7 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     ax.set_title(f"DiT forward cost at {image_size} px (1 MAC = 2 FLOPs; training = 3x)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_memory_vs_batch(
@@ -83,10 +87,7 @@ def plot_memory_vs_batch(
     ax.set_title(f"{describe(cfg)}, {precision}, AdamW + EMA", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None) -> str:
@@ -131,7 +132,4 @@ def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, ti
     for ax in axes[0]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
