@@ -43,7 +43,9 @@ class ScalingConfig:
     """Train DiT sizes x objectives x seeds on the digits for one FLOPs budget each; plot FID against compute."""
 
     budget_tflops: float = option(60.0, "training FLOPs per model (model FLOPs, TFLOP)")
-    evaluations: int = option(6, "evaluations per run, evenly spaced in steps")
+    eval_every_tflops: float = option(
+        10.0, "training FLOPs between evaluations (TFLOP), and one at the end: a larger budget continues a run"
+    )
     eval_samples: int = option(500, "EMA samples per evaluation")
     eval_sampling_steps: int = option(
         10, "network evaluations per evaluation sample: DDIM steps, or twice the Heun steps of a flow run"
@@ -65,15 +67,16 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
     folder = Path(c.out) / run_name(name, objective, seed)
     base = digits_train_config(preset, 1, folder, None)
     per_step = training_flops_per_image(base.model_config(1, preset.image_size)).model * preset.batch_size
-    steps = max(c.evaluations, round(c.budget_tflops * 1e12 / per_step))
+    steps = max(1, round(c.budget_tflops * 1e12 / per_step))
+    every = max(1, int(c.eval_every_tflops * 1e12 / per_step))  # the same steps for any budget
     flow = objective == "flow"
     cfg = digits_train_config(
-        preset, steps, folder, None, eval_ref=ref, eval_every=max(1, steps // c.evaluations),
+        preset, steps, folder, None, eval_ref=ref, eval_every=every,
         eval_samples=c.eval_samples, sample_steps=c.eval_sampling_steps // 2 if flow else c.eval_sampling_steps,
     )  # fmt: skip
     cfg = dataclasses.replace(
         cfg, eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
-        ckpt_every=max(1, steps // c.evaluations), keep_last=1, log_every=max(1, steps // 50), resume="auto",
+        ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
         objective=objective, eval_sampler="ode" if flow else "ddim",
     )  # fmt: skip
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
