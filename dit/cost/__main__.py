@@ -39,6 +39,16 @@ def _num(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.4g} h"
+
+
+def _money(amount: float) -> str:
+    return f"{amount:,.2f}" if amount >= 1 else f"{amount:.3g}"
+
+
 def _budget_pairs(r: dict) -> list[tuple[str, object]]:
     if r["seconds"] is None:
         return [("time and cost", "pass --gpu and --mfu (or --calibration) for throughput, hours and price")]
@@ -352,17 +362,19 @@ def cmd_quality(a: QualityArgs) -> None:
     if not r["reached"]:
         pairs.append(("target", f"FID {a.target_fid:g} not reached (best {r['best_fid']:.4g})"))
     else:
-        cost = f", {r['cost']:,.2f} at {r['price_per_device_hour']}/device-hour" if r["cost"] is not None else ""
+        cost = (
+            f", {_money(r['cost'])} at {r['price_per_device_hour']}/device-hour" if r["cost"] is not None else ""
+        )
         pairs += [
             ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"),
             ("training compute", f"{r['total_model_flops']:.4e} FLOP = {r['total_model_flops'] / 2:.4e} MAC"),
-            ("measured", f"{r['training_seconds'] / 3600:.4g} h on {r['devices']} device(s) = "
+            ("measured", f"{_duration(r['training_seconds'])} on {r['devices']} device(s) = "
                          f"{r['device_hours']:.4g} device-hours{cost}"),
         ]  # fmt: skip
         if r.get("planned"):
             p = r["planned"]
-            planned_cost = f", {p['cost']:,.2f}" if p["cost"] is not None else ""
-            pairs.append(("planned", f"{p['seconds'] / 3600:.4g} h on {p['num_devices']} x {p['device']} at MFU "
+            planned_cost = f", {_money(p['cost'])}" if p["cost"] is not None else ""
+            pairs.append(("planned", f"{_duration(p['seconds'])} on {p['num_devices']} x {p['device']} at MFU "
                                      f"{p['mfu']:g} = {p['device_hours']:.4g} device-hours{planned_cost}"))  # fmt: skip
     _print_pairs(pairs)
 
