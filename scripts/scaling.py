@@ -61,7 +61,8 @@ class ScalingConfig:
     json: str | None = option(None, "write the summary here")
 
 
-def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> Path:
+def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> tuple[Path, int]:
+    """Train (or resume, or reuse) one run; its folder and the steps of this budget."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
     folder = Path(c.out) / run_name(name, objective, seed)
@@ -83,7 +84,7 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
         result = train(cfg, DigitDataset(preset.image_size))
         if result.get("signal"):
             raise SystemExit(EXIT_CODES[result["signal"]])
-    return folder
+    return folder, steps
 
 
 def run_name(size: str, objective: str, seed: int) -> str:
@@ -113,13 +114,15 @@ def main(argv: list[str] | None = None) -> int:
                 key = run_name(size[0], objective, seed)
                 runs[key] = run_one(c, size, objective, seed, ref)
                 labels.append(f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}, seed {seed}")
-                print(f"{key}: done ({runs[key]})", file=sys.stderr)
+                print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
     summary = {
         "command": "python scripts/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "runs": {},
     }
-    for name, folder in runs.items():
-        train_rows, evals = read_run(str(folder))
+    for name, (folder, steps) in runs.items():
+        train_rows, evals = read_run(str(folder))  # a run trained past this budget is read up to it
+        evals = [e for e in evals if e["step"] <= steps]
+        train_rows = [r for r in train_rows if r.get("step", 0) <= steps]
         summary["runs"][name] = {
             "folder": str(folder),
             "steps": evals[-1]["step"],
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             ],  # fmt: skip
             "mean_mfu": sum(r["mfu"] for r in train_rows if not r["in_warmup"])
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
-            "to_target": {str(t): compute_to_target(str(folder), t) for t in c.targets},
+            "to_target": {str(t): compute_to_target(str(folder), t, up_to_step=steps) for t in c.targets},
         }
         for t in c.targets:
             r = summary["runs"][name]["to_target"][str(t)]
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         title = "Digit FID against training FLOPs" + (
             f", {len(c.sizes)} sizes" if len(c.sizes) > 1 else f": {' vs '.join(c.objectives)}"
         )
-        plot_quality(c.plot, [str(f) for f in runs.values()], labels, title)
+        plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()])
     text = json.dumps(summary, indent=1)
     if c.json:
         atomic_write_bytes(c.json, (text + "\n").encode())

@@ -73,3 +73,13 @@ def test_plot_and_bad_input(tmp_path, capsys):
     assert code == 2 and "no metrics.jsonl" in err
     code, _, err = run(capsys, "plot", "quality", a, "--labels", "x", "y", "--out", png)
     assert code == 2 and "one per run" in err
+
+
+def test_a_run_trained_past_a_budget_is_read_up_to_it(tmp_path):
+    """A study reuses a run that a larger budget continued: its answer at the old budget must not change."""
+    from dit.cost.quality import compute_to_target
+
+    folder = write_run(tmp_path / "run")
+    assert compute_to_target(str(folder), 25.0)["reached"]
+    cut = compute_to_target(str(folder), 25.0, up_to_step=200)
+    assert not cut["reached"] and cut["best_fid"] == 40.0 and [e["step"] for e in cut["evaluations"]] == [100, 200]

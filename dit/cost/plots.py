@@ -90,13 +90,20 @@ def plot_memory_vs_batch(
     return _save(fig, path)
 
 
-def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None) -> str:
+def plot_quality(
+    path: str,
+    runs: list[str],
+    labels: list[str] | None = None,
+    title: str | None = None,
+    up_to_steps: list[int] | None = None,
+) -> str:
     """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
-    the DiT paper's FID-vs-Gflops figure for your own runs."""
+    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget."""
     from dit.cost.quality import read_run
 
     plt = _pyplot()
-    series = [read_run(run)[1] for run in runs]
+    limits = up_to_steps or [None] * len(runs)
+    series = [[e for e in read_run(run)[1] if n is None or e["step"] <= n] for run, n in zip(runs, limits)]
     has_pr = any(e.get("precision") is not None for evals in series for e in evals)
     fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(12 if has_pr else 7, 4.5), squeeze=False)
     for i, (run, evals) in enumerate(zip(runs, series)):

@@ -59,10 +59,19 @@ def _world(train: list[dict]) -> int:
     return max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
 
 
-def compute_to_target(run_dir: str, target_fid: float, price_per_hour: float | None = None) -> dict:
-    """The training compute, time and cost at which a run's FID first reached ``target_fid``."""
+def compute_to_target(
+    run_dir: str, target_fid: float, price_per_hour: float | None = None, up_to_step: int | None = None
+) -> dict:
+    """The training compute, time and cost at which a run's FID first reached ``target_fid``.
+
+    ``up_to_step`` reads a run that trained on past a budget as if it had stopped there.
+    """
     train, evals = read_run(run_dir)
-    points = [(e["step"], e["total_model_pflops"], e["fid"]) for e in evals if e.get("fid") is not None]
+    points = [
+        (e["step"], e["total_model_pflops"], e["fid"])
+        for e in evals
+        if e.get("fid") is not None and (up_to_step is None or e["step"] <= up_to_step)
+    ]
     if not points:
         raise UserError(f"{run_dir}'s evaluations have no FID (its reference or sample count left it out).")
     result = {
