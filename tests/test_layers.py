@@ -65,3 +65,15 @@ def test_cost_never_imports_the_engine_or_torch_at_module_level():
                 if path.stem in ("measured", "memory", "meter", "plots"):
                     continue  # imported by the engine, or lazily by the command
                 assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{path.name} imports torch"
+
+
+def test_no_code_reads_the_shared_folder():
+    """Users clone the repo alone: a path into ../shared may stand in a comment citing a source, never in code."""
+    needle, offenders = "shared" + "/", []  # built, so that this test does not find itself
+    for path in [*ROOT.glob("*.py"), *(p for d in ("dit", "scripts", "tests") for p in (ROOT / d).rglob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if needle in node.value and node.value.lstrip().startswith(("..", "/", needle)):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
