@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
     }
     for name, (folder, steps) in runs.items():
-        train_rows, evals = read_run(str(folder))  # a run trained past this budget is read up to it
-        evals = [e for e in evals if e["step"] <= steps]
-        train_rows = [r for r in train_rows if r.get("step", 0) <= steps]
+        train_rows, evals = read_run(str(folder), steps)  # a run trained past this budget is read up to it
         summary["runs"][name] = {
             "folder": str(folder),
             "steps": evals[-1]["step"],

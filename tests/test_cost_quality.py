@@ -42,8 +42,9 @@ def test_compute_to_target_is_interpolated_in_log_flops(tmp_path, capsys):
     assert code == 0 and r["reached"]
     w = (40 - 25) / (40 - 10)  # between the evaluations at 2 and 4 PFLOP
     assert r["total_model_pflops"] == pytest.approx(math.exp(math.log(2) + w * math.log(2)))
-    assert r["step"] == pytest.approx(200 + w * 200)
-    assert r["training_seconds"] == pytest.approx(50 * 2 + 50 + 50 * (math.ceil(r["step"]) - 300) / 100)
+    assert r["step"] == pytest.approx(200 + (r["total_model_pflops"] - 2) / 2 * 200)  # FLOPs grow with steps
+    assert r["training_seconds"] == pytest.approx(50 * 2 + 50 + 50 * (r["step"] - 300) / 100)
+    assert not r["upper_bound"]
     assert r["devices"] == 2 and r["device_hours"] == pytest.approx(2 * r["training_seconds"] / 3600)
     assert r["cost"] == pytest.approx(2 * r["device_hours"])
     code, out, _ = run(capsys, "quality", folder, "--target-fid", 25, "--gpu", "H100-SXM", "--mfu", 0.5, "--json")
@@ -55,6 +56,7 @@ def test_targets_reached_at_once_or_never(tmp_path, capsys):
     folder = write_run(tmp_path / "run")
     first = json.loads(run(capsys, "quality", folder, "--target-fid", 150, "--json")[1])
     assert first["reached"] and first["total_model_pflops"] == 1.0 and first["cost"] is None
+    assert first["upper_bound"]  # reached at the first evaluation: the compute before it is unknown
     code, out, _ = run(capsys, "quality", folder, "--target-fid", 5)
     assert code == 0 and "not reached (best 10)" in out
 
@@ -83,3 +85,17 @@ def test_a_run_trained_past_a_budget_is_read_up_to_it(tmp_path):
     assert compute_to_target(str(folder), 25.0)["reached"]
     cut = compute_to_target(str(folder), 25.0, up_to_step=200)
     assert not cut["reached"] and cut["best_fid"] == 40.0 and [e["step"] for e in cut["evaluations"]] == [100, 200]
+
+
+def test_a_resumed_run_counts_each_step_once(tmp_path):
+    """A resume appends the steps after the last checkpoint again; the later records count, in step order."""
+    from dit.cost.quality import compute_to_target, read_run
+
+    folder = write_run(tmp_path / "run")
+    once = compute_to_target(str(folder), 25.0)
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    repeated = [ln for ln in lines if json.loads(ln)["step"] >= 300]  # killed after 200, resumed
+    (folder / "metrics.jsonl").write_text("\n".join(lines + repeated) + "\n")
+    train, evals = read_run(str(folder))
+    assert [r["step"] for r in train] == [100, 200, 300, 400] and [e["step"] for e in evals] == [100, 200, 400]
+    assert compute_to_target(str(folder), 25.0)["training_seconds"] == pytest.approx(once["training_seconds"])

@@ -343,6 +343,8 @@ def cmd_plot(a: PlotArgs) -> None:
 def cmd_quality(a: QualityArgs) -> None:
     from dit.cost.quality import compute_to_target
 
+    if a.num_gpus < 1:
+        raise UserError(f"--num-gpus must be >= 1, got {a.num_gpus}.")
     r = compute_to_target(a.run, a.target_fid, a.price_per_hour)
     if a.gpu is not None or a.mfu is not None:
         if a.gpu is None or a.mfu is None or not 0 < a.mfu <= 1:
@@ -353,7 +355,8 @@ def cmd_quality(a: QualityArgs) -> None:
             seconds = r["total_model_flops"] / (a.num_gpus * peak.flops * a.mfu)
             hours = seconds * a.num_gpus / 3600
             r["planned"] = {"device": peak.device, "num_devices": a.num_gpus, "mfu": a.mfu, "seconds": seconds,
-                            "device_hours": hours, "cost": hours * a.price_per_hour if a.price_per_hour else None}  # fmt: skip
+                            "device_hours": hours,
+                            "cost": hours * a.price_per_hour if a.price_per_hour is not None else None}  # fmt: skip
     if a.json:
         print(json.dumps(r, indent=2))
         return
@@ -366,7 +369,8 @@ def cmd_quality(a: QualityArgs) -> None:
             f", {_money(r['cost'])} at {r['price_per_device_hour']}/device-hour" if r["cost"] is not None else ""
         )
         pairs += [
-            ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"),
+            ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"
+                       + (" (the first evaluation: an upper bound)" if r["upper_bound"] else "")),
             ("training compute", f"{r['total_model_flops']:.4e} FLOP = {r['total_model_flops'] / 2:.4e} MAC"),
             ("measured", f"{_duration(r['training_seconds'])} on {r['devices']} device(s) = "
                          f"{r['device_hours']:.4g} device-hours{cost}"),

@@ -178,7 +178,7 @@ class PeaksArgs:
 
 @dataclass(kw_only=True)
 class PlotArgs(ModelArgs):
-    """PNG charts: 'flops' (all configs) or 'memory' (one config vs batch)"""
+    """PNG charts: 'flops' (all configs), 'memory' (one config vs batch) or 'quality' (FID against training FLOPs)"""
 
     chart: str = option(help="flops, memory or quality", choices=("flops", "memory", "quality"), positional=True)
     runs: list[str] = option([], "quality: run folders (their --results-dir), one line each", positional=True)

@@ -103,7 +103,7 @@ def plot_quality(
 
     plt = _pyplot()
     limits = up_to_steps or [None] * len(runs)
-    series = [[e for e in read_run(run)[1] if n is None or e["step"] <= n] for run, n in zip(runs, limits)]
+    series = [read_run(run, n)[1] for run, n in zip(runs, limits)]
     has_pr = any(e.get("precision") is not None for evals in series for e in evals)
     fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(12 if has_pr else 7, 4.5), squeeze=False)
     for i, (run, evals) in enumerate(zip(runs, series)):

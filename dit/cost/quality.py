@@ -3,8 +3,8 @@
 Evaluation records (``kind: "eval"``, written by ``train.py --eval-every``) carry the scores and
 ``total_model_pflops``, the training compute spent so far; training records carry the seconds of each MFU
 window. The compute to reach a FID is interpolated between the two evaluations that bracket it, linearly
-in log(FLOPs) (the scale on which FID-vs-compute curves are drawn, and close to straight there); its time is
-the run's own training seconds, interpolated the same way, and its cost follows from them.
+in log(FLOPs) (the scale on which FID-vs-compute curves are drawn, and close to straight there); its step and
+time are the run's own at those FLOPs (steps are proportional to FLOPs), and its cost follows from them.
 """
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ from pathlib import Path
 from dit.errors import UserError
 
 
-def read_run(run_dir: str) -> tuple[list[dict], list[dict]]:
-    """(training records, evaluation records) of a run folder (or of a metrics.jsonl path)."""
+def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(training records, evaluation records) of a run folder (or of a metrics.jsonl path), in step order.
+
+    A resumed run appends the steps after its last checkpoint again: the later record of a step is the one
+    that counts. ``up_to_step`` reads a run that trained on past a budget as if it had stopped there.
+    """
     path = Path(run_dir)
     path = path if path.suffix == ".jsonl" else path / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{run_dir} has no metrics.jsonl: pass a run's --results-dir.")
-    train, evals = [], []
+    records = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -32,15 +36,19 @@ def read_run(run_dir: str) -> tuple[list[dict], list[dict]]:
             raise UserError(
                 f"{path}, line {n}, is not JSON: the file was damaged; repair or remove that line."
             ) from None
-        (evals if record.get("kind") == "eval" else train).append(record)
+        if up_to_step is None or record["step"] <= up_to_step:
+            records.pop((record.get("kind"), record["step"]), None)  # a repeat goes to the end, then sorts
+            records[(record.get("kind"), record["step"])] = record
+    ordered = sorted(records.values(), key=lambda r: r["step"])
+    evals = [r for r in ordered if r.get("kind") == "eval"]
     if not evals:
         raise UserError(
             f"{path} holds no evaluations: train with --eval-every N --eval-ref REF to record quality."
         )
-    return train, evals
+    return [r for r in ordered if r.get("kind") != "eval"], evals
 
 
-def training_seconds_at(train: list[dict], step: int) -> float:
+def training_seconds_at(train: list[dict], step: float) -> float:
     """Training time up to ``step``: the MFU windows (pauses and warm-up left out), the last one pro rata."""
     seconds, last = 0.0, 0
     for r in train:
@@ -64,14 +72,10 @@ def compute_to_target(
 ) -> dict:
     """The training compute, time and cost at which a run's FID first reached ``target_fid``.
 
-    ``up_to_step`` reads a run that trained on past a budget as if it had stopped there.
+    Reached at the first evaluation, the figures are that evaluation's: an upper bound (``upper_bound``).
     """
-    train, evals = read_run(run_dir)
-    points = [
-        (e["step"], e["total_model_pflops"], e["fid"])
-        for e in evals
-        if e.get("fid") is not None and (up_to_step is None or e["step"] <= up_to_step)
-    ]
+    train, evals = read_run(run_dir, up_to_step)
+    points = [(e["step"], e["total_model_pflops"], e["fid"]) for e in evals if e.get("fid") is not None]
     if not points:
         raise UserError(f"{run_dir}'s evaluations have no FID (its reference or sample count left it out).")
     result = {
@@ -86,24 +90,23 @@ def compute_to_target(
         return result
     step, pflops = points[hit][:2]
     if hit > 0:  # between the previous evaluation (above the target) and this one, in log FLOPs
-        s0, p0, f0 = points[hit - 1]
-        s1, p1, f1 = points[hit]
-        w = (f0 - target_fid) / (f0 - f1) if f0 != f1 else 1.0
+        (s0, p0, f0), (s1, p1, f1) = points[hit - 1], points[hit]
+        w = (f0 - target_fid) / (f0 - f1)  # f0 > target >= f1
         pflops = math.exp(math.log(p0) + w * (math.log(p1) - math.log(p0))) if p0 > 0 else p0 + w * (p1 - p0)
-        step = s0 + w * (s1 - s0)
+        step = s0 + (pflops - p0) / (p1 - p0) * (s1 - s0) if p1 != p0 else s1  # FLOPs grow with steps
     world = _world(train)
-    seconds = training_seconds_at(train, math.ceil(step))
+    seconds = training_seconds_at(train, step)
     hours = seconds * world / 3600
-    price = price_per_hour
     result.update(
         reached=True,
+        upper_bound=hit == 0,
         step=step,
         total_model_pflops=pflops,
         total_model_flops=pflops * 1e15,
         training_seconds=seconds,
         devices=world,
         device_hours=hours,
-        price_per_device_hour=price,
-        cost=hours * price if price is not None else None,
+        price_per_device_hour=price_per_hour,
+        cost=hours * price_per_hour if price_per_hour is not None else None,
     )
     return result

@@ -52,6 +52,15 @@ class EvalConfig:
     batch_size: int | None = option(None, BATCH_HELP)
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
 
+    def __post_init__(self):
+        _check_batches(self.batch_size, self.pr_batch_size)
+
+
+def _check_batches(batch_size: int | None, pr_batch_size: int = 1) -> None:
+    for flag, value in (("--batch-size", batch_size), ("--pr-batch-size", pr_batch_size)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}.")
+
 
 @dataclass
 class RefConfig:
@@ -71,6 +80,7 @@ class RefConfig:
     device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
 
     def __post_init__(self):
+        _check_batches(self.batch_size)
         given = [f"--{k}" for k in ("images", "npz", "latents", "adm") if getattr(self, k)]
         if len(given) != 1:
             raise UserError(
@@ -120,11 +130,14 @@ def evaluate_main(argv: list[str]) -> int:
             reference,
             metrics=args.metrics.split(",") if args.metrics else None,
             batch_size=args.batch_size
-            or DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"],
+            if args.batch_size is not None
+            else DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"],
             pr_batch_size=args.pr_batch_size,
             runtime=runtime,
         )
         evaluator.check_count(len(samples))
+        if args.metrics and "accuracy" in evaluator.metrics and samples.labels is None:
+            raise UserError(f"accuracy needs the sampled labels: {args.samples} has none (arr_1 in a .npz set).")
         result = evaluator.evaluate(shard_batches(samples, evaluator.batch_size, runtime))
     result["wall_seconds"] = time.perf_counter() - start
     if runtime.is_main:
@@ -156,7 +169,8 @@ def ref_main(argv: list[str]) -> int:
                 f"ADM's statistics come from {INCEPTION_NAME}, but these weights are {net.name}: pass "
                 "--inception-weights weights-inception-2015-12-05-6726825d.pth."
             )
-        batches = shard_batches(images, args.batch_size or DEFAULT_BATCH[args.feature_net], runtime)
+        batch_size = args.batch_size if args.batch_size is not None else DEFAULT_BATCH[args.feature_net]
+        batches = shard_batches(images, batch_size, runtime)
         local, _ = extract_features(net, batches)
         features = gather_features(local, runtime)
     if not features:

@@ -68,7 +68,9 @@ def frechet_distance(
             f"statistics of different shapes cannot be compared: mu {mu1.shape} and {mu2.shape}, sigma "
             f"{sigma1.shape} and {sigma2.shape}. Compute both with the same feature network."
         )
-    with warnings.catch_warnings():  # scipy warns on singular products; the finiteness check below decides
+    # ADM calls sqrtm(disp=False), which does not warn: only a non-finite root is retried with eps, and a
+    # singular product whose root is finite is not. Newer scipy warns instead; the same finiteness check decides.
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
         eps_used = not np.isfinite(covmean).all()

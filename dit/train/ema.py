@@ -34,5 +34,9 @@ class EMA:
         weight = 1.0 - self.decay_at(self.num_updates)
         # Under FSDP both models are sharded alike: each rank averages its own shards.
         dst, src = local(self.model.parameters()), local(p.detach() for p in model.parameters())
-        torch._foreach_lerp_(dst, src, weight if apply is None else apply * weight)
+        if apply is None:
+            torch._foreach_lerp_(dst, src, weight)
+        else:  # a tensor weight per parameter: one 0-dim tensor would be read back as a number (a sync)
+            w = apply * weight
+            torch._foreach_lerp_(dst, src, [w.expand_as(d) for d in dst])
         self.num_updates += 1
