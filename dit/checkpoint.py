@@ -147,11 +147,12 @@ def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
 
 
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
-    """Atomically write ``payload`` as step ``step``, then delete all but the newest ``keep_last`` (0 keeps all)
-    and any partial file a killed save left (the caller holds the run folder's lock)."""
+    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 others (0 keeps
+    all), and delete any partial file a killed save left (the caller holds the run folder's lock)."""
     path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))
     if keep_last > 0:
-        for _, old in list_checkpoints(folder)[:-keep_last]:
+        others = [p for _, p in list_checkpoints(folder) if p != path]  # what it just wrote is always kept,
+        for old in others[: len(others) - (keep_last - 1)]:  # also when a run resumed from an older file
             old.unlink(missing_ok=True)
     remove_partial_checkpoints(folder)
     return path
