@@ -79,6 +79,26 @@ def test_3_a_flipped_byte_in_a_shard_is_caught_on_first_use(store):
         ds[8]
 
 
+@pytest.mark.parametrize("byte", [0, 20])
+def test_3_a_flipped_byte_in_a_shard_header_is_one_line(store, byte):
+    shard = store / shard_file(1)
+    data = bytearray(shard.read_bytes())
+    data[byte] ^= 0x40  # the header's length, or its JSON: read when the store opens, before any checksum
+    shard.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors is damaged.*extract_features\.py"):
+        LatentStoreDataset(str(store))
+
+
+def test_4_a_manifest_stripped_of_its_checksum_is_refused(store):
+    manifest = json.loads((store / MANIFEST).read_text())
+    del manifest["manifest_sha256"]
+    manifest["scaling_factor"] *= 1000  # without the checksum, this edit would pass
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    for read in (LatentStoreDataset, verify_store):
+        with pytest.raises(UserError, match="manifest_sha256 is missing"):
+            read(str(store))
+
+
 @pytest.mark.parametrize(
     "damage,match",
     [

@@ -18,16 +18,19 @@ _TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safet
 def _map_shard(file: str) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy (moments, labels) views of a shard. safetensors' own API copies each slice it returns; batched
     random reads need the whole file mapped. torch.from_file maps lazily (MAP_PRIVATE) and keeps no descriptor."""
-    header, start = read_header(file)
-    raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
-    views = []
-    for name in ("moments", "labels"):
-        begin, end = header[name]["data_offsets"]
-        views.append(
-            raw[start + begin : start + end]
-            .view(NUMPY_DTYPES[header[name]["dtype"]])
-            .reshape(header[name]["shape"])
-        )
+    try:
+        header, start = read_header(file)
+        raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
+        views = []
+        for name in ("moments", "labels"):
+            begin, end = header[name]["data_offsets"]
+            views.append(
+                raw[start + begin : start + end]
+                .view(NUMPY_DTYPES[header[name]["dtype"]])
+                .reshape(header[name]["shape"])
+            )
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:  # a damaged header: before any checksum
+        raise UserError(f"{file} is damaged (its header cannot be read: {e}). {REPAIR}.") from None
     return views[0], views[1]
 
 

@@ -163,7 +163,8 @@ def read_manifest(folder: str) -> dict:
 
 
 def validate_manifest(manifest: dict, path: str) -> None:
-    schema = {**_SCHEMA, **(_COMPLETE_SCHEMA if manifest.get("complete") else {})}
+    # The checksum is required: a manifest without one could be edited at will.
+    schema = {**_SCHEMA, **(_COMPLETE_SCHEMA if manifest.get("complete") else {}), "manifest_sha256": str}
     problems = [f"{k} is missing" for k in schema if k not in manifest]
     problems += [
         f"{k} is a {type(manifest[k]).__name__}"
@@ -175,13 +176,21 @@ def validate_manifest(manifest: dict, path: str) -> None:
             problems.append(
                 f"scaling_factor {manifest['scaling_factor']} / storage_dtype {manifest['storage_dtype']!r}"
             )
-        if len(manifest["latent_shape"]) != 3 or manifest["shard_size"] < 1 or manifest["image_size"] < 1:
-            problems.append("latent_shape, shard_size or image_size is out of range")
+        shape = manifest["latent_shape"]
+        if len(shape) != 3 or not all(isinstance(n, int) and n >= 1 for n in shape):
+            problems.append(f"latent_shape {shape} is not three positive integers")
+        if manifest["shard_size"] < 1 or manifest["image_size"] < 1:
+            problems.append("shard_size or image_size is out of range")
+        if not isinstance(manifest.get("shift_factor", 0.0), (int, float)):
+            problems.append(f"shift_factor {manifest['shift_factor']!r} is not a number")
         if manifest.get("complete"):
             shards = manifest["shards"]
             keys = {"file", "num_images", "bytes", "sha256"}
+            types = {"file": str, "num_images": int, "bytes": int, "sha256": str}
             if not all(isinstance(sh, dict) and keys <= sh.keys() for sh in shards):
                 problems.append(f"a shard entry lacks one of {sorted(keys)}")
+            elif not all(isinstance(sh[k], t) for sh in shards for k, t in types.items()):
+                problems.append("a shard entry has a value of the wrong type (file, num_images, bytes, sha256)")
             elif sum(sh["num_images"] for sh in shards) != manifest["num_images"]:
                 problems.append(f"num_images {manifest['num_images']} is not the shards' sum")
             elif len(shards) != math.ceil(manifest["num_sources"] / manifest["shard_size"]):
