@@ -224,3 +224,44 @@ def test_a_one_step_diffusion_sampler_is_refused_in_one_line():
 
     with pytest.raises(UserError, match="must be >= 2 for --sampler ddim"):
         Sampler(SimpleNamespace(transport=None), 1, "ddim")
+
+
+def test_the_sde_without_a_last_step_runs_to_the_end_of_its_interval():
+    """SiT: with no last step the Euler-Maruyama grid ends at t1, not 0.04 short of it."""
+    a, z = 0.5, torch.zeros(1, 1, 1, 1, dtype=torch.float64)
+    x = torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64)
+    field = linear_field(a)
+    out = sde_sample(field, x, 2, lambda: z, "euler", "sigma", last_step="none")
+    torch.testing.assert_close(out, x + (a - 1) * x * 1.0)  # one step of dt = 1 (drift v + sigma s, s = -x)
+    assert field.nfe == planned_nfe("sde", "euler", 2, "none") == 1
+
+
+def test_sampler_options_that_cannot_apply_are_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from dit.sample.generate import Sampler
+
+    flow = SimpleNamespace(transport=Transport())
+    with pytest.raises(UserError, match="makes no network evaluation"):
+        Sampler(flow, 1, "sde", last_step="none")
+    with pytest.raises(UserError, match="--sampling-method is for flow"):
+        Sampler(SimpleNamespace(transport=None), 10, "ddim", "heun")
+    with pytest.raises(UserError, match="SBDM diffusion is infinite at t = 0"):
+        Sampler(flow, 10, "sde", diffusion_form="SBDM")
+    sbdm = Sampler(flow, 10, "sde", diffusion_form="SBDM", sample_eps=1e-3)  # SiT's way out
+    assert sbdm.transport.interval(training=False) == (1e-3, 1 - 1e-3) and flow.transport.sample_eps is None
+    Sampler(SimpleNamespace(transport=Transport(path_type="vp")), 10, "sde", diffusion_form="SBDM")  # finite
+
+
+def test_an_adaptive_samplers_cost_is_its_mean_over_batches():
+    pytest.importorskip("torchdiffeq")
+    from types import SimpleNamespace
+
+    from dit.sample.generate import Sampler
+
+    sampler = Sampler(SimpleNamespace(transport=Transport()), 1, "ode", "dopri5", atol=1e-9, rtol=1e-9)
+    counts = []
+    for a, n in ((0.3, 2), (3.0, 6)):  # a stiffer field takes more evaluations
+        sampler.run(lambda x, t, y, a=a: a * x, torch.ones(n, 1, 1, 1, dtype=torch.float64), torch.zeros(n), None)
+        counts.append(sampler.nfe)
+    assert counts[0] < counts[1] and sampler.mean_nfe == pytest.approx((2 * counts[0] + 6 * counts[1]) / 8)

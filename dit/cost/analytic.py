@@ -140,7 +140,7 @@ def sampling_flops_per_image(
     """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
     uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun."""
     if num_steps < 1:
-        raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
+        raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if guidance_scale < 1.0:
         raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
     passes = num_steps * (2 if guidance_scale > 1.0 else 1)

@@ -135,7 +135,13 @@ class SampleArgs(ModelArgs, BudgetArgs):
         """Network evaluations per image of the chosen sampler: steps for DDPM/DDIM/Euler, 2 per Heun step."""
         from dit.transport.samplers import ODE_METHODS, SDE_METHODS, planned_nfe
 
+        if self.num_sampling_steps < 1:
+            raise UserError(f"--num-sampling-steps must be >= 1, got {self.num_sampling_steps}.")
         if self.sampler in ("ddpm", "ddim"):
+            if self.sampling_method is not None:
+                raise UserError(
+                    f"--sampling-method is for the flow samplers ode and sde, not --sampler {self.sampler}."
+                )
             return self.nfe or self.num_sampling_steps
         methods, method = (ODE_METHODS if self.sampler == "ode" else SDE_METHODS), self.method()
         if method not in methods:

@@ -51,6 +51,9 @@ class SamplingOptions:
         "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
     )
     last_step: str = option("mean", "flow sde: the last deterministic step (SiT's, h = 0.04)", choices=LAST_STEPS)
+    sample_eps: float | None = option(
+        None, "flow: keep the sampler's time grid this far from the ends (default: the run's, else SiT's)"
+    )
     atol: float = option(1e-6, "flow ode dopri5: absolute tolerance (SiT's default)")
     rtol: float = option(1e-3, "flow ode dopri5: relative tolerance (SiT's default)")
     precision: str = option("tf32", "fp32, tf32 (the official scripts), bf16 or fp16 (CUDA)", choices=PRECISIONS)
@@ -63,6 +66,8 @@ class SamplingOptions:
         if self.tf32 is not None:  # one precision setting: the official flag only chooses between two of them
             self.precision = "tf32" if self.tf32 else "fp32"
         check_positive(self, "num_sampling_steps", "peak_tflops", "image_size", "atol", "rtol")
+        if self.sample_eps is not None and not 0 <= self.sample_eps < 0.5:
+            raise UserError(f"--sample-eps must be in [0, 0.5), got {self.sample_eps}.")
         if not self.guidance_scale >= 1:
             raise UserError(
                 f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {self.guidance_scale}."

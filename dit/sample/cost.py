@@ -21,7 +21,7 @@ from dit.sample.generate import SamplingModel
 class SamplingCost:
     model_flops_per_image: float  # the DiT over all steps, doubled where guidance doubles the batch
     vae_flops_per_image: float  # one VAE decode; 0 for pixel-space models
-    nfe: int  # network evaluations per image, as run (a guided evaluation doubles the batch, not the count)
+    nfe: float  # network evaluations per image, as run (dopri5: the mean over batches) (a guided evaluation doubles the batch, not the count)
     sampler: str
     guided: bool
     images: int
@@ -64,7 +64,7 @@ class SamplingCost:
         passes = 2 if self.guided else 1
         doubling = ", guidance doubles the batch" if self.guided else ""
         line = (
-            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe} network evaluations (NFE) x "
+            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe:g} network evaluations (NFE) x "
             f"{passes} pass{'es' if passes > 1 else ''}{doubling}) for {self.images} images in {self.dit_s:.6g} s, "
             f"MFU {pct(self.mfu)}"
         )
@@ -82,7 +82,7 @@ class SamplingCost:
         return line
 
 
-def flops_per_image(sm: SamplingModel, nfe: int, guidance_scale: float) -> tuple[float, float]:
+def flops_per_image(sm: SamplingModel, nfe: float, guidance_scale: float) -> tuple[float, float]:
     """(DiT FLOPs over ``nfe`` evaluations incl. the guidance doubling, VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
     counted = sampling_flops_per_image(sm.config, nfe, guidance_scale, vae_decode_flops=decode_flops)
@@ -110,8 +110,8 @@ def measure_cost(
     peak: tuple[Peak | None, str],
 ) -> SamplingCost:
     """The cost of ``images`` made by ``sampler`` (after its run: its evaluation count is the one it made)."""
-    model_flops, decode_flops = flops_per_image(sm, sampler.nfe, guidance_scale)
+    model_flops, decode_flops = flops_per_image(sm, sampler.mean_nfe, guidance_scale)
     return SamplingCost(
-        model_flops, decode_flops, sampler.nfe, sampler.describe(), guidance_scale > 1, images, dit_s, decode_s,
+        model_flops, decode_flops, sampler.mean_nfe, sampler.describe(), guidance_scale > 1, images, dit_s, decode_s,
         peak[0], peak[1],
     )  # fmt: skip

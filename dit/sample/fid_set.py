@@ -81,7 +81,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
         "sampler": sampler.describe(),
         "sde": [c.diffusion_form, c.last_step] if sampler.kind == "sde" else None,
         "tolerances": [c.atol, c.rtol] if sampler.method == "dopri5" else None,
-        "transport": None if sm.transport is None else dataclasses.asdict(sm.transport),
+        "transport": None if sampler.transport is None else dataclasses.asdict(sampler.transport),
         "num_sampling_steps": c.num_sampling_steps,
         "global_seed": c.global_seed,
         "precision": c.precision,

@@ -10,6 +10,7 @@ number of devices and after any resume (the official per-rank seeding is not).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dit.transport.samplers import (
     ODE_METHODS,
     SDE_METHODS,
     FlowField,
+    diffusion_coefficient,
     ode_sample,
     planned_nfe,
     sde_sample,
@@ -194,7 +196,8 @@ class Sampler:
     evaluations it made (a guided batch is one evaluation of a doubled batch)."""
 
     def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, method: str | None = None,
-                 diffusion_form: str = "sigma", last_step: str = "mean", atol: float = 1e-6, rtol: float = 1e-3):  # fmt: skip
+                 diffusion_form: str = "sigma", last_step: str = "mean", atol: float = 1e-6, rtol: float = 1e-3,
+                 sample_eps: float | None = None):  # fmt: skip
         if num_steps < 1:
             raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
         flow = sm.transport is not None
@@ -206,14 +209,28 @@ class Sampler:
                 f"{' or '.join(allowed)}."
             )
         methods = {"ode": ODE_METHODS, "sde": SDE_METHODS}.get(kind, ())
+        if method is not None and not methods:
+            raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
         method = method or DEFAULT_METHODS.get(kind)
         if methods and method not in methods:
             raise UserError(
                 f"--sampling-method for --sampler {kind} must be one of {', '.join(methods)}, got {method!r}."
             )
-        if flow and kind == "sde" and diffusion_form == "SBDM" and sm.transport.interval(training=False)[0] == 0:
+        if sample_eps is not None and not flow:
+            raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
+        self.transport = sm.transport
+        if flow and sample_eps is not None:
+            self.transport = dataclasses.replace(sm.transport, sample_eps=sample_eps)
+        if flow and kind == "sde" and diffusion_form == "SBDM":
+            t0 = self.transport.interval(training=False)[0]
+            if not math.isfinite(diffusion_coefficient(self.transport, "SBDM", t0)):
+                raise UserError(
+                    f"the SBDM diffusion is infinite at t = {t0:g}: pass a --sample-eps above 0, or another "
+                    "--diffusion-form."
+                )
+        if flow and planned_nfe(kind, method, num_steps, last_step) == 0:
             raise UserError(
-                "the SBDM diffusion is infinite at t = 0: pass a --sample-eps above 0, or another --diffusion-form."
+                f"--num-sampling-steps {num_steps} with --last-step none makes no network evaluation: pass 2 or more."
             )
         if not flow and num_steps < 2:
             raise UserError(
@@ -226,14 +243,15 @@ class Sampler:
             str(num_steps), noise_schedule=sm.noise_schedule, learn_sigma=sm.config.learn_sigma,
             predict_xstart=sm.predict_xstart,
         )  # fmt: skip
-        self.nfe = 0
+        self.nfe, self._rows, self._nfe_rows = 0, 0, 0
 
     @classmethod
     def from_options(cls, sm: SamplingModel, c) -> Sampler:
         """The sampler that sample.py's and sample_ddp.py's options (``SamplingOptions``) ask for."""
         return cls(
-            sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol
-        )
+            sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol,
+            c.sample_eps,
+        )  # fmt: skip
 
     @property
     def planned_nfe(self) -> int | None:
@@ -249,7 +267,7 @@ class Sampler:
         if self.diffusion is not None:
             self.nfe = self.num_steps
             return denoise(model_fn, self.diffusion, x, y, self.kind, step_noise, progress)
-        field = FlowField(self.sm.transport, model_fn, {"y": y})
+        field = FlowField(self.transport, model_fn, {"y": y})
         bar = tqdm(total=self.num_steps, disable=not progress, leave=False, desc=self.describe())
         with torch.no_grad():
             if self.kind == "ode":
@@ -259,7 +277,14 @@ class Sampler:
                                last_step=self.last_step, progress=bar)  # fmt: skip
         bar.close()
         self.nfe = field.nfe
+        self._rows += len(x)  # dopri5's count differs per batch: the cost of a set is its mean
+        self._nfe_rows += field.nfe * len(x)
         return x
+
+    @property
+    def mean_nfe(self) -> float:
+        """Evaluations per image over every batch this sampler ran (the last batch's before any flow run)."""
+        return self._nfe_rows / self._rows if self._rows else self.nfe
 
 
 def sample_latents(

@@ -96,8 +96,9 @@ def sde_sample(
     progress=None,
 ):
     """``steps`` evaluations' worth of Euler-Maruyama (or twice as many Heun) steps, the last deterministic."""
-    t0, _ = field.transport.interval(training=False)
-    grid = torch.linspace(t0, 1 - last_step_size, steps, dtype=torch.float64).tolist() if steps > 1 else [t0]
+    t0, t1 = field.transport.interval(training=False)
+    end = t1 if last_step == "none" else t1 - last_step_size  # SiT: no last step, no gap before t1
+    grid = torch.linspace(t0, end, steps, dtype=torch.float64).tolist() if steps > 1 else [t0]
 
     def drift(y, t):
         v, s = field(y, t, score=True)
@@ -117,7 +118,7 @@ def sde_sample(
             x = x + 0.5 * dt * (k1 + k2)
         if progress is not None:
             progress.update(1)
-    t, h = grid[-1], 1 - grid[-1]
+    t, h = grid[-1], t1 - grid[-1]
     if last_step == "none":
         return x
     if last_step == "euler":
