@@ -22,9 +22,15 @@ TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process umask, read without changing it where Linux says it (setting it for a moment would give
+    another thread's new files mode 0666 meanwhile)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0)
+        os.umask(mask)
+        return mask
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
@@ -106,7 +112,13 @@ class FolderLock:
             raise _user_error(self.path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
+            if not isinstance(e, BlockingIOError):  # ENOLCK, ENOSYS: a file system without flock (some NFS)
+                os.close(fd)
+                raise UserError(
+                    f"cannot lock {self.path}: {e.strerror or e}. This file system has no file locks: use a folder "
+                    "on a local or lock-capable file system."
+                ) from None
             holder = _read_holder(fd)
             os.close(fd)
             raise UserError(

@@ -279,6 +279,17 @@ def test_10_resume_is_logged(tmp_path):
 # ---- 11. file modes -----------------------------------------------------------------------------------------
 
 
+def test_1_a_file_system_without_locks_is_one_line(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(UserError, match="cannot lock .*no file locks"):
+        FolderLock(tmp_path / "run", "training run", "wait").acquire()
+
+
 def test_11_atomic_writes_respect_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

@@ -89,6 +89,10 @@ def test_resume_is_bit_identical(tmp_path):
     train(tiny_config(tmp_path / "b", max_steps=3), Pixels())
     resumed = train(tiny_config(tmp_path / "b", max_steps=6, resume="auto"), Pixels())
     assert straight["step"] == resumed["step"] == 6
+    last = latest_checkpoint(tmp_path / "b" / "run" / "checkpoints")
+    written = last.stat().st_mtime_ns
+    train(tiny_config(tmp_path / "b", max_steps=6, resume="auto"), Pixels())  # finished: nothing to redo
+    assert last.stat().st_mtime_ns == written  # and the last checkpoint is not written again
     a = weights(latest_checkpoint(tmp_path / "a" / "run" / "checkpoints"))
     b = weights(latest_checkpoint(tmp_path / "b" / "run" / "checkpoints"))
     for sa, sb in zip(a[:2], b[:2]):

@@ -37,7 +37,9 @@ class SamplingOptions:
     )  # fmt: skip
     guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
     guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
-    num_sampling_steps: int = option(250, "respaced steps (official rounding)")
+    num_sampling_steps: int = option(
+        250, "diffusion: respaced steps (official rounding); flow: grid steps (Heun: 2 evaluations each)"
+    )
     sampler: str | None = option(
         None,
         "diffusion models: ddpm (ancestral, the default) or ddim (eta 0); flow models: ode (the default) or sde",

@@ -82,8 +82,10 @@ class Trainer:
         self.state = TrainState(
             model, ema, optimizer, runtime.precision.grad_scaler(), sharded, n, max(1, n // cfg.global_batch_size)
         )
+        self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
             self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
+            self.saved_step = self.state.step
         if cfg.compile:
             for block in model.blocks:
                 block.compile()
@@ -335,13 +337,17 @@ class Trainer:
             )
 
     def save(self) -> None:
-        """The state as one checkpoint file, written atomically by rank 0 (collective under FSDP)."""
+        """The state as one checkpoint file, written atomically by rank 0 (collective under FSDP); a step that
+        is already on disk (a stop on a checkpoint step, a finished run resumed) is not written again."""
+        if self.saved_step == self.state.step:
+            return
         payload = self.state.state_dict(self.runtime)
         if self.runtime.is_main:
             payload["config"] = {**to_dict(self.cfg), "vae": self.data.vae_spec}
             payload["model_config"] = self.state.model.config.to_dict()
             path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.keep_last)
             self.ledger.sinks.info(f"saved checkpoint {path}")
+        self.saved_step = self.state.step
         self.runtime.barrier()
 
     def _whole(self, model: DiT) -> DiT:

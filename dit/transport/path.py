@@ -61,7 +61,7 @@ class Path:
         """The velocity at (x, t) from a model's output ``out`` of the given prediction type."""
         if prediction == "velocity":
             return out
-        alpha, d_alpha, sigma, _ = (_expand(c, x) for c in self.alpha_sigma(t))
+        alpha, d_alpha, _, _ = (_expand(c, x) for c in self.alpha_sigma(t))
         score = self.score(x, t, prediction, out)
         return d_alpha / alpha * x + _expand(self.drift_var(t), x) * score
 
