@@ -155,6 +155,20 @@ def test_nonfinite_streak_stops_with_last_good_state(tmp_path):
     assert torch.count_nonzero(model["final_layer.linear.weight"]) == 0  # no update was ever applied
 
 
+def test_a_streak_that_ends_between_log_steps_is_still_seen():
+    from dit.runtime import Runtime
+    from dit.train.ledger import StepCounters
+
+    counters, loss = StepCounters(torch.device("cpu")), torch.tensor(0.5)
+    for bad in (0, 1, 1, 1, 0, 1):
+        counters.add(loss, torch.tensor(bool(bad)))
+    with Runtime("cpu") as runtime:
+        first = counters.read(runtime)
+        assert (first["longest_nonfinite_streak"], first["nonfinite_streak"], first["nonfinite_steps"]) == (3, 1, 4)
+        counters.add(loss, torch.tensor(True))  # the running streak carries into the next window
+        assert counters.read(runtime)["longest_nonfinite_streak"] == 2
+
+
 def test_refuses_to_overwrite_or_resume_a_different_run(tmp_path):
     train(tiny_config(tmp_path, max_steps=2), Pixels())
     with pytest.raises(UserError, match="--resume auto"):

@@ -118,7 +118,7 @@ class TrainConfig:
     log_every: int = option(100, "steps per log line (the only host syncs)")
     ckpt_every: int = option(50_000, "steps per checkpoint file")
     keep_last: int = option(5, "checkpoint files to keep (0: all)")
-    max_nonfinite: int = option(10, "stop after this many non-finite losses in a row")
+    max_nonfinite: int = option(10, "stop (at the next log step) once this many losses in a row were non-finite")
     mfu_warmup_steps: int = option(3, "first steps kept out of the MFU windows")
     peak_tflops: float | None = option(None, "override the device's peak TFLOP/s")
     price_per_hour: float | None = option(None, "device-hour price for the cost projection")

@@ -34,26 +34,32 @@ class StepCounters:
         zero = torch.zeros((), dtype=torch.long, device=device)
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count, self.nonfinite_total, self.nonfinite_streak = zero.clone(), zero.clone(), zero.clone()
+        self.longest_streak = zero.clone()  # in this window: a streak that ended between two logs still counts
 
     def add(self, loss: torch.Tensor, bad: torch.Tensor) -> None:
         """``loss`` of a step and ``bad`` (it was non-finite and skipped), both device scalars."""
         bad = bad.long()
         self.nonfinite_total += bad
         self.nonfinite_streak = (self.nonfinite_streak + 1) * bad
+        self.longest_streak = torch.maximum(self.longest_streak, self.nonfinite_streak)
         self.loss_sum += torch.where(bad.bool(), torch.zeros_like(loss), loss)
         self.loss_count += 1 - bad
 
     def read(self, runtime: Runtime) -> dict:
         """Mean loss over the window (all ranks), non-finite steps so far and in a row; opens a new window."""
-        stats = torch.stack([self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak]).float()
-        total, count, nonfinite, streak = runtime.all_reduce(stats).tolist()  # the one host sync of a window
+        stats = [self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak, self.longest_streak]
+        total, count, nonfinite, streak, longest = runtime.all_reduce(
+            torch.stack(stats).float()
+        ).tolist()  # the sync
         self.loss_sum.zero_()
         self.loss_count.zero_()
+        self.longest_streak.copy_(self.nonfinite_streak)  # a streak still running carries into the next window
         world = runtime.world  # every rank counts the same skipped steps (the skip is all-reduced)
         return {
             "loss": total / count if count else float("nan"),
             "nonfinite_steps": round(nonfinite / world),
             "nonfinite_streak": round(streak / world),
+            "longest_nonfinite_streak": round(longest / world),
         }
 
 

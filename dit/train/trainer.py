@@ -328,11 +328,12 @@ class Trainer:
             in_warmup,
             float(scaler.get_scale()) if scaler is not None else None,
         )
-        if counters["nonfinite_streak"] >= self.cfg.max_nonfinite:
+        if counters["longest_nonfinite_streak"] >= self.cfg.max_nonfinite:  # skipped steps left the weights alone
             with self.ledger.paused():
                 self.save()
             raise UserError(
-                f"the loss was non-finite for {counters['nonfinite_streak']} steps in a row (step {state.step}); "
+                f"the loss was non-finite for {counters['longest_nonfinite_streak']} steps in a row (by step "
+                f"{state.step}); "
                 "the last good state is saved. Lower --lr, set --grad-clip, or use --precision bf16/fp32."
             )
 
