@@ -117,7 +117,7 @@ def extract_features(cfg: ExtractConfig) -> dict:
 
 def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
     started = time.perf_counter()
-    rank, world, device = runtime.rank, runtime.world, runtime.device
+    world, device = runtime.world, runtime.device
     images = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=False)
     scan_skipped = [(os.path.relpath(path, cfg.data_path), reason) for path, reason in images.skipped]
     if cfg.strict:
@@ -150,6 +150,18 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
                 "Wait until it is complete, then rerun."
             )
     out = cfg.features_path
+    # One extraction per store: begin_store clears temp files that another run's writes would still own.
+    lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --features-path")
+    try:
+        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started) -> dict:
+    """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
+    rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.features_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
     runtime.barrier()
     if rank == 0:

@@ -132,7 +132,8 @@ def test_killed_run_resumes_to_the_same_store(reference, vae_dir, tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert sorted(os.listdir(out)) == [MANIFEST] + [shard_file(k) + e for k in (0, 1) for e in ("", ".sha256")]
+    shards = [shard_file(k) + e for k in (0, 1) for e in ("", ".sha256")]
+    assert sorted(os.listdir(out)) == [".lock", MANIFEST, *shards]  # the lock's record: taken over on the rerun
     assert not json.loads((out / MANIFEST).read_text())["complete"]
     with pytest.raises(UserError, match="incomplete"):
         LatentStoreDataset(str(out))
@@ -196,11 +197,26 @@ def test_bad_input_is_refused_and_nothing_is_overwritten(reference, images, vae_
     build_tiny_vae(seed=1).save_pretrained(other_vae)
     out = tmp_path / "store"
     shutil.copytree(reference, out)
-    before = {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)}
+    data_files = [name for name in os.listdir(out) if name != ".lock"]  # the lock is taken and given back
+    before = {name: (out / name).stat().st_mtime_ns for name in data_files}
     assert extract(*args(images, out, other_vae)) == 2
     err = capsys.readouterr().err
     assert f"store was made with {os.path.abspath(vae_dir)!r}" in err and "vae_weights_sha256" in err
     assert extract(*(args(images, out, vae_dir) + ["--image-size", "64"])) == 2
     assert "image_size: store has 32, this run has 64" in capsys.readouterr().err
     assert files(out) == files(reference)
-    assert before == {name: (out / name).stat().st_mtime_ns for name in os.listdir(out)}
+    assert before == {name: (out / name).stat().st_mtime_ns for name in data_files}
+
+
+def test_a_second_extraction_into_the_same_store_is_refused(images, vae_dir, tmp_path, capsys):
+    """The second would delete the first one's temp files as a killed run's (reliability.md, row 1)."""
+    from dit.atomic import FolderLock
+
+    out = tmp_path / "store"
+    holder = FolderLock(out, "extraction", "wait").acquire()  # as a running extraction holds it
+    try:
+        assert extract(*args(images, out, vae_dir)) == 2
+        assert "is in use by another extraction" in capsys.readouterr().err
+    finally:
+        holder.release()
+    assert extract(*args(images, out, vae_dir)) == 0

@@ -164,7 +164,11 @@ def test_a_streak_that_ends_between_log_steps_is_still_seen():
         counters.add(loss, torch.tensor(bool(bad)))
     with Runtime("cpu") as runtime:
         first = counters.read(runtime)
-        assert (first["longest_nonfinite_streak"], first["nonfinite_streak"], first["nonfinite_steps"]) == (3, 1, 4)
+        assert (first["longest_nonfinite_streak"], first["nonfinite_streak"], first["nonfinite_steps"]) == (
+            3,
+            1,
+            4,
+        )
         counters.add(loss, torch.tensor(True))  # the running streak carries into the next window
         assert counters.read(runtime)["longest_nonfinite_streak"] == 2
 

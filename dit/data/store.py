@@ -23,7 +23,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from dit.atomic import atomic_write_bytes
+from dit.atomic import atomic_write_bytes, stale_temp_files
 from dit.errors import UserError
 
 FORMAT = "dit-ledger-latent-store"
@@ -230,9 +230,8 @@ def check_existing_store(folder: str, spec: StoreSpec) -> None:
 def begin_store(folder: str, spec: StoreSpec) -> None:
     """Mark the store incomplete (readers refuse it until finalize_store) and clear temp files of killed runs."""
     os.makedirs(folder, exist_ok=True)
-    for name in os.listdir(folder):
-        if ".tmp-" in name and name.startswith(("shard-", MANIFEST)):
-            os.remove(os.path.join(folder, name))
+    for path in stale_temp_files(folder):  # the caller holds the store's lock
+        path.unlink(missing_ok=True)
     write_manifest(folder, {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)})
 
 

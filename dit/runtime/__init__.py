@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from dit.atomic import FolderLock
 from dit.errors import UserError
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
@@ -133,6 +134,19 @@ class Runtime:
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
+
+    def lock_folder(self, folder, purpose: str, fix: str) -> FolderLock | None:
+        """Rank 0 locks ``folder`` for one job (its lock on rank 0, None elsewhere); if another job holds it,
+        every rank raises the same one-line error, so no rank goes on alone."""
+        lock, error = None, None
+        if self.is_main:
+            try:
+                lock = FolderLock(folder, purpose, fix).acquire()
+            except UserError as e:
+                error = str(e)
+        if error := self.gather_objects(error)[0]:
+            raise UserError(error)
+        return lock
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape on all), in rank order; on the group's device (NCCL: this GPU)."""

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from dit.atomic import FolderLock, atomic_write, stale_temp_files
+from dit.atomic import atomic_write, stale_temp_files
 from dit.checkpoint import find_checkpoint, official_release
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
@@ -158,14 +158,8 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
             f"{folder} holds samples made with other settings or other weights (see {manifest}): pass another "
             "--sample-dir or delete the folder."
         )
-    lock, error = None, None
-    if rank == 0:  # one sampling run per set: a second one would write the same files
-        try:
-            lock = FolderLock(folder, "sampling run", "wait for it, or pass another --sample-dir").acquire()
-        except UserError as e:
-            error = str(e)
-    if error := runtime.gather_objects(error)[0]:
-        raise UserError(error)
+    # One sampling run per set: a second one would write the same files.
+    lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
         return _write_set(c, sm, sampler, channels, folder, identity, manifest, runtime)
     finally:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from dit.atomic import FolderLock
 from dit.checkpoint import remove_partial_checkpoints, save_training_checkpoint
 from dit.config import to_dict
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
@@ -126,17 +125,8 @@ class Trainer:
     def _lock_run_folder(self) -> list[str]:
         """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
         then clears what a killed run left: the lock file's record and partial checkpoint files."""
-        rt, error, notes, self.lock = self.runtime, None, [], None
-        if rt.is_main:
-            try:
-                self.lock = FolderLock(
-                    self.out, "training run", "wait for it, or pass another --results-dir"
-                ).acquire()
-            except UserError as e:
-                error = str(e)
-        error = rt.gather_objects(error)[0]
-        if error:
-            raise UserError(error)
+        rt, notes, self.lock = self.runtime, [], None
+        self.lock = rt.lock_folder(self.out, "training run", "wait for it, or pass another --results-dir")
         if rt.is_main:
             if self.lock.took_over:
                 held = self.lock.took_over
