@@ -130,7 +130,7 @@ def load_training_checkpoint(path: str | os.PathLike) -> dict:
         )
         raise UserError(
             f"{path} is not a {FORMAT} training checkpoint ({kind}): --resume continues a dit-ledger run; "
-            "to start from other weights, sample from them with sample.py or train a new run."
+            "to start from other weights, pass them to train.py --init-from (a fine-tune), or sample with sample.py."
         )
     return ckpt
 

