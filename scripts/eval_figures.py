@@ -11,13 +11,13 @@ counter, and its seconds per image here with random weights (the cost does not d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ import torch
 
 from dit.atomic import atomic_write
 from dit.cli import run_cli
+from dit.config import option, parse_config
 from dit.data.digits import load_mnist_5k
 from dit.eval.evaluator import Evaluator, shard_batches
 from dit.eval.features import InceptionFeatures, digit_split, load_digit_classifier
@@ -73,11 +74,16 @@ def score(net, samples: Path, ref: Path) -> dict:
     return result
 
 
+@dataclass
+class FiguresConfig:
+    """The flags: where the JSON and the digit sets go."""
+
+    out: str = option("docs/results/eval_figures.json", "write the figures here (JSON)")
+    sets: str = option("out/eval_digits", "folder for the digit sets and statistics")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="docs/results/eval_figures.json")
-    p.add_argument("--sets", default="out/eval_digits")
-    args = p.parse_args(argv)
+    args = parse_config(FiguresConfig, argv, description=__doc__)
     sets = Path(args.sets)
     paths = write_sets(sets)
     net = load_digit_classifier()

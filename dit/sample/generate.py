@@ -268,7 +268,8 @@ class Sampler:
             self.nfe = self.num_steps
             return denoise(model_fn, self.diffusion, x, y, self.kind, step_noise, progress)
         field = FlowField(self.transport, model_fn, {"y": y})
-        bar = tqdm(total=self.num_steps, disable=not progress, leave=False, desc=self.describe())
+        ticks = None if self.method == "dopri5" else self.num_steps - (self.kind == "sde")  # SDE: the last step
+        bar = tqdm(total=ticks, disable=not progress, leave=False, desc=self.describe())
         with torch.no_grad():
             if self.kind == "ode":
                 x = ode_sample(field, x, self.num_steps, self.method, self.atol, self.rtol, bar)

@@ -237,9 +237,7 @@ class Trainer:
         elif cfg.fused_optimizer:
             opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
             opt.step()
-        elif bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
-            opt.zero_grad(set_to_none=True)
-        else:
+        elif not bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
             opt.step()
         opt.zero_grad(set_to_none=True)
         state.ema.update(model, apply=(~bad).float())
