@@ -24,6 +24,11 @@ VAE_ALIASES = {"ema": "stabilityai/sd-vae-ft-ema", "mse": "stabilityai/sd-vae-ft
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def is_sd_vae(spec: str | None) -> bool:
+    """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space."""
+    return spec in (*VAE_ALIASES, *VAE_ALIASES.values())
+
+
 def resolve_vae_spec(spec: str) -> str:
     """An alias becomes its hub id; a folder becomes its absolute path; a hub id stays as it is."""
     if spec in VAE_ALIASES:

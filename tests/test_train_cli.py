@@ -115,7 +115,7 @@ def test_fsdp_matches_one_process_and_resumes_a_ddp_checkpoint(image_folder, tmp
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     one = run(train_args(image_folder, tmp_path / "one", 3))
     assert one.returncode == 0, one.stderr
-    fsdp = run([*torchrun, *train_args(image_folder, tmp_path / "fsdp", 3, "--fsdp")])
+    fsdp = run([*torchrun, *train_args(image_folder, tmp_path / "fsdp", 3, "--fsdp", "--sample-every", "3")])
     assert fsdp.returncode == 0, fsdp.stderr
     a = load_checkpoint(latest_checkpoint(tmp_path / "one" / "checkpoints"))
     b = load_checkpoint(latest_checkpoint(tmp_path / "fsdp" / "checkpoints"))

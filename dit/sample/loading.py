@@ -11,7 +11,7 @@ from dit.errors import UserError
 from dit.model_config import model_config_from_shapes
 from dit.models import DiT, DiTConfig, describe, registry_name
 from dit.sample.generate import SamplingModel
-from dit.vae import VAE_ALIASES, latent_downsample, load_vae
+from dit.vae import is_sd_vae, latent_downsample, load_vae
 
 
 def recorded_run_config(ckpt: dict) -> dict:
@@ -83,7 +83,7 @@ def load_sampling_model(
     pixel = recorded_pixel or vae == "none"
     # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
     recorded_vae = run.get("vae")
-    sd_family = recorded_vae in (None, *VAE_ALIASES, *VAE_ALIASES.values())
+    sd_family = recorded_vae is None or is_sd_vae(recorded_vae)
     vae_spec = None if pixel else (vae or (sd_decoder if sd_family else recorded_vae))
     vae_module = None if pixel else load_vae(vae_spec, device=device, dtype=torch.float32)
     factor = 1 if pixel else latent_downsample(vae_module)

@@ -24,7 +24,7 @@ from dit.runtime import Runtime
 from dit.train.config import TrainConfig
 from dit.train.data import TrainData
 from dit.train.sinks import MetricSinks
-from dit.vae import VAE_ALIASES
+from dit.vae import is_sd_vae
 
 
 class StepCounters:
@@ -67,7 +67,7 @@ def _vae_config(data: TrainData) -> dict | None:
     """The diffusers config of the VAE the latents come from, when it is known."""
     if data.vae_config is not None:
         return data.vae_config
-    if data.vae_spec in (*VAE_ALIASES, *VAE_ALIASES.values()):
+    if is_sd_vae(data.vae_spec):
         return SD_VAE_CONFIG
     return None
 

@@ -122,6 +122,6 @@ def resume_point(cfg, ckpt_dir: Path, model_cfg: DiTConfig, vae_spec: str | None
 
 def latent_space(vae_spec: str | None) -> str | None:
     """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own."""
-    from dit.vae import VAE_ALIASES
+    from dit.vae import is_sd_vae
 
-    return "sd" if vae_spec in (*VAE_ALIASES, *VAE_ALIASES.values()) else vae_spec
+    return "sd" if is_sd_vae(vae_spec) else vae_spec

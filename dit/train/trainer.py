@@ -26,7 +26,7 @@ from dit.train.config import TrainConfig, parse_activation_checkpointing
 from dit.train.data import build_data
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
-from dit.train.parallel import data_parallel, full_model_state, shard
+from dit.train.parallel import data_parallel, shard
 from dit.train.state import TrainState, build_optimizer, resume_point
 
 
@@ -339,13 +339,17 @@ class Trainer:
         self.saved_step = self.state.step
         self.runtime.barrier()
 
-    def _whole(self, model: DiT) -> DiT:
-        """``model`` itself, or under FSDP an unsharded copy on every rank (gathering it is collective)."""
+    def _whole(self, model: DiT, every_rank: bool = True) -> DiT | None:
+        """``model`` itself, or under FSDP an unsharded copy on every rank (or on rank 0 only, None elsewhere);
+        every rank must call it, gathering is collective."""
         if not self.state.sharded:
             return model
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)  # offload: rank 0 only
+        weights = get_model_state_dict(model, options=options)
+        if not (every_rank or self.runtime.is_main):
+            return None
         whole = DiT.from_config(model.config).to(self.runtime.device).eval()
         whole.load_state_dict(weights)
         return whole
@@ -356,12 +360,7 @@ class Trainer:
 
         from dit.sample.generate import Sampler, SamplingModel, generate
 
-        ema, mc = self.state.ema.model, self.state.model.config
-        if self.state.sharded:  # sample from a whole copy on rank 0; gathering it is collective
-            weights = full_model_state(ema, sharded=True)
-            if self.runtime.is_main:
-                ema = DiT.from_config(mc).to(self.runtime.device).eval()
-                ema.load_state_dict(weights)
+        ema, mc = self._whole(self.state.ema.model, every_rank=False), self.state.model.config
         if not self.runtime.is_main:
             return
         cfg = self.cfg
