@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, preset: dict | None = No
         )
 
 
-def _preset(argv: list[str] | None, cls) -> tuple[str | None, dict]:
+def _preset(argv: list[str] | None, cls) -> dict:
+    """The ``--config FILE`` values, checked against ``cls``'s options."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
@@ -100,7 +101,7 @@ def _preset(argv: list[str] | None, cls) -> tuple[str | None, dict]:
         raise UserError(
             f"unknown option(s) {unknown} in {known.config}; valid options: {', '.join(sorted(names))}."
         )
-    return known.config, preset
+    return preset
 
 
 def _build(cls, ns: argparse.Namespace):
@@ -110,7 +111,7 @@ def _build(cls, ns: argparse.Namespace):
 
 def parse_config(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
     """Build ``cls`` from defaults, then ``--config FILE`` values, then explicit flags."""
-    _, preset = _preset(argv, cls)
+    preset = _preset(argv, cls)
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )

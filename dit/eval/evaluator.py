@@ -33,6 +33,7 @@ from dit.eval.reference import ReferenceStats
 from dit.runtime import Runtime
 
 METRICS = ("fid", "sfid", "is", "pr", "accuracy")
+SCORES = ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy")  # the keys they fill
 
 
 def my_batches(num_images: int, batch_size: int, rank: int = 0, world: int = 1) -> list[range]:
@@ -209,7 +210,7 @@ class Evaluator:
         if not feats:
             raise UserError("no images to evaluate: the batches were empty.")
         n = len(feats["pool"])
-        out = {key: None for key in ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy")}
+        out = dict.fromkeys(SCORES)
         eps_used, flops = [], {"network": self.flops_per_image * n, "precision_recall": 0}
 
         self.check_count(n)

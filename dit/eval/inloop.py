@@ -14,7 +14,7 @@ import time
 
 from dit.config import to_dict
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
-from dit.eval.evaluator import Evaluator, my_batches
+from dit.eval.evaluator import SCORES, Evaluator, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
@@ -87,7 +87,7 @@ class InLoopEval:
         seconds = time.perf_counter() - start
         sampling_flops = self.sampling_flops_per_image * c.eval_num_samples
         return {
-            **{k: result[k] for k in ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy")},
+            **{k: result[k] for k in SCORES},
             "num_images": result["num_images"],
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],

@@ -19,7 +19,7 @@ class MetricSinks:
 
     CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu", "data_wait_frac")
 
-    def __init__(self, out_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, out_dir: str | Path, enabled: bool = True):
         self.enabled = enabled
         self.out_dir = Path(out_dir)
         self.writer = None
@@ -29,10 +29,9 @@ class MetricSinks:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
         self.log_file = open(self.out_dir / "log.txt", "a", buffering=1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+        self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
 
     def info(self, message: str):
         """A line for people: the console and log.txt."""
