@@ -80,7 +80,8 @@ def test_two_processes_equal_one(image_folder, tmp_path):
     assert losses_one == pytest.approx(losses_two, rel=1e-4)  # the logged loss is the mean over all ranks
 
 
-def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path, sig, code):
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, *train_args(image_folder, out, 100000)], cwd=REPO, stderr=subprocess.PIPE, text=True
@@ -89,10 +90,10 @@ def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err  # a stopped run is told apart from a finished one (0)
-    assert "stopped by SIGTERM" in err
+    assert proc.returncode == code, err  # a stopped run is told apart from a finished one (0)
+    assert f"stopped by {sig.name}" in err
     saved = load_checkpoint(latest_checkpoint(out / "checkpoints"))
     assert saved["step"] >= 3
     resumed = run(train_args(image_folder, out, saved["step"] + 2, "--resume", "auto"))
