@@ -64,8 +64,7 @@ class SamplingModel:
         """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
         transport = None
         if run.get("objective") == "flow":
-            names = {f.name for f in dataclasses.fields(Transport)}
-            transport = Transport(**{k: v for k, v in run.items() if k in names})
+            transport = Transport.from_record(run)
         schedule, xstart = run.get("noise_schedule") or "linear", bool(run.get("predict_xstart"))
         return cls(model, weights, image_size, vae, vae_spec, schedule, xstart, transport)
 

@@ -215,8 +215,7 @@ class TrainConfig:
         """The flow-matching objective of this run (``objective == "flow"``)."""
         from dit.transport import Transport
 
-        return Transport(self.path_type, self.prediction, self.loss_weight, self.time_sampling, self.logit_mean,
-                         self.logit_std, self.train_eps, self.sample_eps)  # fmt: skip
+        return Transport.from_record(vars(self))
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): linear warm-up, then constant or cosine."""

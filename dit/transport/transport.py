@@ -13,6 +13,7 @@ score and noise: [1e-3, 1 - 1e-3]; VP: [0, 1 - 1e-5]), or logit-normal (SD3: sig
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,11 @@ class Transport:
                                (self.loss_weight, LOSS_WEIGHTS), (self.time_sampling, TIME_SAMPLING)):  # fmt: skip
             if value not in allowed:
                 raise ValueError(f"{value!r} is not one of {allowed}")
+
+    @classmethod
+    def from_record(cls, record: dict) -> Transport:
+        """From a run's options (a TrainConfig's fields, or a checkpoint's record of them): the same names."""
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
     @property
     def path(self) -> Path:
