@@ -294,3 +294,21 @@ def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
     d = Sampler(sm, 10).diffusion
     assert sm.predict_xstart and d.model_mean_type.name == "START_X" and d.model_var_type.name == "FIXED_LARGE"
     assert d.alphas_cumprod[0] == pytest.approx(trainer.objective.alphas_cumprod[0])
+
+
+def test_a_finite_loss_with_non_finite_gradients_is_skipped(tmp_path):
+    """Backward can overflow where the forward did not: the step is skipped, the weights and EMA untouched."""
+    from dit.runtime import Runtime
+    from dit.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Runtime("cpu"), Pixels())
+    batches = [next(iter(trainer.loader))]
+    trainer.train_step(batches, log_step=False)  # one good step, so the EMA and the weights differ from init
+    model, ema = trainer.state.model, trainer.state.ema.model
+    before = [p.detach().clone() for p in (*model.parameters(), *ema.parameters())]
+    hook = model.final_layer.linear.weight.register_hook(lambda g: g * float("inf"))
+    trainer.train_step(batches, log_step=False)
+    hook.remove()
+    after = [p.detach() for p in (*model.parameters(), *ema.parameters())]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert int(trainer.counters.nonfinite_total) == 1 and trainer.state.step == 2

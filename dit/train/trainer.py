@@ -223,14 +223,16 @@ class Trainer:
         if self.runtime.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
             bad = self.runtime.all_reduce(bad.int(), op="max").bool()
         grad_norm = None
-        if cfg.grad_clip > 0 or log_step:
-            if scaler is not None:
-                scaler.unscale_(opt)
-            params = [p for p in model.parameters() if p.grad is not None]
-            if cfg.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-            else:
-                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if scaler is not None and (cfg.grad_clip > 0 or log_step):
+            scaler.unscale_(opt)
+        params = [p for p in model.parameters() if p.grad is not None]
+        if cfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
+        elif scaler is None or log_step:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if scaler is None:  # a finite loss can still overflow in backward; fp16's scaler checks that itself
+            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: collective
+            bad = bad | ~torch.isfinite(norm)  # the same on every rank: the gradients were all-reduced
         if scaler is not None:
             scaler.step(opt)  # skips non-finite steps on the device
             scaler.update()
