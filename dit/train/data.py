@@ -21,15 +21,21 @@ from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig
 
 
+def micro_batch(global_batch: int, world_size: int, grad_accum: int) -> int:
+    """Images per rank per forward; a global batch that does not split evenly is a user error."""
+    if global_batch % (world_size * grad_accum):
+        raise UserError(
+            f"global batch size {global_batch} is not divisible by {world_size} processes x "
+            f"{grad_accum} accumulation steps: choose a multiple of {world_size * grad_accum}."
+        )
+    return global_batch // (world_size * grad_accum)
+
+
 class StepOrder(Sampler):
     """Yields, from ``start_step`` on, this rank's micro-batches as lists of (epoch, index) keys."""
 
     def __init__(self, dataset_len, global_batch, world_size, rank, grad_accum, seed, start_step=0, shuffle=True):
-        if global_batch % (world_size * grad_accum):
-            raise UserError(
-                f"global batch size {global_batch} is not divisible by {world_size} processes x "
-                f"{grad_accum} accumulation steps: choose a multiple of {world_size * grad_accum}."
-            )
+        self.micro = micro_batch(global_batch, world_size, grad_accum)
         if dataset_len < global_batch:
             raise UserError(
                 f"the data set has {dataset_len} items, fewer than one global batch ({global_batch}): "
@@ -37,7 +43,6 @@ class StepOrder(Sampler):
             )
         self.n, self.batch, self.world, self.rank = dataset_len, global_batch, world_size, rank
         self.accum, self.seed, self.start_step, self.shuffle = grad_accum, seed, start_step, shuffle
-        self.micro = global_batch // (world_size * grad_accum)
         self.steps_per_epoch = dataset_len // global_batch  # the ragged tail of each epoch is dropped
 
     def epoch_of(self, step: int) -> int:

@@ -23,7 +23,7 @@ from dit.errors import UserError, unwrap_worker_error
 from dit.models import DiT, attention_kernel
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig, parse_activation_checkpointing
-from dit.train.data import build_data
+from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
 from dit.train.parallel import data_parallel, shard
@@ -51,6 +51,7 @@ class Trainer:
     def _build(self, dataset, notes: list[str]) -> None:
         cfg, runtime = self.cfg, self.runtime
         device, world = runtime.device, runtime.world
+        self.micro = micro_batch(cfg.global_batch_size, world, cfg.grad_accum_steps)  # before any building
         self.data = build_data(cfg, dataset, device)
         if cfg.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
             per_epoch = max(1, len(self.data.dataset) // cfg.global_batch_size)
@@ -69,7 +70,6 @@ class Trainer:
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, cfg.init_from, cfg.init_from_weights, report))
         self.attention = attention_kernel(cfg.attention, device.type, runtime.precision.compute_dtype)
-        self.micro = cfg.global_batch_size // (world * cfg.grad_accum_steps)
         model.set_checkpointing(self._checkpointed_blocks(model))
         ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
         sharded = cfg.fsdp and world > 1
