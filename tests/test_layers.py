@@ -68,7 +68,7 @@ def test_cost_never_imports_the_engine_or_torch_at_module_level():
 
 
 def test_no_code_reads_the_shared_folder():
-    """Users clone the repo alone: a path into ../shared may stand in a comment citing a source, never in code."""
+    """Users clone the repo alone: a path into the shared folder beside it may stand in a comment, never in code."""
     needle, offenders = "shared" + "/", []  # built, so that this test does not find itself
     for path in [*ROOT.glob("*.py"), *(p for d in ("dit", "scripts", "tests") for p in (ROOT / d).rglob("*.py"))]:
         tree = ast.parse(path.read_text())
