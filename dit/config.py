@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from dit.errors import UserError
+from dit.launcher import launcher_precision
 
 _REQUIRED = dataclasses.MISSING
 
@@ -104,28 +105,74 @@ def _preset(argv: list[str] | None, cls) -> dict:
     return preset
 
 
-def _build(cls, ns: argparse.Namespace):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their lines (a docstring's examples stay one per line), and a flag's default is
+    shown once: not where the help already speaks of it, nor where there is none (None)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _build(cls, ns: argparse.Namespace, explicit: frozenset[str] = frozenset()):
     names = {f.name for f in dataclasses.fields(cls) if f.init}
-    return cls(**{k: v for k, v in vars(ns).items() if k in names})
+    cfg = cls(**{k: v for k, v in vars(ns).items() if k in names})
+    object.__setattr__(cfg, "_explicit", frozenset(explicit) & names)
+    return cfg
+
+
+def explicit_options(cfg) -> frozenset[str]:
+    """The fields of a parsed config that the user set (a flag or a ``--config`` key), not left at defaults."""
+    return getattr(cfg, "_explicit", frozenset())
+
+
+def _explicit(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The destinations ``argv`` names, parsed again with every default suppressed."""
+    saved = {a.dest: a.default for a in parser._actions}
+    try:
+        for a in parser._actions:
+            a.default = argparse.SUPPRESS
+        return set(vars(parser.parse_known_args(argv)[0]))
+    finally:
+        for a in parser._actions:
+            a.default = saved[a.dest]
 
 
 def parse_config(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
     """Build ``cls`` from defaults, then ``--config FILE`` values, then explicit flags."""
     preset = _preset(argv, cls)
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     parser.add_argument("--config", help="YAML preset whose values replace the defaults; flags override it")
     add_arguments(parser, cls, preset)
-    return _build(cls, parser.parse_args(argv))
+    ns = parser.parse_args(argv)
+    explicit = _explicit(parser, argv) | set(preset)
+    _launcher_precision(ns, explicit)
+    return _build(cls, ns, explicit)
+
+
+def _launcher_precision(ns: argparse.Namespace, explicit: set[str]) -> None:
+    """``accelerate launch --mixed_precision X`` sets the precision a run did not set itself, and is refused
+    where the run set another one (so that no run trains in a precision nobody asked for)."""
+    launcher = launcher_precision() if hasattr(ns, "precision") else None
+    if launcher is None or ns.precision == launcher:
+        return
+    if "precision" in explicit:
+        raise UserError(
+            f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision {ns.precision}: "
+            "drop one of them (--precision alone decides under torchrun)."
+        )
+    ns.precision = launcher
+    explicit.add("precision")
 
 
 def parse_command(commands: dict[str, tuple[type, str]], argv: list[str] | None, prog: str, description: str = ""):
     """``prog COMMAND --flags``: (command name, its dataclass) for ``commands`` = {name: (class, help)}."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (cls, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         add_arguments(p, cls)
     ns = parser.parse_args(argv)
     return ns.command, _build(commands[ns.command][0], ns)

@@ -14,7 +14,6 @@ from datetime import timedelta
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from dit.config import option
 from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
@@ -30,7 +29,8 @@ from dit.data.store import (
     write_shard,
 )
 from dit.errors import UserError
-from dit.runtime import Runtime
+from dit.progress import progress
+from dit.runtime import Runtime, default_workers
 from dit.vae import (
     encode_moments,
     latent_downsample,
@@ -55,7 +55,9 @@ class ExtractConfig:
     storage_dtype: str = option("fp16", "dtype of the stored moments", choices=tuple(STORAGE_DTYPES))
     flip: bool = option(True, "also store the moments of mirrored images (--no-flip: do not)")
     shard_size: int = option(2048, "source images per shard")
-    num_workers: int = option(4, "image-decoding processes per rank")
+    num_workers: int = option(
+        default_workers(), "image-decoding processes per rank (default: the cores, at most 4)"
+    )
     strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
     verify: bool = option(False, "only check every shard's sha256 and exit")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
@@ -186,9 +188,8 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
     )
-    bar = tqdm(
-        total=sum(len(b) for b in batches), unit="img", disable=rank != 0, desc=f"encoding (rank 0 of {world})"
-    )
+    desc = f"encoding (rank 0 of {world}; all ranks about {world}x its rate)" if world > 1 else "encoding"
+    bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=rank == 0)
     parts, labels, files, skipped, encoded = [], [], [], [], 0
     for batch, (good, uint8, bad) in zip(batches, loader):
         skipped += [(images.samples[i][0], error) for i, error in bad]
@@ -206,8 +207,6 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
             write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped)
             parts, labels, files, skipped = [], [], [], []
         bar.update(len(batch))
-        if world > 1:
-            bar.set_postfix_str(f"all ranks ~{(bar.format_dict['rate'] or 0) * world:.1f} img/s", refresh=False)
     bar.close()
 
     runtime.barrier()

@@ -10,6 +10,8 @@ fixed variance and cosine betas draws all ten, at full 28x28 resolution, after a
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.runtime import Runtime
+from dit.runtime.stop import EXIT_CODES
 from dit.sample.generate import Sampler, generate, noise_seed
 from dit.sample.loading import load_sampling_model
 from dit.train import train
@@ -70,9 +73,10 @@ def training_cost(metrics_path: Path) -> str:
     timed = [r["mfu"] for r in rows if not r.get("in_warmup") and r.get("mfu")]
     last = rows[-1]
     mfu = f"MFU {sum(timed) / len(timed):.1%}" if timed else "MFU n/a (the run was all warm-up)"
+    measured = f" {last['peak_measured_on']}" if last.get("peak_measured_on") else ""
     return (
         f"training cost: {last['total_model_pflops'] * 1e3:.3g} TFLOP of model FLOPs over {last['step']} steps, "
-        f"{mfu} of {last['peak_tflops']:.3g} TFLOP/s ({last['peak_source']} peak)"
+        f"{mfu} of {last['peak_tflops']:.3g} TFLOP/s ({last['peak_source']}{measured} peak)"
     )
 
 
@@ -88,6 +92,7 @@ class QuickstartConfig:
     per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)")
     eval_samples: int | None = option(None, "EMA samples scored at the end, 65 or more (default: the preset's)")
     eval_every: int | None = option(None, "also score them every N steps (default: only at the end)")
+    resume: bool = option(False, "continue the stopped quick start in --out (pass the flags it was started with)")
 
     def __post_init__(self):
         for name in ("max_steps", "num_sampling_steps", "per_class", "eval_samples", "eval_every"):
@@ -102,8 +107,15 @@ def main(argv=None):
     p = PRESETS[args.preset]
     out = Path(args.out)
     run_dir = out / "run"
-    if latest_checkpoint(run_dir / "checkpoints") is not None:
-        raise UserError(f"{out} holds an earlier quick start: pass another --out or delete {out}.")
+    saved = latest_checkpoint(run_dir / "checkpoints")
+    if saved is not None and not args.resume:
+        raise UserError(
+            f"{out} holds an earlier quick start: pass --resume to continue it, another --out, or delete {out}."
+        )
+    if saved is None and args.resume:
+        raise UserError(
+            f"--resume: {out} holds no quick start checkpoint to continue; drop --resume to start one."
+        )
     dataset = DigitDataset(p.image_size)
     digits_ref = out / "digits_ref.npz"  # the 4,000 training digits under the digit classifier
     save_stats(str(digits_ref), digits_reference(load_digit_classifier()))
@@ -116,8 +128,18 @@ def main(argv=None):
         eval_every=args.eval_every or 0,
         eval_samples=args.eval_samples,
         sample_steps=args.num_sampling_steps,
+        resume=args.resume,
     )
-    train(cfg, dataset)
+    result = train(cfg, dataset)
+    if result["signal"]:  # preempted: the state is saved; sampling and scoring wait for the continued run
+        again = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"]
+        print(
+            f"quick start stopped by {result['signal']} at step {result['step']}: checkpoint "
+            f"{latest_checkpoint(run_dir / 'checkpoints')}; continue it with "
+            f"`{shlex.join(['bash', 'scripts/quickstart.sh', *map(str, again), '--resume'])}`",
+            file=sys.stderr,
+        )
+        return EXIT_CODES[result["signal"]]
     trained = time.perf_counter()
 
     ckpt = latest_checkpoint(run_dir / "checkpoints")

@@ -78,7 +78,10 @@ def score(net, samples: Path, ref: Path) -> dict:
 class FiguresConfig:
     """The flags: where the JSON and the digit sets go."""
 
-    out: str = option("docs/results/eval_figures.json", "write the figures here (JSON)")
+    out: str = option(
+        "out/eval_figures.json",
+        "write the figures here (JSON; docs/results/eval_figures.json is the committed one)",
+    )
     sets: str = option("out/eval_digits", "folder for the digit sets and statistics")
 
 

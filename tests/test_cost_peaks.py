@@ -149,36 +149,86 @@ def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
 
 
+def _fake_probes(monkeypatch, rounds):
+    """measure_matmul_peak replaced by the given rounds of probe results (TFLOP/s), in order; records calls."""
+    from dit.cost import peaks
+
+    calls, queue = [], list(rounds)
+
+    def probes(precision, seconds, device, probes):
+        calls.append((precision, probes))
+        got = queue.pop(0)
+        return [t * 1e12 for t in got[:probes]] + [min(got) * 1e12] * (probes - len(got))
+
+    monkeypatch.setattr(peaks, "measure_matmul_peak", probes)
+    return calls
+
+
+def _age_cache(path, days):
+    import datetime
+    import json
+
+    cache = json.loads(path.read_text())
+    for entry in cache.values():
+        entry["date"] = (datetime.date.today() - datetime.timedelta(days=days)).isoformat()
+    path.write_text(json.dumps(cache))
+
+
 def test_cpu_peak_is_the_best_of_several_probes_kept_per_machine(tmp_path, monkeypatch):
     """One probe per run let MFU follow the probe's noise; the best of several, kept with its date, does not."""
-    import datetime
+    from dit.cost import peaks
+
+    monkeypatch.setenv("DIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    calls = _fake_probes(monkeypatch, [[1, 3, 2], [2.9, 1], [3, 1], [2.8, 2.9], [3, 3], [3, 3]])
+    first = resolve_peak("cpu", "bf16")
+    assert first.flops == 3e12 and calls == [("bf16", peaks.CPU_PEAK_PROBES)] * 2  # two rounds, the run's dtype
+    assert "spread 1-3 TFLOP/s" in first.detail and f"kept in {tmp_path}" in first.detail
+    assert first.measured_on and "0 days old" in first.describe() and "measured" in first.describe()
+    again = resolve_peak("cpu", "bf16")  # from the file: no new probe, the same number
+    assert again.flops == first.flops and len(calls) == 2
+    assert resolve_peak("cpu", "fp32").flops == 3e12 and len(calls) == 4  # another dtype is its own entry
+    _age_cache(tmp_path / "cpu_peaks.json", peaks.CPU_PEAK_MAX_AGE_DAYS + 1)
+    resolve_peak("cpu", "bf16")
+    assert len(calls) == 6  # an old measurement is taken again
+
+
+def test_a_cpu_tf32_peak_is_the_fp32_peak(tmp_path, monkeypatch):
+    """tf32 is a CUDA matmul mode: on a CPU the same fp32 arithmetic runs, so it gets the same peak."""
+    monkeypatch.setenv("DIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    calls = _fake_probes(monkeypatch, [[2, 2], [2, 2]])
+    fp32, tf32 = resolve_peak("cpu", "fp32"), resolve_peak("cpu", "tf32")
+    assert tf32.flops == fp32.flops and tf32.precision == "fp32" and len(calls) == 2
+    assert {c[0] for c in calls} == {"fp32"}  # the probe itself ran fp32
+
+
+def test_a_busy_machine_does_not_replace_the_kept_cpu_peak(tmp_path, monkeypatch):
+    """A probe taken while another job shares the cores is compared with a second probe and with the kept
+    peak; a disagreeing or much lower measurement is not kept, and the detail says which peak was used."""
     import json
 
     from dit.cost import peaks
 
     monkeypatch.setenv("DIT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(PEAK_ENV, raising=False)
-    calls = []
-
-    def probes(precision, seconds, device, probes):
-        calls.append((precision, probes))
-        return [1e12, 3e12, 2e12][:probes] + [1.5e12] * (probes - 3)
-
-    monkeypatch.setattr(peaks, "measure_matmul_peak", probes)
-    first = resolve_peak("cpu", "bf16")
-    assert first.flops == 3e12 and calls == [("bf16", peaks.CPU_PEAK_PROBES)]  # the dtype follows the run
-    assert "spread 1-3 TFLOP/s" in first.detail and str(tmp_path) in first.detail
-    again = resolve_peak("cpu", "bf16")  # from the file: no new probe, the same number
-    assert again.flops == first.flops and len(calls) == 1
-    assert resolve_peak("cpu", "fp32").flops == 3e12 and len(calls) == 2  # another dtype is its own entry
-    cache = json.loads((tmp_path / "cpu_peaks.json").read_text())
-    for entry in cache.values():
-        entry["date"] = (
-            datetime.date.today() - datetime.timedelta(days=peaks.CPU_PEAK_MAX_AGE_DAYS + 1)
-        ).isoformat()
-    (tmp_path / "cpu_peaks.json").write_text(json.dumps(cache))
-    resolve_peak("cpu", "bf16")
-    assert len(calls) == 3  # an old measurement is taken again
+    cache = tmp_path / "cpu_peaks.json"
+    _fake_probes(monkeypatch, [[4, 1], [2, 1]])  # no peak kept yet; rounds 4 vs 2: busy
+    busy = resolve_peak("cpu", "fp32")
+    assert busy.flops == 4e12 and "not kept" in busy.detail and "disagreed" in busy.detail
+    assert not cache.exists()
+    _fake_probes(monkeypatch, [[4], [4.1]])  # agreeing rounds: kept
+    assert resolve_peak("cpu", "fp32").flops == pytest.approx(4.1e12) and cache.exists()
+    _age_cache(cache, peaks.CPU_PEAK_MAX_AGE_DAYS + 1)
+    _fake_probes(monkeypatch, [[2], [2.05]])  # consistent but half the expired peak: the machine is busy
+    low = resolve_peak("cpu", "fp32")
+    assert low.flops == pytest.approx(4.1e12) and "below the expired peak" in low.detail
+    _fake_probes(monkeypatch, [[3], [1]])  # disagreeing, below the expired one: the expired one is used
+    assert resolve_peak("cpu", "fp32").flops == pytest.approx(4.1e12)
+    assert next(iter(json.loads(cache.read_text()).values()))["tflops"] == pytest.approx(4.1)  # still the kept one
+    _fake_probes(monkeypatch, [[5], [5.1]])  # agreeing and higher: replaces it
+    assert resolve_peak("cpu", "fp32").flops == pytest.approx(5.1e12)
+    assert next(iter(json.loads(cache.read_text()).values()))["tflops"] == pytest.approx(5.1)
 
 
 def test_measured_matmul_peak_is_positive_and_fp8_is_refused():

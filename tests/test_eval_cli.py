@@ -4,6 +4,7 @@ the in-memory Evaluator, and 2 processes against 1."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -215,23 +216,31 @@ def test_reference_from_a_latent_store(vae_dir, inception_weights, tmp_path, cap
 
 @pytest.mark.slow
 def test_two_processes_equal_one(digits, digit_ref):
-    def run(*prefix, batch_size=96):
+    """Bit-identical where every process runs the feature network on as many threads (torchrun gives each
+    worker one, so the one-process run gets OMP_NUM_THREADS=1): the same batches in the same order. Across
+    thread counts BLAS may add float32 partial sums in another order: FID moved by 3.4e-9 relative on one
+    x86 machine (0 on this project's), so that case is held to float32 reduction noise (docs/evaluation.md)."""
+
+    def run(*prefix, batch_size=96, threads=None):
         args = [sys.executable, *prefix, "-m", "dit.eval", "--samples", str(digits["held_out"])]
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
         proc = subprocess.run(
             [*args, "--ref", str(digit_ref), "--json", "--batch-size", str(batch_size), "--device", "cpu"],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=300,
+            env={**env, "OMP_NUM_THREADS": str(threads)} if threads else env,
         )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    one = run()
+    one_thread, one = run(threads=1), run(threads=2)
     two = run(*torchrun)
     alone = run(*torchrun, batch_size=1000)  # one batch: rank 1 has nothing to embed but still gathers
     assert (one["processes"], two["processes"], alone["processes"]) == (1, 2, 2)
     for key in ("fid", "inception_score", "precision", "recall", "class_accuracy", "num_images", "flops"):
-        assert two[key] == pytest.approx(one[key], rel=1e-9, abs=1e-12), key
+        assert two[key] == one_thread[key], key
+        assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-12), key
         assert alone[key] == pytest.approx(one[key], rel=1e-6), key

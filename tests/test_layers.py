@@ -16,6 +16,8 @@ LAYERS = [  # module prefixes, top layer first
             "dit.errors",
             "dit.atomic",
             "dit.cli",
+            "dit.progress",
+            "dit.launcher",
         ),
     ),
     ("cost", ("dit.cost",)),

@@ -141,3 +141,39 @@ def test_digits_are_pooled_to_the_asked_size_in_range():
     assert torch.allclose(torch.nn.functional.avg_pool2d(full.images[:8], 2), ds.images[:8])
     assert -1 <= float(ds.images.min()) < -0.99 and 0.9 < float(ds.images.max()) <= 1
     assert sorted(set(ds.labels.tolist())) == list(range(10))
+
+
+@pytest.mark.slow
+def test_a_stopped_quick_start_exits_143_and_continues_with_resume(tmp_path):
+    """SIGTERM before the first log step: the state is saved, nothing is sampled or scored (no traceback from an
+    empty metrics file), exit 143, and one line says where the checkpoint is and the command that continues."""
+    import signal
+    import time
+
+    out = tmp_path / "qs"
+    argv = ["--out", str(out), "--device", "cpu", "--eval-samples", "70", "--per-class", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dit.quickstart", *argv], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    log, deadline = out / "run" / "log.txt", time.time() + 120
+    while time.time() < deadline and not (log.exists() and "peak for" in log.read_text()):
+        time.sleep(0.1)
+    time.sleep(1.0)  # a few steps in, before the first log step (50)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "quality:" not in stdout
+    (line,) = [x for x in stderr.splitlines() if x.startswith("quick start stopped by SIGTERM")]
+    ckpt = latest_checkpoint(out / "run" / "checkpoints")
+    assert str(ckpt) in line and "bash scripts/quickstart.sh" in line and line.endswith("--resume`")
+    step = load_checkpoint(ckpt)["step"]
+    assert 0 < step < 50
+    again = line[line.index("`") + 1 : -1].split()[2:]  # the printed command, run as the module it calls
+    assert again[-1] == "--resume"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "dit.quickstart", *again, "--max-steps", str(step + 2), "--num-sampling-steps", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from step {step}" in resumed.stderr and "quality: MNIST FID" in resumed.stdout

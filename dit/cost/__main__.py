@@ -16,6 +16,7 @@ from dit.cost import analytic, peaks, plan
 from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArgs, SampleArgs, TrainArgs
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, describe
+from dit.progress import duration
 
 # ---- output ---------------------------------------------------------------------------------------------
 
@@ -37,12 +38,6 @@ def _print_pairs(pairs: list[tuple[str, object]]) -> None:
 
 def _num(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.4g} h"
 
 
 def _money(amount: float) -> str:
@@ -294,11 +289,9 @@ def cmd_peaks(a: PeaksArgs) -> None:
         }
         if peak.detail:
             result["detail"] = peak.detail
-        if a.json:
-            print(json.dumps(result, indent=2))
-        else:
-            detail = f"; {peak.detail}" if peak.detail else ""
-            print(f"{peak.device}: {peak.flops / 1e12:.6g} TFLOP/s {peak.precision} ({peak.source}{detail})")
+        if peak.measured_on:
+            result["measured_on"] = peak.measured_on
+        print(json.dumps(result, indent=2) if a.json else f"peak: {peak.describe()}")
         return
     rows = [
         {"device": d.name, **{p: getattr(d, p) for p in peaks.PRECISIONS}, "memory_gib": d.memory_gib}
@@ -372,13 +365,13 @@ def cmd_quality(a: QualityArgs) -> None:
             ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"
                        + (" (the first evaluation: an upper bound)" if r["upper_bound"] else "")),
             ("training compute", f"{r['total_model_flops']:.4e} FLOP = {r['total_model_flops'] / 2:.4e} MAC"),
-            ("measured", f"{_duration(r['training_seconds'])} on {r['devices']} device(s) = "
+            ("measured", f"{duration(r['training_seconds'])} on {r['devices']} device(s) = "
                          f"{r['device_hours']:.4g} device-hours{cost}"),
         ]  # fmt: skip
         if r.get("planned"):
             p = r["planned"]
             planned_cost = f", {_money(p['cost'])}" if p["cost"] is not None else ""
-            pairs.append(("planned", f"{_duration(p['seconds'])} on {p['num_devices']} x {p['device']} at MFU "
+            pairs.append(("planned", f"{duration(p['seconds'])} on {p['num_devices']} x {p['device']} at MFU "
                                      f"{p['mfu']:g} = {p['device_hours']:.4g} device-hours{planned_cost}"))  # fmt: skip
     _print_pairs(pairs)
 

@@ -87,6 +87,7 @@ class CostMeter:
             "hardware_tflops_per_device": hardware_flops / 1e12,
             "peak_tflops": self.peak.flops / 1e12,
             "peak_source": self.peak.source,
+            "peak_measured_on": self.peak.measured_on or None,
             "mfu": model_flops / self.peak.flops,
             "mfu_with_vae": images_per_sec
             * (self.model_flops_per_image + self.vae_flops_per_image)

@@ -80,12 +80,7 @@ def _torch_fidelity_inception(state_dict: dict | None) -> nn.Module:
     Its constructor always fetches weights itself and unpickles them with ``weights_only=False``; we hand it
     nothing instead and load the state dict that we read safely, so no file is ever unpickled.
     """
-    try:
-        import torch_fidelity.feature_extractor_inceptionv3 as tfi
-    except ImportError:
-        raise UserError(
-            "the Inception network comes from torch-fidelity, which is not installed: pip install -e '.[eval]'."
-        ) from None
+    import torch_fidelity.feature_extractor_inceptionv3 as tfi
 
     class Inception(tfi.FeatureExtractorInceptionV3):
         def load_state_dict(self, state_dict, *args, **kwargs):

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from dit.atomic import FolderLock
 from dit.errors import UserError
+from dit.launcher import check_process_count
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
 from dit.runtime.stop import StopFlag
 
-__all__ = ["PRECISIONS", "Precision", "Runtime", "StopFlag", "Stream", "keep_freed_host_memory", "mix_seed"]
+__all__ = [
+    "PRECISIONS", "Precision", "Runtime", "StopFlag", "Stream", "default_workers", "keep_freed_host_memory", "mix_seed",
+]  # fmt: skip
 
 _MASK = (1 << 63) - 1
 
@@ -49,6 +54,16 @@ def mix_seed(*parts: int) -> int:
         h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
     return h & _MASK
+
+
+def default_workers() -> int:
+    """Data-loader processes by default: one per core this process may use, at most 4 (on a 2-core machine a
+    fixed 4 drew the loader's oversubscription warning on every run)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def _device(requested: str | None, local_rank: int) -> torch.device:
@@ -79,6 +94,7 @@ class Runtime:
         timeout: timedelta | None = None,
     ):
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        check_process_count(self.world, Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "train.py")
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.rank = int(os.environ.get("RANK", "0")) if self.world > 1 else 0
         self.device = _device(device, self.local_rank)

@@ -75,8 +75,7 @@ class SamplingCost:
             )
         line += f"; {self.images_per_s:.4g} images/s"
         if self.peak is not None:
-            detail = f"; {self.peak.detail}" if self.peak.detail else ""
-            line += f"; peak {self.peak.flops / 1e12:.6g} TFLOP/s ({self.peak.device}, {self.peak.source}{detail})"
+            line += f"; peak {self.peak.describe()}"
         else:
             line += f"; no peak ({self.peak_note})"
         return line

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from dit.atomic import atomic_write, stale_temp_files
 from dit.checkpoint import find_checkpoint, official_release
@@ -23,6 +22,7 @@ from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.errors import UserError
 from dit.models import registry_name
+from dit.progress import progress
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
@@ -182,13 +182,12 @@ def _write_set(
     mine = batches(c.num_fid_samples, c.per_proc_batch_size, rank, world)
     todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
     done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
-    bar = tqdm(
-        total=sum(len(b) for b in mine),
+    bar = progress(
+        sum(len(b) for b in mine),
+        f"sampling (rank 0 of {world})",
         initial=done_images,
-        disable=rank != 0,
         unit="img",
-        desc=f"sampling (rank 0 of {world})",
-        bar_format="{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}, ETA {remaining}, {rate_fmt}]",
+        enabled=rank == 0,
     )
     generated, dit_s, decode_s = 0, 0.0, 0.0
     for batch in todo:

@@ -10,7 +10,7 @@ from dit.config import check_positive, option
 from dit.errors import UserError
 from dit.model_config import DiTConfig, model_config
 from dit.models import ATTENTION_BACKENDS
-from dit.runtime import PRECISIONS
+from dit.runtime import PRECISIONS, default_workers
 from dit.sample.config import SAMPLERS
 from dit.transport.path import PATHS
 from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
@@ -68,7 +68,7 @@ class TrainConfig:
     data_path: str | None = option(None, "image folder with one sub-folder per class")
     feature_path: str | None = option(None, "latent store written by extract_features.py")
     vae: str = option("ema", "ema|mse|HUB_ID|LOCAL_DIR, or none for pixel space")
-    num_workers: int = option(4, "data loader worker processes")
+    num_workers: int = option(default_workers(), "data loader worker processes (default: the cores, at most 4)")
     # optimisation (the paper's recipe, except bf16 autocast where the paper used fp32 with TF32)
     global_batch_size: int = option(256, "images per optimizer step, all devices together")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step")

@@ -143,11 +143,7 @@ class Ledger:
             f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {self.checkpointed} blocks "
             f"checkpointed, {self.attention} attention)"
         )
-        detail = f"; {self.peak.detail}" if self.peak.detail else ""
-        s.info(
-            f"peak: {self.peak.flops / 1e12:.4g} TFLOP/s for {cfg.precision} on {self.peak.device} "
-            f"({self.peak.source}{detail})"
-        )
+        s.info(f"peak for {cfg.precision}: {self.peak.describe()}")
         s.text("config", "\n".join(f"{k}: {v}" for k, v in to_dict(cfg).items()))
 
     def _vae_line(self) -> str:

@@ -44,6 +44,7 @@ def digits_train_config(
     eval_every: int = 0,
     eval_samples: int | None = None,
     sample_steps: int | None = None,
+    resume: bool = False,
 ) -> TrainConfig:
     """The trainer's config for preset ``p``: pixel space, cosine betas, x0 target, fixed variance; with
     ``eval_ref`` (digit statistics) its EMA samples are scored every ``eval_every`` steps (0: at the end)
@@ -79,6 +80,7 @@ def digits_train_config(
         num_workers=0,  # the images are already in memory
         device=device,
         results_dir=str(run_dir),
+        resume="auto" if resume else None,
         log_every=max(1, min(50, steps // 10)),
         ckpt_every=max(steps // 2, 1),
         keep_last=1,

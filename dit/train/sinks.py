@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
+
+from dit.progress import write
 
 
 def _fmt(v) -> str:
@@ -36,7 +37,7 @@ class MetricSinks:
     def info(self, message: str):
         """A line for people: the console and log.txt."""
         if self.enabled:
-            print(message, file=sys.stderr, flush=True)
+            write(message)
             self.log_file.write(message + "\n")
 
     def log(self, metrics: dict, console_keys: tuple[str, ...] = CONSOLE_KEYS):

@@ -21,6 +21,7 @@ from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.diffusion import create_diffusion
 from dit.errors import UserError, unwrap_worker_error
 from dit.models import DiT, attention_kernel
+from dit.progress import progress
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig, parse_activation_checkpointing
 from dit.train.data import build_data, micro_batch
@@ -300,11 +301,8 @@ class Trainer:
             raise unwrap_worker_error(e) from None
 
     def _progress(self):
-        if not (self.cfg.progress and self.runtime.is_main):
-            return contextlib.nullcontext(_NoBar())
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.max_steps, initial=self.state.step, desc="train", dynamic_ncols=True)
+        enabled = self.cfg.progress and self.runtime.is_main
+        return progress(self.cfg.max_steps, "train", initial=self.state.step, unit="step", enabled=enabled)
 
     def _log(self, grad_norm, in_warmup: bool) -> None:
         state, scaler = self.state, self.state.scaler
@@ -375,11 +373,6 @@ class Trainer:
         self.ledger.sinks.image(
             "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
         )
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 def train(cfg: TrainConfig, dataset=None) -> dict:
