@@ -1,8 +1,8 @@
 """Pre-extract VAE latents into a sharded, checksummed, resumable latent store (docs/latent_store.md).
 
-python extract_features.py --data-path IMAGES --features-path STORE --image-size 256 --vae ema
-torchrun --nproc_per_node=8 extract_features.py --data-path IMAGES --features-path STORE ...
-python extract_features.py --features-path STORE --verify
+python extract_features.py --data-path IMAGES --feature-path STORE --image-size 256 --vae ema
+torchrun --nproc_per_node=8 extract_features.py --data-path IMAGES --feature-path STORE ...
+python extract_features.py --feature-path STORE --verify
 """
 
 from __future__ import annotations
@@ -10,16 +10,17 @@ from __future__ import annotations
 import sys
 
 from dit.cli import run_cli
-from dit.config import parse_config
 from dit.data.store import verify_store
-from dit.extract import ExtractConfig, extract_features
+from dit.extract import EXTRACT_FACE, extract_features
+
+FACE = EXTRACT_FACE
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(ExtractConfig, argv, description=__doc__)
+    cfg = FACE.parse(argv).sections["extract"]
     if cfg.verify:
-        manifest = verify_store(cfg.features_path)
-        print(f"{cfg.features_path}: {len(manifest['shards'])} shards, {manifest['num_images']} images, sha256 OK")
+        manifest = verify_store(cfg.feature_path)
+        print(f"{cfg.feature_path}: {len(manifest['shards'])} shards, {manifest['num_images']} images, sha256 OK")
         return 0
     extract_features(cfg)
     return 0

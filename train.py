@@ -7,13 +7,12 @@ Exit status: 0 finished, 143 stopped by SIGTERM and 130 by SIGINT (saved: rerun 
 import sys
 
 from dit.cli import run_cli
-from dit.config import parse_config
 from dit.runtime.stop import EXIT_CODES
-from dit.train import TrainConfig, train
+from dit.train import parse_train_config, train
 
 
 def main(argv=None) -> int:
-    result = train(parse_config(TrainConfig, argv, description=__doc__))
+    result = train(parse_train_config(argv))
     return EXIT_CODES.get(result["signal"], 0)
 
 

@@ -13,15 +13,59 @@ import argparse
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dit.atomic import atomic_write, stale_temp_files
+from dit.config import FieldError, Section, option
 from dit.errors import UserError
 
 FORMAT = "dit-ledger/1"
 _STEP_FILE = re.compile(r"^(\d{7,})\.pt$")
+
+
+@dataclass(frozen=True)
+class CheckpointSection(Section):
+    """Where a run keeps its state and what it starts from: a fresh start, a resume, or other weights."""
+
+    results_dir: str = option("results/run", "this run's folder: checkpoints, config.yaml, metrics, TensorBoard")
+    resume: str | None = option(None, "auto (latest in --results-dir) or a checkpoint path")
+    init_from: str | None = option(
+        None,
+        "fine-tune: start a fresh run from these weights (an official release, an official train.py file, or ours)",
+    )
+    init_from_weights: str = option("ema", "which weights of --init-from", choices=("ema", "model"))
+    allow_changes: tuple[str, ...] | None = option(
+        None, "on --resume, recipe fields that may differ from the checkpoint's (lr, weight_decay, ...)"
+    )
+    ckpt_every: int = option(50_000, "steps per checkpoint file", ge=1)
+    keep_last: int = option(5, "checkpoint files to keep (0: all)", ge=0)
+
+    # What a resumed run does not take from its record: how this start was asked for.
+    START_ONLY = ("resume", "init_from", "init_from_weights", "allow_changes")
+
+    def check(self) -> None:
+        if self.init_from and self.resume:
+            raise FieldError(
+                "{init_from} starts a new run from other weights and {resume} continues one: pass one of them "
+                "(a fine-tune started with {init_from} is continued with {resume} auto alone)."
+            )
+        if Path(self.results_dir).exists() and not Path(self.results_dir).is_dir():
+            raise FieldError(
+                f"{{results_dir}} {self.results_dir} is a file: pass a folder (it is created if missing)."
+            )
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.results_dir) / "checkpoints"
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint a resume continues (None: a fresh run, also for auto in an empty folder)."""
+        if not self.resume:
+            return None
+        return latest_checkpoint(self.folder) if self.resume == "auto" else Path(self.resume)
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
@@ -67,14 +111,15 @@ def find_checkpoint(name: str | os.PathLike) -> Path:
     return cached
 
 
-def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict."""
+def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = False) -> dict:
+    """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict.
+    ``mmap``: map the tensors instead of reading them (to read a record without loading the weights)."""
     path = find_checkpoint(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass the path of a .pt file (--ckpt).")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # a truncated file, or a pickle holding something other than tensors
         raise UserError(
             f"cannot read checkpoint {path} safely ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
@@ -121,9 +166,9 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def load_training_checkpoint(path: str | os.PathLike) -> dict:
+def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, mmap=mmap)
     if ckpt.get("format") != FORMAT or "model_config" not in ckpt:
         kind = (
             "an official DiT file" if "args" in ckpt or "model" not in ckpt else f"format {ckpt.get('format')!r}"

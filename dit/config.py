@@ -1,19 +1,25 @@
-"""One dataclass per face, filled from a YAML preset (``--config``) and then from command-line flags.
+"""Configuration in sections: small frozen dataclasses, each owned by the component that reads it.
 
-Flags are generated from the dataclass fields (``max_steps`` -> ``--max-steps``), so a preset key and its
-flag can never drift apart, and faces that share a field share its flag name, help and checks. The help
-text, choices and any aliases (the official scripts' spellings, such as ``--cfg-scale``) are the field's
-metadata, written with ``option``. This module imports no torch: ``dit-cost`` answers in a fraction of a
-second.
+A section checks itself once, when it is built: every field's type (an int is not 2.5, a switch is not
+"maybe"), finite numbers, ranges and choices from the field's ``option``, then its own ``check`` for
+combinations. A ``Face`` (one command line) composes the sections it needs; flags are generated from the
+fields (``max_steps`` -> ``--max-steps``), so a YAML key, its flag and its check can never drift apart, and
+two faces that share a section share its flags, defaults and checks. Values come from the field defaults,
+then a record (a resumed run's own settings), then a ``--config`` YAML preset, then the flags. A check
+names fields as ``{field}``; the face spells them as the user wrote them (``--lr``, or the preset's key).
+This module imports no torch: ``dit-cost`` answers in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -24,20 +30,335 @@ from dit.launcher import launcher_precision
 _REQUIRED = dataclasses.MISSING
 
 
-def option(default=_REQUIRED, help: str = "", choices=None, aliases: tuple[str, ...] = (), **metadata):
-    """A dataclass field that becomes a flag: ``option(8, "images per step")``; no default = required."""
-    meta = {"help": help, "choices": choices, "aliases": tuple(aliases), **metadata}
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+def option(
+    default=_REQUIRED,
+    help: str = "",
+    *,
+    choices=None,
+    aliases: tuple[str, ...] = (),
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    positional: bool = False,
+):
+    """A section field that becomes a flag: ``option(8, "images per step", ge=1)``; no default = required.
+
+    ``choices`` and the bounds are checked when the section is built (for every element of a tuple field);
+    ``aliases`` are other spellings of the flag (the official scripts', such as ``--cfg-scale``)."""
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "aliases": tuple(aliases),
+            "ge": ge, "gt": gt, "le": le, "lt": lt, "positional": positional}  # fmt: skip
+    if isinstance(default, (list, tuple)):
+        default = tuple(default)
     return dataclasses.field(default=default, metadata=meta)
 
 
+class FieldError(UserError):
+    """A value that fails its section's check. ``message`` names fields as ``{name}``: a face shows them as its
+    flags or preset keys (``spelled``), library callers see the field names (``str``)."""
+
+    def __init__(self, message: str):
+        self.template = message
+        super().__init__(self.spelled(lambda name: name))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        return self.template.format_map(_Spelling(spell))
+
+
+class _Spelling(dict):
+    def __init__(self, spell):
+        super().__init__()
+        self.spell = spell
+
+    def __missing__(self, key: str) -> str:
+        return self.spell(key)
+
+
 def _unwrap(tp):
-    """``float | None`` -> float; ``list[int] | None`` -> list[int]."""
+    """``float | None`` -> (float, True); ``tuple[int, ...]`` -> (tuple[int, ...], False)."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
-        return args[0]
-    return tp
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return (args[0] if len(args) == 1 else tp), type(None) in typing.get_args(tp)
+    return tp, False
+
+
+def _type_name(tp) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _checked(name: str, tp, value, meta: Mapping):
+    """``value`` as field ``name`` of type ``tp`` holds it, or a FieldError."""
+    tp, nullable = _unwrap(tp)
+    if value is None:
+        if nullable:
+            return None
+        raise FieldError(f"{{{name}}} must be set, got nothing.")
+    if typing.get_origin(tp) is tuple:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            value = (value,)
+        (element,) = typing.get_args(tp)[:1]
+        return tuple(_checked(name, element, v, meta) for v in value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise FieldError(f"{{{name}}} must be true or false, got {value!r}.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FieldError(f"{{{name}}} must be an integer, got {value!r}.")
+    elif tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FieldError(f"{{{name}}} must be a number, got {value!r}.")
+        value = float(value)
+        if not math.isfinite(value):
+            raise FieldError(f"{{{name}}} must be a finite number, got {value}.")
+    elif tp is str:
+        if not isinstance(value, str):
+            raise FieldError(f"{{{name}}} must be a string, got {value!r}.")
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise FieldError(f"{{{name}}} must be one of {', '.join(map(str, choices))}, got {value!r}.")
+    for key, ok, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                           ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):  # fmt: skip
+        bound = meta.get(key)
+        if bound is not None and not ok(value, bound):
+            raise FieldError(f"{{{name}}} must be {words} {bound:g}, got {value}.")
+    return value
+
+
+@dataclass(frozen=True)
+class Section:
+    """The base of every configuration section: type, range and choice checks of each field when built,
+    then ``check`` (the section's combinations). Values are normalised once (an int given for a float
+    field becomes a float, a list a tuple) and never change after."""
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _checked(f.name, hints[f.name], getattr(self, f.name), f.metadata))
+        self.check()
+
+    def check(self) -> None:
+        """Combinations of fields; raise ``FieldError`` naming them as ``{field}``."""
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def flatten_record(saved: Mapping) -> dict:
+    """A run's record as flat options, whichever layout: nested by section (``{"model": {"image_size":
+    256}, ...}``, the keys already flat names) or flat (checkpoints written before the sections)."""
+    flat = {}
+    for key, value in (saved or {}).items():
+        if isinstance(value, Mapping):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+# --------------------------------------------------------------------------------------------------------
+# Faces: sections -> flags, YAML presets and records -> sections
+# --------------------------------------------------------------------------------------------------------
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their lines (a docstring's examples stay one per line), and a flag's default is
+    shown once: not where the help already speaks of it, nor where there is none (None)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        if isinstance(action.default, tuple):
+            return f"{text} (default: {' '.join(map(str, action.default))})"
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a UserError (one ``error:`` line from the face), not its usage dump."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see {self.prog} --help).")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A face's sections, built; ``explicit``: the flat names set by a flag, the preset or the launcher."""
+
+    sections: dict
+    explicit: frozenset[str]
+    command: str | None = None
+
+
+class Face:
+    """One command line: ``sections`` maps an attribute name to a Section class, or to (class, prefix) for a
+    section embedded under a prefix (train.py's ``eval_`` sampling flags). ``commands``: subcommands."""
+
+    def __init__(self, prog: str, description: str = "", sections: dict | None = None,
+                 commands: dict[str, Face] | None = None, renamed: dict[str, str] | None = None):  # fmt: skip
+        self.prog, self.description, self.commands = prog, description, commands or {}
+        self.renamed = renamed or {}  # old record/preset keys -> flat names (records written before a rename)
+        self.sections = {k: v if isinstance(v, tuple) else (v, "") for k, v in (sections or {}).items()}
+        self.fields: dict[str, tuple[str, dataclasses.Field]] = {}  # flat name -> (section, field)
+        for attr, (cls, prefix) in self.sections.items():
+            for f in dataclasses.fields(cls):
+                flat = prefix + f.name
+                if flat in self.fields:
+                    raise TypeError(f"{prog}: {flat} is in sections {self.fields[flat][0]} and {attr}")
+                self.fields[flat] = (attr, f)
+
+    # ---- flags ----------------------------------------------------------------------------------------
+
+    def flag(self, flat: str) -> str:
+        return "--" + flat.replace("_", "-")
+
+    def parser(self) -> argparse.ArgumentParser:
+        parser = _Parser(prog=self.prog, description=self.description, formatter_class=HelpFormatter)
+        if self.commands:
+            sub = parser.add_subparsers(dest="command", required=True)
+            for name, face in self.commands.items():
+                p = sub.add_parser(name, help=face.description, description=face.description,
+                                   formatter_class=HelpFormatter)  # fmt: skip
+                face._add_arguments(p)
+            return parser
+        parser.add_argument("--config", help="YAML preset whose values replace the defaults; flags override it")
+        self._add_arguments(parser)
+        return parser
+
+    def _add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        for flat, (attr, f) in self.fields.items():
+            cls, prefix = self.sections[attr]
+            hint, _ = _unwrap(typing.get_type_hints(cls)[f.name])
+            meta = f.metadata
+            help_text = meta.get("help", "").replace("%", "%%")  # argparse formats help with %
+            default = f.default
+            if meta.get("positional"):
+                many = typing.get_origin(hint) is tuple
+                kw = {"nargs": "*", "default": default} if many else {}
+                parser.add_argument(flat, choices=meta.get("choices") if not many else None, help=help_text, **kw)
+                continue
+            flags = [
+                self.flag(flat),
+                *(a.replace("--", "--" + prefix.replace("_", "-"), 1) for a in meta["aliases"]),
+            ]
+            kw = {"dest": flat, "help": help_text}
+            if default is _REQUIRED:
+                kw["required"] = True
+            else:
+                kw["default"] = default
+            if hint is bool:
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+                continue
+            if typing.get_origin(hint) is tuple:
+                hint, kw["nargs"] = typing.get_args(hint)[0], "+"
+            parser.add_argument(*flags, type=hint if hint in (int, float, str) else str, metavar=flat.upper(),
+                                choices=meta.get("choices"), **kw)  # fmt: skip
+
+    def record(self, sections: Mapping) -> dict:
+        """The sections as plain data, nested by section with flat option names (what config.yaml and every
+        checkpoint keep; tuples as lists, for YAML and JSON)."""
+        return {
+            attr: {prefix + f.name: _plain(getattr(sections[attr], f.name)) for f in dataclasses.fields(cls)}
+            for attr, (cls, prefix) in self.sections.items()
+        }
+
+    # ---- parsing --------------------------------------------------------------------------------------
+
+    def parse(self, argv: list[str] | None = None, record: Mapping | None = None) -> Parsed:
+        """Build the sections from the defaults, then ``record`` (flat or nested by section), then the
+        ``--config`` preset, then ``argv``; a check that fails names the flag or preset key at fault."""
+        argv = list(argv) if argv is not None else None
+        if self.commands:
+            ns, rest = self.parser().parse_known_args(argv)
+            parsed = self.commands[ns.command].parse(rest)
+            return dataclasses.replace(parsed, command=ns.command)
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--config")
+        known, _ = pre.parse_known_args(argv)
+        preset = self.flatten(load_preset(known.config), str(known.config)) if known.config else {}
+        base = {**(self.flatten(record, "the run's record", strict=False) if record else {}), **preset}
+        parser = self.parser()
+        given = vars(parser.parse_args(argv))
+        flags = _given(parser, argv)
+        # The flags given win; then the preset and the record; then the fields' defaults (argparse's defaults
+        # are the fields', so that a preset's string is checked by its section, not converted by argparse).
+        ns = {k: given[k] if k in flags or k not in base else base[k] for k in self.fields}
+        explicit = flags | set(preset)
+        launcher = launcher_precision() if "precision" in self.fields else None
+        if launcher is not None and ns["precision"] != launcher:
+            if "precision" in explicit:
+                raise UserError(
+                    f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
+                    f"{ns['precision']}: drop one of them (--precision alone decides under torchrun)."
+                )
+            ns["precision"] = launcher
+            explicit.add("precision")
+
+        def spell(flat: str) -> str:
+            if flat in preset and flat not in flags:
+                return f"{known.config}: {flat}"
+            return self.flag(flat) if flat in self.fields else flat
+
+        return Parsed(self.build(ns, spell), frozenset(explicit))
+
+    def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
+        """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
+        spell = spell or self.flag
+        out = {}
+        for attr, (cls, prefix) in self.sections.items():
+            kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
+            try:
+                out[attr] = cls(**kw)
+            except FieldError as e:
+                raise UserError(e.spelled(lambda name, p=prefix: spell(p + name))) from None
+        return out
+
+    def flatten(self, data: Mapping | None, source: str, strict: bool = True) -> dict:
+        """Flat names from a preset or a record: ``key: value`` or ``section: {key: value}`` (the layout
+        config.yaml is written in); an unknown key is an error in a preset and ignored in a record."""
+        flat = {}
+        for key, value in (data or {}).items():
+            key = str(key).replace("-", "_")
+            if key in self.sections and isinstance(value, Mapping):
+                prefix = self.sections[key][1]
+                for k, v in value.items():
+                    k = str(k).replace("-", "_")
+                    flat[k if k.startswith(prefix) else prefix + k] = v
+            else:
+                flat[key] = value
+        flat = {self.renamed.get(k, k): v for k, v in flat.items()}
+        unknown = sorted(set(flat) - set(self.fields))
+        if unknown and strict:
+            raise UserError(
+                f"unknown option(s) {', '.join(unknown)} in {source}; valid options: {', '.join(sorted(self.fields))}."
+            )
+        return {k: v for k, v in flat.items() if k in self.fields}
+
+
+def _given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The destinations ``argv`` names: parsed again with every default suppressed."""
+    saved = {a.dest: a.default for a in parser._actions}
+    required = {a.dest: a.required for a in parser._actions}
+    try:
+        for a in parser._actions:
+            a.default, a.required = argparse.SUPPRESS, False
+        return set(vars(parser.parse_known_args(argv)[0])) - {"config", "help"}
+    finally:
+        for a in parser._actions:
+            a.default, a.required = saved[a.dest], required[a.dest]
 
 
 def load_preset(path: str | Path) -> dict:
@@ -52,143 +373,7 @@ def load_preset(path: str | Path) -> dict:
         raise UserError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of option names to values.")
-    return {k.replace("-", "_"): v for k, v in data.items()}
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls, preset: dict | None = None) -> None:
-    """One flag per field of ``cls``; ``preset`` values replace the dataclass defaults."""
-    preset = preset or {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
-        if f.metadata.get("positional"):
-            many = typing.get_origin(_unwrap(hints[f.name])) is list
-            kw = {"nargs": "*"} if many else {}
-            parser.add_argument(f.name, choices=f.metadata.get("choices"), help=help_text, **kw)
-            continue
-        flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
-        kw = {"dest": f.name, "help": help_text}
-        if f.name in preset:
-            kw["default"] = preset[f.name]
-        elif f.default is not dataclasses.MISSING:
-            kw["default"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            kw["default"] = f.default_factory()
-        else:
-            kw["required"] = True
-        tp = _unwrap(hints[f.name])
-        if tp is bool:
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
-            continue
-        if typing.get_origin(tp) is list:
-            (tp,) = typing.get_args(tp)
-            kw["nargs"] = "+"
-        parser.add_argument(
-            *flags, type=tp if tp in (int, float, str) else str, choices=f.metadata.get("choices"), **kw
-        )
-
-
-def _preset(argv: list[str] | None, cls) -> dict:
-    """The ``--config FILE`` values, checked against ``cls``'s options."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    preset = load_preset(known.config) if known.config else {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(preset) - names)
-    if unknown:
-        raise UserError(
-            f"unknown option(s) {unknown} in {known.config}; valid options: {', '.join(sorted(names))}."
-        )
-    return preset
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions keep their lines (a docstring's examples stay one per line), and a flag's default is
-    shown once: not where the help already speaks of it, nor where there is none (None)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text.lower() or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def _build(cls, ns: argparse.Namespace, explicit: frozenset[str] = frozenset()):
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    cfg = cls(**{k: v for k, v in vars(ns).items() if k in names})
-    object.__setattr__(cfg, "_explicit", frozenset(explicit) & names)
-    return cfg
-
-
-def explicit_options(cfg) -> frozenset[str]:
-    """The fields of a parsed config that the user set (a flag or a ``--config`` key), not left at defaults."""
-    return getattr(cfg, "_explicit", frozenset())
-
-
-def _explicit(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
-    """The destinations ``argv`` names, parsed again with every default suppressed."""
-    saved = {a.dest: a.default for a in parser._actions}
-    try:
-        for a in parser._actions:
-            a.default = argparse.SUPPRESS
-        return set(vars(parser.parse_known_args(argv)[0]))
-    finally:
-        for a in parser._actions:
-            a.default = saved[a.dest]
-
-
-def parse_config(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
-    """Build ``cls`` from defaults, then ``--config FILE`` values, then explicit flags."""
-    preset = _preset(argv, cls)
-    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
-    parser.add_argument("--config", help="YAML preset whose values replace the defaults; flags override it")
-    add_arguments(parser, cls, preset)
-    ns = parser.parse_args(argv)
-    explicit = _explicit(parser, argv) | set(preset)
-    _launcher_precision(ns, explicit)
-    return _build(cls, ns, explicit)
-
-
-def _launcher_precision(ns: argparse.Namespace, explicit: set[str]) -> None:
-    """``accelerate launch --mixed_precision X`` sets the precision a run did not set itself, and is refused
-    where the run set another one (so that no run trains in a precision nobody asked for)."""
-    launcher = launcher_precision() if hasattr(ns, "precision") else None
-    if launcher is None or ns.precision == launcher:
-        return
-    if "precision" in explicit:
-        raise UserError(
-            f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision {ns.precision}: "
-            "drop one of them (--precision alone decides under torchrun)."
-        )
-    ns.precision = launcher
-    explicit.add("precision")
-
-
-def parse_command(commands: dict[str, tuple[type, str]], argv: list[str] | None, prog: str, description: str = ""):
-    """``prog COMMAND --flags``: (command name, its dataclass) for ``commands`` = {name: (class, help)}."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (cls, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
-        add_arguments(p, cls)
-    ns = parser.parse_args(argv)
-    return ns.command, _build(commands[ns.command][0], ns)
-
-
-def to_dict(cfg) -> dict:
-    """The config as a plain dict: what checkpoints and metrics store."""
-    return dataclasses.asdict(cfg)
-
-
-def check_positive(cfg, *names: str) -> None:
-    """Each named field, where set, must be > 0: one line naming the flag otherwise."""
-    for name in names:
-        value = getattr(cfg, name)
-        if value is not None and not value > 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}.")
+    return data
 
 
 def check_writable_file(path: str, flag: str) -> None:

@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dit.config import option
+from dit.config import Face, FieldError, Section, option
 from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
 from dit.data.store import (
     STORAGE_DTYPES,
@@ -42,34 +42,45 @@ from dit.vae import (
 )
 
 
-@dataclass
-class ExtractConfig:
-    """The settings of extract_features.py (one field per flag)."""
+@dataclass(frozen=True)
+class ExtractConfig(Section):
+    """The settings of extract_features.py: one section, read by the extraction alone."""
 
-    features_path: str = option(help="the store folder (created, resumed or verified)")
+    feature_path: str = option(
+        help="the store folder (created, resumed or verified)", aliases=("--features-path",)
+    )
     data_path: str | None = option(None, "ImageNet-style folder: one sub-folder per class")
-    image_size: int = option(256, "ADM centre-crop size in pixels")
+    image_size: int = option(256, "ADM centre-crop size in pixels (a multiple of 8)", ge=8)
     vae: str = option("ema", "ema | mse | a Hugging Face hub id | a local folder")
-    batch_size: int = option(32, "images per encoder call (per process)")
-    precision: str = option("fp32", "encoder arithmetic", choices=("fp32", "bf16"))
+    batch_size: int = option(
+        32, "images per encoder call on each process", ge=1, aliases=("--per-proc-batch-size",)
+    )
+    precision: str = option(
+        "fp32", "encoder arithmetic; fp32 by default: the latents are encoded once and read by every run",
+        choices=("fp32", "bf16"),
+    )  # fmt: skip
     storage_dtype: str = option("fp16", "dtype of the stored moments", choices=tuple(STORAGE_DTYPES))
     flip: bool = option(True, "also store the moments of mirrored images (--no-flip: do not)")
-    shard_size: int = option(2048, "source images per shard")
+    shard_size: int = option(2048, "source images per shard", ge=1)
     num_workers: int = option(
-        default_workers(), "image-decoding processes per rank (default: the cores, at most 4)"
+        default_workers(), "image-decoding processes per rank (default: the cores, at most 4)", ge=0
     )
     strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
     verify: bool = option(False, "only check every shard's sha256 and exit")
-    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
 
-    def __post_init__(self):
-        if os.path.exists(self.features_path) and not os.path.isdir(self.features_path):
-            raise UserError(f"--features-path {self.features_path} is a file: pass a folder for the store.")
-        if self.image_size % 8 or self.batch_size < 1 or self.shard_size < 1 or self.num_workers < 0:
-            raise UserError(
-                f"need --image-size a multiple of 8, positive --batch-size/--shard-size and --num-workers >= 0, "
-                f"got {self.image_size}, {self.batch_size}, {self.shard_size}, {self.num_workers}."
-            )
+    def check(self) -> None:
+        if os.path.exists(self.feature_path) and not os.path.isdir(self.feature_path):
+            raise FieldError(f"{{feature_path}} {self.feature_path} is a file: pass a folder for the store.")
+        if self.image_size % 8:
+            raise FieldError(f"{{image_size}} must be a multiple of 8, got {self.image_size}.")
+
+
+EXTRACT_FACE = Face(
+    "extract_features.py",
+    "Pre-extract VAE latents into a sharded, checksummed, resumable latent store (docs/latent_store.md).",
+    sections={"extract": ExtractConfig},
+)
 
 
 class _SourceImages(Dataset):
@@ -107,7 +118,7 @@ def _encode_views(vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool
 
 
 def extract_features(cfg: ExtractConfig) -> dict:
-    """Build or resume the store at ``cfg.features_path``; returns a summary of the store and this rank's work.
+    """Build or resume the store at ``cfg.feature_path``; returns a summary of the store and this rank's work.
 
     "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
     if not cfg.data_path:
@@ -151,9 +162,9 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
                 f"the ranks found different files under {cfg.data_path}. Is it still being written? "
                 "Wait until it is complete, then rerun."
             )
-    out = cfg.features_path
+    out = cfg.feature_path
     # One extraction per store: begin_store clears temp files that another run's writes would still own.
-    lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --features-path")
+    lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --feature-path")
     try:
         return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started)
     finally:
@@ -163,7 +174,7 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
 
 def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started) -> dict:
     """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
-    rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.features_path
+    rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.feature_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
     runtime.barrier()
     if rank == 0:

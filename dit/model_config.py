@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from dit.config import FieldError, Section, option
 from dit.errors import UserError
 
 
@@ -84,6 +85,65 @@ def model_config(name: str, **overrides) -> DiTConfig:
     return DiTConfig(**{**base, **overrides})
 
 
+ACTIVATION_CHECKPOINTING_HELP = (
+    "recompute block activations in backward to save memory: none, all, N (the first N blocks), or auto "
+    "(the fewest blocks whose estimated step memory fits the device)"
+)
+
+
+def parse_activation_checkpointing(value: str, depth: int | None = None) -> int | str:
+    """``--activation-checkpointing``: "none" -> 0, "all" (the depth, where given), "auto", or a block count
+    N (the first N blocks recomputed in backward). The one parser: train.py, dit-cost and the benchmarks."""
+    text = str(value).lower()
+    blocks = 0 if text == "none" else text if text in ("all", "auto") else int(text) if text.isdigit() else None
+    if blocks is None:
+        raise FieldError(
+            f"{{activation_checkpointing}} must be none, all, auto or a block count N, got {value!r}."
+        )
+    if depth is not None:
+        blocks = depth if blocks == "all" else blocks
+        if isinstance(blocks, int) and blocks > depth:
+            raise FieldError(f"{{activation_checkpointing}} {blocks} exceeds the depth ({depth}).")
+    return blocks
+
+
+@dataclass(frozen=True)
+class ModelSection(Section):
+    """The DiT to build: a registry name with any size overridden, the images it makes and its classes.
+
+    Read by the trainer and ``dit-cost`` alike; the data decide the input channels and size (a VAE's latents
+    or the pixels) and the objective whether the variance is learned (``dit_config``)."""
+
+    model: str = option("DiT-XL/2", "registry name, e.g. DiT-XL/2 (sizes S/B/L/XL, patch 2/4/8)")
+    depth: int | None = option(None, "custom size: override the registry depth", ge=1)
+    hidden_size: int | None = option(None, "custom size: override the hidden size", ge=4)
+    num_heads: int | None = option(None, "custom size: override the head count", ge=1)
+    patch_size: int | None = option(None, "custom size: override the patch size", ge=1)
+    image_size: int = option(256, "image size in pixels (latents are image_size / the VAE's downsampling)", ge=1)
+    num_classes: int = option(1000, "number of classes (the null class is added); 0: an unconditional model", ge=0)
+    class_dropout_prob: float = option(0.1, "label dropout for classifier-free guidance, in [0, 1)", ge=0, lt=1)
+    learn_sigma: bool | None = option(
+        None, "learn the variance (the hybrid loss), as DiT does (default: on for diffusion; flow models never do)"
+    )
+
+    def check(self) -> None:
+        try:
+            model_config(self.model)
+        except UserError as e:
+            raise FieldError("{model}: " + str(e)) from None
+
+    def dit_config(self, in_channels: int, input_size: int, learn_sigma: bool = True) -> DiTConfig:
+        """The DiT for data of ``in_channels`` x ``input_size``^2; ``learn_sigma``: the objective's default."""
+        sizes = {
+            k: getattr(self, k) for k in ("depth", "hidden_size", "num_heads", "patch_size") if getattr(self, k)
+        }
+        return model_config(
+            self.model, input_size=input_size, in_channels=in_channels, num_classes=self.num_classes,
+            class_dropout_prob=self.class_dropout_prob,
+            learn_sigma=self.learn_sigma if self.learn_sigma is not None else learn_sigma, **sizes,
+        )  # fmt: skip
+
+
 def registry_name(cfg: DiTConfig) -> str | None:
     """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
     for name in MODEL_NAMES:
@@ -108,8 +168,9 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
 
     Depth, width, patch, input size, channels, classes, learned sigma and the MLP ratio are read from the
     tensors; the head count is not in any shape (qkv is D x 3D for every head count), so it is the
-    registry's for that depth and width, else ``num_heads``, else 64-wide heads. A bare table of C + 1 rows
-    is C classes and the null class, as every official release has."""
+    registry's for that depth and width, else ``num_heads``; without either it is asked for (a guess of
+    64-wide heads rebuilt a 2-head width-64 model 6% off its outputs). A bare table of C + 1 rows is C
+    classes and the null class, as every official release has."""
     try:
         hidden, in_channels, patch, _ = shapes["x_embedder.proj.weight"]
         tokens = shapes["pos_embed"][1]
@@ -125,11 +186,16 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
     grid = round(tokens**0.5)
     table = shapes.get("y_embedder.embedding_table.weight")
     registry = {(d, h): heads for d, h, heads in _SIZES.values()}
-    heads = registry.get((depth, hidden)) or num_heads or max(1, hidden // 64)
+    heads = num_heads or registry.get((depth, hidden))
+    if heads is None:
+        raise UserError(
+            f"the weights are a DiT of depth {depth} and width {hidden}, which no registry size has, and a state "
+            "dict does not record its head count: pass --num-heads (the number the model was trained with)."
+        )
     return DiTConfig(
         depth=depth,
         hidden_size=hidden,
-        num_heads=num_heads or heads,
+        num_heads=heads,
         patch_size=patch,
         input_size=grid * patch,
         in_channels=in_channels,

@@ -20,7 +20,7 @@ from torchvision.utils import save_image
 
 from dit.checkpoint import latest_checkpoint
 from dit.cli import run_cli
-from dit.config import option, parse_config
+from dit.config import Face, Section, option
 from dit.data.digits import NUM_CLASSES, DigitDataset
 from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
@@ -80,41 +80,47 @@ def training_cost(metrics_path: Path) -> str:
     )
 
 
-@dataclass
-class QuickstartConfig:
+@dataclass(frozen=True)
+class QuickstartConfig(Section):
     """python -m dit.quickstart: train a small class-conditional DiT on MNIST digits, sample one row per class."""
 
     preset: str = option("default", "measured recipe", choices=tuple(sorted(PRESETS)))
-    max_steps: int | None = option(None, "training steps (default: the preset's)")
-    out: str = option("results/quickstart", "output folder")
-    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
-    num_sampling_steps: int | None = option(None, "DDIM steps for the grid (default: the preset's)")
-    per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)")
-    eval_samples: int | None = option(None, "EMA samples scored at the end, 65 or more (default: the preset's)")
-    eval_every: int | None = option(None, "also score them every N steps (default: only at the end)")
-    resume: bool = option(False, "continue the stopped quick start in --out (pass the flags it was started with)")
+    max_steps: int | None = option(None, "training steps (default: the preset's)", ge=1)
+    results_dir: str = option("results/quickstart", "output folder", aliases=("--out",))
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
+    num_sampling_steps: int | None = option(None, "DDIM steps for the grid (default: the preset's)", ge=1)
+    per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)", ge=1)
+    eval_num_samples: int | None = option(
+        None,
+        "EMA samples scored at the end, 65 or more (default: the preset's)",
+        ge=1,
+        aliases=("--eval-samples",),
+    )
+    eval_every: int | None = option(None, "also score them every N steps (default: only at the end)", ge=1)
+    resume: str | None = option(
+        None, "auto: continue the stopped quick start in --results-dir (pass the flags it was started with)",
+        choices=("auto",),
+    )  # fmt: skip
 
-    def __post_init__(self):
-        for name in ("max_steps", "num_sampling_steps", "per_class", "eval_samples", "eval_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}.")
+
+FACE = Face("python -m dit.quickstart", QuickstartConfig.__doc__, sections={"quickstart": QuickstartConfig})
 
 
 def main(argv=None):
     start = time.perf_counter()
-    args = parse_config(QuickstartConfig, argv, QuickstartConfig.__doc__, prog="python -m dit.quickstart")
+    args = FACE.parse(argv).sections["quickstart"]
     p = PRESETS[args.preset]
-    out = Path(args.out)
+    out = Path(args.results_dir)
     run_dir = out / "run"
     saved = latest_checkpoint(run_dir / "checkpoints")
     if saved is not None and not args.resume:
         raise UserError(
-            f"{out} holds an earlier quick start: pass --resume to continue it, another --out, or delete {out}."
+            f"{out} holds an earlier quick start: pass --resume auto to continue it, another --results-dir, or "
+            f"delete {out}."
         )
     if saved is None and args.resume:
         raise UserError(
-            f"--resume: {out} holds no quick start checkpoint to continue; drop --resume to start one."
+            f"--resume auto: {out} holds no quick start checkpoint to continue; drop --resume to start one."
         )
     dataset = DigitDataset(p.image_size)
     digits_ref = out / "digits_ref.npz"  # the 4,000 training digits under the digit classifier
@@ -126,17 +132,18 @@ def main(argv=None):
         args.device,
         eval_ref=str(digits_ref),
         eval_every=args.eval_every or 0,
-        eval_samples=args.eval_samples,
+        eval_samples=args.eval_num_samples,
         sample_steps=args.num_sampling_steps,
-        resume=args.resume,
+        resume=args.resume is not None,
     )
     result = train(cfg, dataset)
     if result["signal"]:  # preempted: the state is saved; sampling and scoring wait for the continued run
-        again = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"]
+        given = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        again = [a for i, a in enumerate(given) if a != "--resume" and (i == 0 or given[i - 1] != "--resume")]
         print(
             f"quick start stopped by {result['signal']} at step {result['step']}: checkpoint "
             f"{latest_checkpoint(run_dir / 'checkpoints')}; continue it with "
-            f"`{shlex.join(['bash', 'scripts/quickstart.sh', *map(str, again), '--resume'])}`",
+            f"`{shlex.join(['bash', 'scripts/quickstart.sh', *again, '--resume', 'auto'])}`",
             file=sys.stderr,
         )
         return EXIT_CODES[result["signal"]]

@@ -197,7 +197,7 @@ def test_reference_from_a_latent_store(vae_dir, inception_weights, tmp_path, cap
     store = tmp_path / "store"
     extract_features(
         ExtractConfig(
-            data_path=str(tmp_path / "images"), features_path=str(store), image_size=32, vae=vae_dir, num_workers=0
+            data_path=str(tmp_path / "images"), feature_path=str(store), image_size=32, vae=vae_dir, num_workers=0
         )
     )
     weights = ["--inception-weights", inception_weights]

@@ -310,7 +310,7 @@ def test_12_a_store_run_records_the_stores_vae_and_decodes_its_grids(tmp_path, v
     images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
     store = tmp_path / "store"
     extract_features(
-        ExtractConfig(features_path=str(store), data_path=images, image_size=32, vae=vae_dir, num_workers=0)
+        ExtractConfig(feature_path=str(store), data_path=images, image_size=32, vae=vae_dir, num_workers=0)
     )
     cfg = tiny_config(tmp_path, feature_path=str(store), vae="ema", image_size=32, num_classes=3, max_steps=2,
                       global_batch_size=4, sample_every=2)  # fmt: skip

@@ -180,7 +180,7 @@ def test_a_16_channel_shifted_vae_extracts_trains_samples_and_is_costed(tmp_path
     images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
     (Path(images) / "a" / "broken.jpg").unlink()
     store = tmp_path / "store"
-    extract_features(ExtractConfig(features_path=str(store), data_path=images, image_size=32,
+    extract_features(ExtractConfig(feature_path=str(store), data_path=images, image_size=32,
                                    vae=str(tmp_path / "vae16"), num_workers=0))  # fmt: skip
     manifest = json.loads((store / "manifest.json").read_text())
     assert manifest["shift_factor"] == pytest.approx(0.1) and manifest["latent_shape"] == [16, 4, 4]

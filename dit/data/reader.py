@@ -83,8 +83,8 @@ class LatentStoreDataset(Dataset):
             if sha256_file(file) != entry["sha256"]:
                 raise UserError(
                     f"latent store {self.path}: {entry['file']} fails its sha256 check (its bytes changed after "
-                    f"extraction). {REPAIR}: python extract_features.py --data-path IMAGES --features-path "
-                    f"{self.path} (python extract_features.py --features-path {self.path} --verify lists every bad shard)."
+                    f"extraction). {REPAIR}: python extract_features.py --data-path IMAGES --feature-path "
+                    f"{self.path} (python extract_features.py --feature-path {self.path} --verify lists every bad shard)."
                 )
             mapped[index] = _map_shard(file)
         return mapped[index]

@@ -139,7 +139,7 @@ def read_manifest(folder: str) -> dict:
     if not os.path.isfile(path):
         raise UserError(
             f"no latent store at {folder} (no {MANIFEST}). Create one with "
-            f"`python extract_features.py --data-path IMAGES --features-path {folder}`."
+            f"`python extract_features.py --data-path IMAGES --feature-path {folder}`."
         )
     try:
         with open(path) as f:
@@ -205,7 +205,7 @@ def check_existing_store(folder: str, spec: StoreSpec) -> None:
         if os.path.isdir(folder) and any(name.startswith("shard-") for name in os.listdir(folder)):
             raise UserError(
                 f"{folder} holds shard files but no {MANIFEST}, so it cannot be resumed safely. "
-                "Nothing was overwritten. Use an empty --features-path, or delete those files."
+                "Nothing was overwritten. Use an empty --feature-path, or delete those files."
             )
         return
     old = read_manifest(folder)
@@ -223,7 +223,7 @@ def check_existing_store(folder: str, spec: StoreSpec) -> None:
             diffs.insert(0, "the image folder's contents differ from those the store was made from")
         raise UserError(
             f"{folder} already holds a latent store made differently: {'; '.join(diffs)}. Nothing was "
-            "overwritten. Use another --features-path, pass the same settings as before, or delete the folder."
+            "overwritten. Use another --feature-path, pass the same settings as before, or delete the folder."
         )
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from dit.cli import run_cli
-from dit.config import option, parse_config
+from dit.config import Face, FieldError, Section, option
 from dit.errors import UserError
 from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, shard_batches
 from dit.eval.features import (
@@ -38,8 +38,8 @@ WEIGHTS_HELP = "Inception-v3 weights file (offline); default: torch-fidelity's d
 BATCH_HELP = "images per forward pass (default: 64 Inception, 500 digits)"
 
 
-@dataclass
-class EvalConfig:
+@dataclass(frozen=True)
+class EvalConfig(Section):
     """python -m dit.eval: FID, sFID, IS, precision/recall (and class accuracy) of a sample set."""
 
     samples: str = option(help=".npz (arr_0 uint8 NHWC, optional arr_1 labels) or image folder")
@@ -47,23 +47,14 @@ class EvalConfig:
     json: bool = option(False, "print the result as one JSON object")
     metrics: str | None = option(None, f"comma-separated subset of {','.join(METRICS)} (default: all that apply)")
     image_size: int | None = option(None, "centre-crop a folder's images to this size")
-    pr_batch_size: int = option(10_000, "rows per distance block (ADM: 10,000)")
+    pr_batch_size: int = option(10_000, "rows per distance block of precision/recall (ADM: 10,000)", ge=1)
     inception_weights: str | None = option(None, WEIGHTS_HELP)
-    batch_size: int | None = option(None, BATCH_HELP)
-    device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
-
-    def __post_init__(self):
-        _check_batches(self.batch_size, self.pr_batch_size)
+    batch_size: int | None = option(None, BATCH_HELP, ge=1)
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
 
 
-def _check_batches(batch_size: int | None, pr_batch_size: int = 1) -> None:
-    for flag, value in (("--batch-size", batch_size), ("--pr-batch-size", pr_batch_size)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}.")
-
-
-@dataclass
-class RefConfig:
+@dataclass(frozen=True)
+class RefConfig(Section):
     """python -m dit.eval ref: reference statistics from images, a sample set, a latent store or ADM's batch."""
 
     out: str = option(help="statistics file to write (.npz)")
@@ -76,19 +67,22 @@ class RefConfig:
     vae: str | None = option(None, "for --latents: the VAE (default: the one the store records)")
     features: bool = option(True, "keep the pool features for precision/recall (--no-features: mu and sigma only)")
     inception_weights: str | None = option(None, WEIGHTS_HELP)
-    batch_size: int | None = option(None, BATCH_HELP)
-    device: str | None = option(None, "cpu, cuda, cuda:1 (default: cuda if available)")
+    batch_size: int | None = option(None, BATCH_HELP, ge=1)
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
 
-    def __post_init__(self):
-        _check_batches(self.batch_size)
-        given = [f"--{k}" for k in ("images", "npz", "latents", "adm") if getattr(self, k)]
+    def check(self) -> None:
+        given = [f"{{{k}}}" for k in ("images", "npz", "latents", "adm") if getattr(self, k)]
         if len(given) != 1:
-            raise UserError(
-                "pass exactly one source of reference images: --images, --npz, --latents or --adm"
+            raise FieldError(
+                "pass exactly one source of reference images: {images}, {npz}, {latents} or {adm}"
                 + (f" (got {', '.join(given)})." if given else ".")
             )
         if self.adm and self.feature_net != "inception":
-            raise UserError("--adm statistics are Inception-v3 statistics: leave --feature-net at inception.")
+            raise FieldError("{adm} statistics are Inception-v3 statistics: leave {feature_net} at inception.")
+
+
+REF_FACE = Face("python -m dit.eval ref", RefConfig.__doc__, sections={"ref": RefConfig})
+FACE = Face("python -m dit.eval", __doc__, sections={"eval": EvalConfig})
 
 
 def _format(result: dict, wall: float) -> str:
@@ -119,7 +113,7 @@ def _format(result: dict, wall: float) -> str:
 
 
 def evaluate_main(argv: list[str]) -> int:
-    args = parse_config(EvalConfig, argv, description=__doc__, prog="python -m dit.eval")
+    args = FACE.parse(argv).sections["eval"]
     start = time.perf_counter()
     reference = load_reference(args.ref)
     samples = open_images(args.samples, args.image_size)
@@ -160,7 +154,7 @@ def _ref_source(args: RefConfig, device) -> tuple[object, ReferenceStats | None]
 
 
 def ref_main(argv: list[str]) -> int:
-    args = parse_config(RefConfig, argv, description=RefConfig.__doc__, prog="python -m dit.eval ref")
+    args = REF_FACE.parse(argv).sections["ref"]
     with Runtime(args.device) as runtime:
         images, adm = _ref_source(args, runtime.device)
         net: FeatureNet = load_feature_net(args.feature_net, args.inception_weights, runtime.device)

@@ -11,88 +11,145 @@ MFU clock paused; its own cost (sampling and feature FLOPs, seconds) is a record
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from dit.config import to_dict
+from dit.config import FieldError, Section, option
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.eval.evaluator import SCORES, Evaluator, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.sample.generate import Sampler, SamplingModel, check_guidance, fid_label, generate, noise_seed
-from dit.transport.samplers import DEFAULT_METHODS, planned_nfe
+from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed
+from dit.sampling import SamplingSection
+
+
+@dataclass(frozen=True)
+class EvalSection(Section):
+    """When and against what the EMA weights are scored during training (train.py's ``--eval-*`` flags)."""
+
+    every: int = option(0, "steps per evaluation of the EMA weights, and one at the end (0: off)", ge=0)
+    ref: str | None = option(None, "reference statistics (python -m dit.eval ref, or an ADM reference batch)")
+    num_samples: int = option(1000, "images per evaluation (FID needs more than the feature dimension)", ge=1)
+    batch_size: int = option(64, "evaluation images per batch on each process", ge=1)
+    inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
+
+    def check(self) -> None:
+        if self.every and not self.ref:
+            raise FieldError("{every} needs {ref}: reference statistics (python -m dit.eval ref --help).")
+
+
+@dataclass(frozen=True)
+class EvalSamplingSection(SamplingSection):
+    """The evaluation's sampler: the sampling section's flags under ``--eval-``, with cheaper defaults (50
+    DDIM steps, no guidance: an evaluation every few thousand steps must not cost more than the training)."""
+
+    DIFFUSION_DEFAULT = "ddim"
+    GUIDANCE_DEFAULT = 1.0
+
+    sampler: str | None = option(
+        None, "sampler of the evaluation samples (default: ddim for diffusion, ode for flow)",
+        choices=SamplingSection.__dataclass_fields__["sampler"].metadata["choices"],
+    )  # fmt: skip
+    num_sampling_steps: int = option(50, "denoising steps of the evaluation samples", ge=1,
+                                     aliases=("--sampling-steps",))  # fmt: skip
+    guidance_scale: float | None = option(1.0, "guidance scale of the evaluation samples (1: none)",
+                                          aliases=("--cfg-scale",), ge=1)  # fmt: skip
 
 
 class InLoopEval:
-    def __init__(self, cfg, runtime: Runtime, model_config, vae, vae_spec: str | None):
-        """``cfg`` is the run's ``TrainConfig``; ``vae`` decodes latents (None for pixel-space runs).
+    def __init__(
+        self,
+        section: EvalSection,
+        sampling: EvalSamplingSection,
+        *,
+        seed: int,
+        image_size: int,
+        run: dict,
+        runtime: Runtime,
+        model: DiT,
+        vae,
+        vae_spec: str | None,
+    ):
+        """``run``: the run's flat record (its objective rebuilds the sampler's); ``model``: the DiT being
+        trained, whose shape plans the evaluation's cost; ``vae`` decodes latents
+        (None for pixel-space runs); ``seed``: the run's, which keys the evaluation's labels and noise.
 
         Everything that can fail (the reference, the feature network's weights, too few images for the
         covariance, guidance without a null class) fails here, at start-up, not at the first evaluation."""
-        self.cfg, self.runtime, self.vae, self.vae_spec = cfg, runtime, vae, vae_spec
-        reference = load_reference(cfg.eval_ref)
-        net = feature_net_for(reference.feature_network, cfg.eval_inception_weights, runtime.device)
-        self.evaluator = Evaluator(net, reference, batch_size=cfg.eval_batch_size, runtime=runtime)
-        self.evaluator.check_count(cfg.eval_num_samples)
-        check_guidance(cfg.eval_guidance_scale, model_config)
-        seed = mix_seed(Stream.EVAL, cfg.seed)
-        n, classes = cfg.eval_num_samples, model_config.num_classes
+        self.section, self.sampling, self.runtime, self.vae, self.vae_spec = (
+            section,
+            sampling,
+            runtime,
+            vae,
+            vae_spec,
+        )
+        self.image_size, self.run_record = image_size, run
+        reference = load_reference(section.ref)
+        net = feature_net_for(reference.feature_network, section.inception_weights, runtime.device)
+        self.evaluator = Evaluator(net, reference, batch_size=section.batch_size, runtime=runtime)
+        self.evaluator.check_count(section.num_samples)
+        model_config = model.config
+        null_class = model_config.num_classes > 0 and model_config.class_dropout_prob > 0
+        self.guidance_scale = sampling.guidance(null_class)
+        seed = mix_seed(Stream.EVAL, seed)
+        n, classes = section.num_samples, model_config.num_classes
         self.labels = [fid_label(seed, i, classes) for i in range(n)]
         self.conditional = classes > 0
         self.seeds = [noise_seed(seed, i) for i in range(n)]
-        decode = vae_flops(dict(vae.config), cfg.image_size).decode if vae is not None else 0.0
-        self.kind = kind = cfg.eval_sampler or ("ode" if cfg.objective == "flow" else "ddim")
-        nfe = (
-            planned_nfe(kind, DEFAULT_METHODS[kind], cfg.eval_sampling_steps) if kind in DEFAULT_METHODS else None
-        )
+        decode = vae_flops(dict(vae.config), image_size).decode if vae is not None else 0.0
+        self.planner = Sampler.from_options(self._sampling_model(model), sampling)
         per_image = sampling_flops_per_image(  # the network evaluations the sampler makes: 2 a step for Heun
-            model_config, nfe or cfg.eval_sampling_steps, cfg.eval_guidance_scale, vae_decode_flops=decode
-        )
+            model_config, self.planner.planned_nfe or sampling.num_sampling_steps, self.guidance_scale,
+            vae_decode_flops=decode,
+        )  # fmt: skip
         self.sampling_flops_per_image = per_image.total
 
+    def _sampling_model(self, model: DiT) -> SamplingModel:
+        return SamplingModel.from_run(model, "ema", self.image_size, self.vae, self.vae_spec, self.run_record)
+
     def describe(self) -> str:
-        c = self.cfg
+        c, s = self.section, self.sampling
         return (
-            f"evaluation every {c.eval_every} steps: {c.eval_num_samples:,} EMA samples ({self.kind} "
-            f"{c.eval_sampling_steps} steps, guidance {c.eval_guidance_scale:g}) against {c.eval_ref} "
+            f"evaluation every {c.every} steps: {c.num_samples:,} EMA samples ({self.planner.describe()} "
+            f"{s.num_sampling_steps} steps, guidance {self.guidance_scale:g}) against {c.ref} "
             f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}); about "
             f"{self.cost_flops() / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
         )
 
     def cost_flops(self) -> float:
-        n = self.cfg.eval_num_samples
-        return n * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
+        return self.section.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
 
     def run(self, ema: DiT) -> dict:
         """Score the (unsharded) EMA model: the metrics, and what the evaluation itself cost."""
-        c, rt = self.cfg, self.runtime
+        c, rt = self.section, self.runtime
         start = time.perf_counter()
-        sm = SamplingModel.from_run(ema, "ema", c.image_size, self.vae, self.vae_spec, to_dict(c))
-        sampler = Sampler(sm, c.eval_sampling_steps, self.kind)
-        mine = my_batches(c.eval_num_samples, c.eval_batch_size, rt.rank, rt.world)
+        sm = self._sampling_model(ema)
+        sampler = Sampler.from_options(sm, self.sampling)
+        mine = my_batches(c.num_samples, c.batch_size, rt.rank, rt.world)
         was_training = ema.training
         ema.eval()
 
         def batches():
             for batch in mine:
                 labels = [self.labels[i] for i in batch]
-                images = generate(
-                    sm, sampler, labels, [self.seeds[i] for i in batch], c.eval_guidance_scale, 3, rt.precision
-                )
+                seeds = [self.seeds[i] for i in batch]
+                images = generate(sm, sampler, labels, seeds, self.guidance_scale, 3, rt.precision)
                 yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())
         ema.train(was_training)
         rt.sync()
         seconds = time.perf_counter() - start
-        sampling_flops = self.sampling_flops_per_image * c.eval_num_samples
+        sampling_flops = self.sampling_flops_per_image * c.num_samples
+        steps = self.sampling.num_sampling_steps
         return {
             **{k: result[k] for k in SCORES},
             "num_images": result["num_images"],
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
-            "eval_guidance_scale": c.eval_guidance_scale,
-            "eval_sampler": f"{sampler.describe()} {c.eval_sampling_steps} steps, {sampler.planned_nfe} evaluations",
+            "eval_guidance_scale": self.guidance_scale,
+            "eval_sampler": f"{sampler.describe()} {steps} steps, {sampler.planned_nfe} evaluations",
             "eval_sampling_pflops": sampling_flops / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
             "eval_seconds": seconds,

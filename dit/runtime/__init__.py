@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dit.atomic import FolderLock
+from dit.config import Section, option
 from dit.errors import UserError
 from dit.launcher import check_process_count
 from dit.runtime.host_memory import keep_freed_host_memory
@@ -25,7 +27,8 @@ from dit.runtime.precision import PRECISIONS, Precision
 from dit.runtime.stop import StopFlag
 
 __all__ = [
-    "PRECISIONS", "Precision", "Runtime", "StopFlag", "Stream", "default_workers", "keep_freed_host_memory", "mix_seed",
+    "PRECISIONS", "DeviceSection", "Precision", "Runtime", "StopFlag", "Stream", "default_workers",
+    "keep_freed_host_memory", "mix_seed",
 ]  # fmt: skip
 
 _MASK = (1 << 63) - 1
@@ -54,6 +57,21 @@ def mix_seed(*parts: int) -> int:
         h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
     return h & _MASK
+
+
+@dataclass(frozen=True)
+class DeviceSection(Section):
+    """Where and in what precision a face runs, and the peak its MFU divides by: every face that runs a model.
+
+    The default precision is the face's: training bf16 (measured within seed noise of fp32,
+    docs/performance.md), sampling tf32 (the official scripts' setting, for comparable FIDs), extraction
+    fp32 (the latents are encoded once and read by every run)."""
+
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
+    precision: str = option("bf16", "matmul precision: fp32, tf32 (fp32 with TF32 matmuls), bf16 or fp16 (CUDA)",
+                            choices=PRECISIONS)  # fmt: skip
+    peak_tflops: float | None = option(None, "the device's peak TFLOP/s for MFU (default: datasheet, else measured)",
+                                       gt=0)  # fmt: skip
 
 
 def default_workers() -> int:
@@ -85,6 +103,10 @@ class Runtime:
     The precision's flags hold inside the ``with`` and are restored after it; the process group is
     destroyed on exit only if this runtime created it.
     """
+
+    @classmethod
+    def of(cls, section: DeviceSection, **kw) -> Runtime:
+        return cls(section.device, section.precision, **kw)
 
     def __init__(
         self,

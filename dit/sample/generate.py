@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from dit.config import FieldError
 from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 from dit.runtime import Precision, Stream, mix_seed
-from dit.sample.config import DIFFUSION_SAMPLERS, FLOW_SAMPLERS
+from dit.sampling import DIFFUSION_SAMPLERS, FLOW_SAMPLERS, SamplingSection
 from dit.transport import Transport
 from dit.transport.samplers import (
     DEFAULT_METHODS,
@@ -245,10 +246,15 @@ class Sampler:
         self.nfe, self._rows, self._nfe_rows = 0, 0, 0
 
     @classmethod
-    def from_options(cls, sm: SamplingModel, c) -> Sampler:
-        """The sampler that sample.py's and sample_ddp.py's options (``SamplingOptions``) ask for."""
+    def from_options(cls, sm: SamplingModel, c: SamplingSection) -> Sampler:
+        """The sampler a sampling section asks for, its default chosen by the model's objective."""
+        flow = sm.transport is not None
+        try:
+            kind = c.kind(flow)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
         return cls(
-            sm, c.num_sampling_steps, c.sampler, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol,
+            sm, c.num_sampling_steps, kind, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol,
             c.sample_eps,
         )  # fmt: skip
 

@@ -7,6 +7,7 @@ import os
 import torch
 
 from dit.checkpoint import load_checkpoint, model_weights, official_release
+from dit.config import flatten_record
 from dit.errors import UserError
 from dit.model_config import model_config_from_shapes
 from dit.models import DiT, DiTConfig, describe, registry_name
@@ -15,10 +16,11 @@ from dit.vae import is_sd_vae, latent_downsample, load_vae
 
 
 def recorded_run_config(ckpt: dict) -> dict:
-    """What a checkpoint says about its run: ours under ``config``, official train.py under ``args``."""
+    """What a checkpoint says about its run, as flat options: ours under ``config`` (nested by section, or
+    flat before the sections), official train.py under ``args``."""
     for key in ("config", "args"):
         if isinstance(ckpt.get(key), dict):
-            return dict(ckpt[key])
+            return flatten_record(ckpt[key])
     return {}
 
 

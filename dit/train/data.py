@@ -16,9 +16,28 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from dit.config import Section, option
 from dit.errors import UserError
-from dit.runtime import Runtime, Stream, mix_seed
-from dit.train.config import TrainConfig
+from dit.runtime import Runtime, Stream, default_workers, mix_seed
+
+
+@dataclass(frozen=True)
+class DataSection(Section):
+    """What the run trains on: an image folder (encoded on the fly by ``vae``, or pixels with ``vae`` none)
+    or a latent store written by extract_features.py (which records its own VAE)."""
+
+    data_path: str | None = option(None, "image folder with one sub-folder per class")
+    feature_path: str | None = option(
+        None, "latent store written by extract_features.py", aliases=("--features-path",)
+    )
+    vae: str = option("ema", "ema|mse|HUB_ID|LOCAL_DIR, or none for pixel space")
+    num_workers: int = option(
+        default_workers(), "data loader worker processes (default: the cores, at most 4)", ge=0
+    )
+
+    @property
+    def pixel_space(self) -> bool:
+        return self.vae.lower() == "none"
 
 
 def micro_batch(global_batch: int, world_size: int, grad_accum: int) -> int:
@@ -107,61 +126,61 @@ class TrainData:
     store_manifest: dict | None = None  # a latent store's manifest (the encode was paid at extraction)
     notes: list[str] = field(default_factory=list)  # lines for the log (what a folder scan skipped)
 
-    def loader(self, cfg: TrainConfig, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
+    def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
+        """This rank's micro-batches from ``start_step`` on, in the order of ``optim``'s batch and seed."""
         order = StepOrder(
             len(self.dataset),
-            cfg.global_batch_size,
+            optim.global_batch_size,
             runtime.world,
             runtime.rank,
-            cfg.grad_accum_steps,
-            cfg.seed,
+            optim.grad_accum_steps,
+            optim.seed,
             start_step,
         )
         loader = DataLoader(
-            SeededItems(self.dataset, cfg.seed),
+            SeededItems(self.dataset, optim.seed),
             batch_sampler=order,
-            num_workers=cfg.num_workers,
+            num_workers=workers,
             pin_memory=runtime.device.type == "cuda",
-            persistent_workers=cfg.num_workers > 0,
+            persistent_workers=workers > 0,
         )
         return order, loader
 
 
-def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) -> TrainData:
-    """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder."""
+def build_data(
+    data: DataSection, image_size: int, num_classes: int, dataset: Dataset | None, device: torch.device
+) -> TrainData:
+    """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder,
+    checked against the model's ``image_size`` and ``num_classes``."""
     if dataset is not None:
         x, _ = dataset[0]
         return TrainData(dataset, x.shape[0], x.shape[-1])
-    if cfg.feature_path:
+    if data.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        ds = LatentStoreDataset(cfg.feature_path)
+        ds = LatentStoreDataset(data.feature_path)
         c, h, _ = ds.latent_shape
-        ds.check_compatible(
-            in_channels=c, input_size=cfg.image_size // ds.downsample, num_classes=cfg.num_classes or None
-        )
+        ds.check_compatible(in_channels=c, input_size=image_size // ds.downsample, num_classes=num_classes or None)
         m = ds.manifest
         return TrainData(ds, c, h, vae_spec=m["vae_id"], vae_config=m.get("vae_config"), store_manifest=m)
-    if not cfg.data_path:
+    if not data.data_path:
         raise UserError("no training data: pass --data-path IMAGE_FOLDER or --feature-path LATENT_STORE.")
     from dit.data.images import ImageFolderDataset, describe_skipped
 
-    ds = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=True)
-    notes = [line] if (line := describe_skipped(ds.skipped, cfg.data_path)) else []
-    if cfg.num_classes and len(ds.classes) > cfg.num_classes:  # 0: unconditional, the folders are ignored
+    ds = ImageFolderDataset(data.data_path, image_size, flip=True)
+    notes = [line] if (line := describe_skipped(ds.skipped, data.data_path)) else []
+    if num_classes and len(ds.classes) > num_classes:  # 0: unconditional, the folders are ignored
         raise UserError(
-            f"{cfg.data_path} has {len(ds.classes)} class folders but --num-classes is {cfg.num_classes}: "
+            f"{data.data_path} has {len(ds.classes)} class folders but --num-classes is {num_classes}: "
             f"pass --num-classes {len(ds.classes)}."
         )
-    if cfg.pixel_space:
-        return TrainData(ds, 3, cfg.image_size, notes=notes)
+    if data.pixel_space:
+        return TrainData(ds, 3, image_size, notes=notes)
     from dit import vae as vae_lib
 
-    vae = vae_lib.load_vae(cfg.vae, device=device)
+    vae = vae_lib.load_vae(data.vae, device=device)
     factor = vae_lib.latent_downsample(vae)
-    if cfg.image_size % factor:
-        raise UserError(
-            f"--image-size {cfg.image_size} is not a multiple of the VAE's downsampling factor {factor}."
-        )
+    if image_size % factor:
+        raise UserError(f"--image-size {image_size} is not a multiple of the VAE's downsampling factor {factor}.")
     channels = int(vae.config.latent_channels)
-    return TrainData(ds, channels, cfg.image_size // factor, vae, cfg.vae, dict(vae.config), notes=notes)
+    return TrainData(ds, channels, image_size // factor, vae, data.vae, dict(vae.config), notes=notes)

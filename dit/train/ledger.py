@@ -9,22 +9,34 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dit.config import to_dict
+from dit.config import Section, option
 from dit.cost.analytic import SD_VAE_CONFIG, forward_macs, training_flops_per_image, vae_flops
 from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import peak_for_device
 from dit.models import DiT, describe
-from dit.runtime import Runtime
-from dit.train.config import TrainConfig
+from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
 from dit.train.sinks import MetricSinks
 from dit.vae import is_sd_vae
+
+
+@dataclass(frozen=True)
+class LedgerSection(Section):
+    """What the run reports and how often: log records (the only host syncs), MFU windows, the cost
+    projection, the progress display and sample grids."""
+
+    log_every: int = option(100, "steps per log line (the only host syncs)", ge=1)
+    mfu_warmup_steps: int = option(3, "first steps kept out of the MFU windows", ge=0)
+    price_per_hour: float | None = option(None, "device-hour price for the cost projection", ge=0)
+    progress: bool = option(True, "show progress with an ETA on rank 0 (plain lines when not on a terminal)")
+    sample_every: int = option(0, "steps per EMA sample grid in TensorBoard (0: off)", ge=0)
 
 
 class StepCounters:
@@ -75,17 +87,22 @@ def _vae_config(data: TrainData) -> dict | None:
 class Ledger:
     def __init__(
         self,
-        cfg: TrainConfig,
+        section: LedgerSection,
+        device: DeviceSection,
+        *,
         model: DiT,
         attention: str,
         data: TrainData,
         runtime: Runtime,
         out: Path,
+        image_size: int,
+        total_steps: int,
         local_images_done: int = 0,
     ):
         """``local_images_done``: this rank's images in the steps before a resume, so that the run's total
         FLOPs (``total_model_pflops``, the x axis of quality against compute) count them too."""
-        self.cfg, self.runtime, self.data = cfg, runtime, data
+        self.section, self.device, self.runtime, self.data = section, device, runtime, data
+        self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
         self.fused_attention = attention not in ("explicit", "math")  # the T x T matrix is recomputed
         self.checkpointed = model.num_checkpointed_blocks
@@ -96,9 +113,9 @@ class Ledger:
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
         self.measured_flops_per_image = float(measured["train_flops_per_image"])
         vae_config = _vae_config(data)
-        self.vae = vae_flops(vae_config, cfg.image_size) if vae_config is not None else None
+        self.vae = vae_flops(vae_config, image_size) if vae_config is not None else None
         on_the_fly = data.vae is not None and self.vae is not None
-        self.peak = peak_for_device(runtime.device, cfg.precision, cfg.peak_tflops)
+        self.peak = peak_for_device(runtime.device, device.precision, device.peak_tflops)
         self.meter = CostMeter(
             self.flops.model,
             self.flops.hardware,
@@ -112,15 +129,16 @@ class Ledger:
 
     # ---- the start-up report -------------------------------------------------------------------------
 
-    def report(self, batch_per_device: int, sharded: bool) -> None:
-        cfg, mc, s = self.cfg, self.model_cfg, self.sinks
+    def report(self, batch_per_device: int, sharded: bool, config_text: str) -> None:
+        """The start-up lines: model, FLOPs per image, VAE, memory, peak; ``config_text`` to TensorBoard."""
+        precision, mc, s = self.device.precision, self.model_cfg, self.sinks
         # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
         comparable = training_flops_per_image(mc, self.checkpointed, fused_attention=False).hardware
         gap = self.measured_flops_per_image / comparable - 1
         mem = estimate_training_memory(
             mc,
             batch_per_device,
-            cfg.precision,
+            precision,
             checkpointed_blocks=self.checkpointed,
             ema=True,
             sharding="fsdp" if sharded else "ddp",
@@ -140,11 +158,11 @@ class Ledger:
         )
         s.info(self._vae_line())
         s.info(
-            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({cfg.precision}, {self.checkpointed} blocks "
+            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({precision}, {self.checkpointed} blocks "
             f"checkpointed, {self.attention} attention)"
         )
-        s.info(f"peak for {cfg.precision}: {self.peak.describe()}")
-        s.text("config", "\n".join(f"{k}: {v}" for k, v in to_dict(cfg).items()))
+        s.info(f"peak for {precision}: {self.peak.describe()}")
+        s.text("config", config_text)
 
     def _vae_line(self) -> str:
         data, vae = self.data, self.vae
@@ -188,7 +206,7 @@ class Ledger:
             self.meter.resume()
 
     def log(
-        self, step: int, epoch: int, counters: dict, grad_norm, lr: float, in_warmup: bool, loss_scale
+        self, *, step: int, epoch: int, counters: dict, grad_norm, lr: float, in_warmup: bool, loss_scale=None
     ) -> dict:
         """One record to the console, TensorBoard and metrics.jsonl; right after the log step's one sync."""
         self.runtime.sync()
@@ -232,15 +250,16 @@ class Ledger:
         return record
 
     def _project(self, step: int, window: dict) -> None:
-        remaining = self.cfg.max_steps - step
+        remaining = self.total_steps - step
         hours = remaining / window["steps_per_sec"] / 3600
         world = self.runtime.world
         msg = (
             f"projection at measured MFU {window['mfu']:.1%}: {remaining:,} steps left, {hours:.2f} h wall-clock, "
             f"{hours * world:.2f} device-hours"
         )
-        if self.cfg.price_per_hour:
-            msg += f", {hours * world * self.cfg.price_per_hour:,.2f} at {self.cfg.price_per_hour}/device-hour"
+        price = self.section.price_per_hour
+        if price:
+            msg += f", {hours * world * price:,.2f} at {price}/device-hour"
         self.sinks.info(msg)
         self.projected = True
 

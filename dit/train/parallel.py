@@ -10,8 +10,39 @@ resumed with or without FSDP, on any number of devices.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+from dit.config import Section, option
+from dit.model_config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
+from dit.models import ATTENTION_BACKENDS
+
+
+@dataclass(frozen=True)
+class ParallelSection(Section):
+    """How a step runs on the devices: DDP or FSDP, compiled blocks, the attention kernel, recomputation."""
+
+    fsdp: bool = option(False, "shard weights, gradients, AdamW and EMA over the processes (FSDP2) instead of DDP")
+    compile: bool = option(False, "torch.compile each DiT block")
+    attention: str = option(
+        "auto",
+        "attention kernel: auto (explicit matmuls for bf16 on CPU, else SDPA's pick), sdpa, flash, efficient, "
+        "cudnn, math, explicit",
+        choices=ATTENTION_BACKENDS,
+    )
+    activation_checkpointing: str = option("none", ACTIVATION_CHECKPOINTING_HELP)
+    memory_reserve_gib: float | None = option(
+        None, "device memory kept free by --activation-checkpointing auto (default: 10%, at least 2 GiB)", ge=0
+    )
+
+    def check(self) -> None:
+        parse_activation_checkpointing(self.activation_checkpointing)
+
+    @property
+    def checkpointing(self) -> int | str:
+        return parse_activation_checkpointing(self.activation_checkpointing)
 
 
 def data_parallel(model: nn.Module, device: torch.device, world: int) -> nn.Module:

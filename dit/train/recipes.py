@@ -55,12 +55,12 @@ def digits_train_config(
             eval_every=eval_every or steps,
             eval_ref=eval_ref,
             eval_num_samples=eval_samples or p.eval_samples,
-            eval_sampling_steps=sample_steps or p.sample_steps,
+            eval_num_sampling_steps=sample_steps or p.sample_steps,
             eval_guidance_scale=p.guidance_scale,
             eval_sampler="ddim",
             eval_batch_size=100,
         )
-    return TrainConfig(
+    return TrainConfig.of(
         model=f"DiT-S/{p.patch_size}",
         depth=p.depth,
         hidden_size=p.hidden_size,

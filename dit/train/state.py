@@ -7,14 +7,10 @@ without FSDP on any number of devices; under FSDP it is collective (every rank c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from torch import nn
 
-from dit.checkpoint import latest_checkpoint, load_training_checkpoint
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig, describe
+from dit.models import DiT
 from dit.runtime import Runtime
 from dit.train.ema import EMA
 from dit.train.parallel import full_model_state, full_optimizer_state, load_model_state, load_optimizer_state
@@ -76,52 +72,3 @@ class TrainState:
             torch.set_rng_state(rng["cpu"])
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
-
-
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"fused": True} if fused else {"foreach": True}
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **impl)
-
-
-def resume_point(cfg, ckpt_dir: Path, model_cfg: DiTConfig, vae_spec: str | None):
-    """(path, checkpoint) to continue from, or (None, None) for a fresh run in an empty folder.
-
-    A resume continues the same run: the model, the data order (seed, batch, data set), the latent space and
-    the recipe must match the checkpoint's, or every difference is listed; recipe fields may change when
-    ``--allow-changes`` names them."""
-    if not cfg.resume:
-        if latest_checkpoint(ckpt_dir) is not None:
-            raise UserError(
-                f"{ckpt_dir} already holds checkpoints: pass --resume auto to continue that run, "
-                "or a new --results-dir; nothing was overwritten."
-            )
-        return None, None
-    path = latest_checkpoint(ckpt_dir) if cfg.resume == "auto" else Path(cfg.resume)
-    if path is None:
-        return None, None
-    ckpt = load_training_checkpoint(path)
-    saved = DiTConfig(**ckpt["model_config"])
-    if saved != model_cfg:
-        raise UserError(
-            f"{path} was trained as {describe(saved)}, but this run builds {describe(model_cfg)}: pass the "
-            "same --model, --image-size, --num-classes and data."
-        )
-    run = ckpt.get("config", {})
-    conflicts = cfg.resume_conflicts(run)
-    if "vae" in run and latent_space(run["vae"]) != latent_space(vae_spec):
-        conflicts.append(f"vae (the latent space): {run['vae']!r} -> {vae_spec!r}")
-    if conflicts:
-        raise UserError(
-            f"{path} was trained with other settings: {'; '.join(conflicts)}. A resume continues the same run: "
-            "pass the checkpoint's values (recipe fields may change with --allow-changes NAME ...), or start a new "
-            "run in another --results-dir. Nothing was written."
-        )
-    return path, ckpt
-
-
-def latent_space(vae_spec: str | None) -> str | None:
-    """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own."""
-    from dit.vae import is_sd_vae
-
-    return "sd" if is_sd_vae(vae_spec) else vae_spec

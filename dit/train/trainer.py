@@ -14,21 +14,23 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
+from dit.atomic import atomic_write
 from dit.checkpoint import remove_partial_checkpoints, save_training_checkpoint
-from dit.config import to_dict
+from dit.config import FieldError
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
-from dit.diffusion import create_diffusion
 from dit.errors import UserError, unwrap_worker_error
+from dit.model_config import parse_activation_checkpointing
 from dit.models import DiT, attention_kernel
 from dit.progress import progress
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.train.config import TrainConfig, parse_activation_checkpointing
+from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
 from dit.train.parallel import data_parallel, shard
-from dit.train.state import TrainState, build_optimizer, resume_point
+from dit.train.state import TrainState
 
 
 class Trainer:
@@ -39,8 +41,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, runtime: Runtime, dataset=None):
         self.cfg, self.runtime = cfg, runtime
-        self.out = Path(cfg.results_dir)
-        self.ckpt_dir = self.out / "checkpoints"
+        self.out = Path(cfg.checkpoint.results_dir)
+        self.ckpt_dir = cfg.checkpoint.folder
         notes = self._lock_run_folder()
         try:
             self._build(dataset, notes)
@@ -52,75 +54,84 @@ class Trainer:
     def _build(self, dataset, notes: list[str]) -> None:
         cfg, runtime = self.cfg, self.runtime
         device, world = runtime.device, runtime.world
-        self.micro = micro_batch(cfg.global_batch_size, world, cfg.grad_accum_steps)  # before any building
-        self.data = build_data(cfg, dataset, device)
-        if cfg.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
-            per_epoch = max(1, len(self.data.dataset) // cfg.global_batch_size)
-            cfg.max_steps = cfg.epochs * per_epoch
+        optim, batch = cfg.optim, cfg.optim.global_batch_size
+        self.micro = micro_batch(batch, world, optim.grad_accum_steps)  # before any building
+        self.data = build_data(cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, device)
+        n = len(self.data.dataset)
+        self.total_steps = cfg.budget.steps(n, batch)
+        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
             notes.append(
-                f"--epochs {cfg.epochs} = {cfg.epochs} x {per_epoch:,} steps of {cfg.global_batch_size} images = --max-steps {cfg.max_steps:,}"
+                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
+                f"images = --max-steps {self.total_steps:,}"
             )
+        # What the run is, as resolved here (a latent store's own VAE): config.yaml, every checkpoint, samplers.
+        self.record = cfg.record(vae=self.data.vae_spec or "none")
+        self.run_flat = {**cfg.flat(), "vae": self.data.vae_spec or "none"}
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
-        resume_from, ckpt = resume_point(cfg, self.ckpt_dir, model_cfg, self.data.vae_spec)
+        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
+        notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
+        if runtime.is_main:
+            text = yaml.safe_dump(self.record, sort_keys=False)
+            atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
 
-        torch.manual_seed(cfg.seed)
-        model = DiT.from_config(model_cfg).to(device).set_attention(cfg.attention)
-        if cfg.init_from and ckpt is None:  # a fine-tune's first start (its resumes come from its own checkpoints)
+        torch.manual_seed(optim.seed)
+        model = DiT.from_config(model_cfg).to(device).set_attention(cfg.parallel.attention)
+        start = cfg.checkpoint
+        if (
+            start.init_from and ckpt is None
+        ):  # a fine-tune's first start (its resumes come from its own checkpoints)
             from dit.train.init import init_from
 
             report = self.out / "init_from.json" if runtime.is_main else None
-            notes.append(init_from(model, cfg.init_from, cfg.init_from_weights, report))
-        self.attention = attention_kernel(cfg.attention, device.type, runtime.precision.compute_dtype)
+            notes.append(init_from(model, start.init_from, start.init_from_weights, report))
+        self.attention = attention_kernel(cfg.parallel.attention, device.type, runtime.precision.compute_dtype)
         model.set_checkpointing(self._checkpointed_blocks(model))
-        ema = EMA(model, cfg.ema_decay, cfg.ema_warmup)
-        sharded = cfg.fsdp and world > 1
+        ema = EMA(model, optim.ema_decay, optim.ema_warmup)
+        sharded = cfg.parallel.fsdp and world > 1
         if sharded:  # every rank built the same weights; the checkpoint, if any, is scattered into the shards
             shard(model)
             shard(ema.model)
-        optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_optimizer)
-        n = len(self.data.dataset)
         self.state = TrainState(
-            model, ema, optimizer, runtime.precision.grad_scaler(), sharded, n, max(1, n // cfg.global_batch_size)
+            model, ema, optim.optimizer(model), runtime.precision.grad_scaler(), sharded, n, max(1, n // batch)
         )
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
             self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
             self.saved_step = self.state.step
-        if cfg.compile:
+        if cfg.parallel.compile:
             for block in model.blocks:
                 block.compile()
         self.ddp_model = model if sharded else data_parallel(model, device, world)
-        if cfg.objective == "flow":  # SiT's flow matching on the same model
-            self.objective = cfg.transport()
-        else:
-            self.objective = create_diffusion(
-                "",
-                noise_schedule=cfg.noise_schedule,
-                learn_sigma=cfg.learn_sigma,
-                predict_xstart=cfg.predict_xstart,
-            )
+        self.objective = cfg.objective.build(model_cfg.learn_sigma)
+        if not cfg.objective.flow:
             self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
-        self.order, self.loader = self.data.loader(cfg, runtime, self.state.step)
+        self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device)
-        done = self.state.step * self.micro * cfg.grad_accum_steps
-        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out, done)
-        self.ledger.report(self.micro, sharded)
+        done = self.state.step * self.micro * optim.grad_accum_steps
+        self.ledger = Ledger(
+            cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=runtime,
+            out=self.out, image_size=cfg.model.image_size, total_steps=self.total_steps, local_images_done=done,
+        )  # fmt: skip
+        self.ledger.report(self.micro, sharded, yaml.safe_dump(self.record, sort_keys=False))
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
         # Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail).
         self.decoder = self.data.vae
-        if self.decoder is None and self.data.vae_spec is not None and (cfg.sample_every or cfg.eval_every):
+        if self.decoder is None and self.data.vae_spec is not None and (cfg.ledger.sample_every or cfg.eval.every):
             from dit.vae import load_vae
 
             self.decoder = load_vae(self.data.vae_spec, device)
         self.evaluation = None
-        if cfg.eval_every:
+        if cfg.eval.every:
             from dit.eval.inloop import InLoopEval
 
-            self.evaluation = InLoopEval(cfg, runtime, model_cfg, self.decoder, self.data.vae_spec)
+            self.evaluation = InLoopEval(
+                cfg.eval, cfg.eval_sampling, seed=optim.seed, image_size=cfg.model.image_size, run=self.run_flat,
+                runtime=runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
+            )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
 
     def _lock_run_folder(self) -> list[str]:
@@ -142,12 +153,12 @@ class Trainer:
         return notes
 
     def _checkpointed_blocks(self, model: DiT) -> int:
-        policy = parse_activation_checkpointing(self.cfg.activation_checkpointing)
-        if policy == "all":
-            return model.config.depth
+        parallel = self.cfg.parallel
+        try:
+            policy = parse_activation_checkpointing(parallel.activation_checkpointing, model.config.depth)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
         if policy != "auto":
-            if policy > model.config.depth:
-                raise UserError(f"--activation-checkpointing {policy} exceeds the depth ({model.config.depth}).")
             return policy
         if self.runtime.device.type != "cuda":  # no device limit to fit: recompute nothing
             return 0
@@ -155,10 +166,10 @@ class Trainer:
         return fewest_checkpointed_blocks(
             model.config,
             self.micro,
-            usable_memory(capacity, self.cfg.memory_reserve_gib),
-            precision=self.cfg.precision,
+            usable_memory(capacity, parallel.memory_reserve_gib),
+            precision=self.cfg.runtime.precision,
             world_size=self.runtime.world,
-            sharding="fsdp" if self.cfg.fsdp and self.runtime.world > 1 else "ddp",
+            sharding="fsdp" if parallel.fsdp and self.runtime.world > 1 else "ddp",
             gradient_as_bucket_view=True,
             attention="explicit" if self.attention in ("explicit", "math") else "fused",
         )
@@ -170,14 +181,14 @@ class Trainer:
         batch for this step, identical on every rank: the VAE's sample too is keyed by (seed, step), so a
         resumed run or another world size encodes the same latents (the global RNG is not: a data loader's
         start draws from it)."""
-        g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.seed, step))
-        b, device = self.cfg.global_batch_size, self.runtime.device
-        if self.cfg.objective == "flow":  # continuous times in [0, 1], 1 = data
+        g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.optim.seed, step))
+        b, device = self.cfg.optim.global_batch_size, self.runtime.device
+        if self.cfg.objective.flow:  # continuous times in [0, 1], 1 = data
             t = self.objective.sample_t(b, g, device)
         else:
             t = torch.randint(0, self.objective.num_timesteps, (b,), generator=g, device=device)
         noise = torch.randn((b, *shape), generator=g, device=device)
-        drop = (torch.rand(b, generator=g, device=device) < self.cfg.class_dropout_prob).long()
+        drop = (torch.rand(b, generator=g, device=device) < self.cfg.model.class_dropout_prob).long()
         eps = torch.randn((b, *shape), generator=g, device=device) if self.data.vae is not None else None
         return t, noise, drop, eps
 
@@ -193,10 +204,10 @@ class Trainer:
         non-finite loss skips the update on the device (fused AdamW's ``found_inf``, the scaler, 0/1 EMA
         weights), so nothing is read back.
         """
-        cfg, state, device = self.cfg, self.state, self.runtime.device
+        cfg, state, device = self.cfg.optim, self.state, self.runtime.device
         model, opt, scaler = state.model, state.optimizer, state.scaler
         for group in opt.param_groups:
-            group["lr"] = cfg.lr_at(state.step)
+            group["lr"] = cfg.lr_at(state.step, self.total_steps)
         mc = model.config
         shape = (mc.in_channels, mc.input_size, mc.input_size)
         t_all, noise_all, drop_all, eps_all = self._randomness(state.step, shape)
@@ -252,31 +263,37 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, state, ledger = self.cfg, self.state, self.ledger
-        warmup_until = state.step + cfg.mfu_warmup_steps
+        max_steps, log_every, grid_every, eval_every = (
+            self.total_steps,
+            cfg.ledger.log_every,
+            cfg.ledger.sample_every,
+            cfg.eval.every,
+        )
+        warmup_until = state.step + cfg.ledger.mfu_warmup_steps
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
             with self.runtime.stop_flag() as stop, self._progress() as bar:
                 state.model.train()
                 ledger.start_window()
-                while state.step < cfg.max_steps:
+                while state.step < max_steps:
                     start = time.perf_counter()
                     batches = self._next_batches(it)
                     wait = time.perf_counter() - start
-                    log_step = (state.step + 1) % cfg.log_every == 0 or state.step + 1 == cfg.max_steps
+                    log_step = (state.step + 1) % log_every == 0 or state.step + 1 == max_steps
                     grad_norm = self.train_step(batches, log_step)
-                    ledger.count(self.micro * cfg.grad_accum_steps, wait)
+                    ledger.count(self.micro * cfg.optim.grad_accum_steps, wait)
                     bar.update(1)
                     if log_step:
                         self._log(grad_norm, in_warmup=state.step <= warmup_until)
                     if state.step == warmup_until:  # after this step's log: MFU windows start here
                         ledger.start_window()
-                    if state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:
+                    if state.step % cfg.checkpoint.ckpt_every == 0 and state.step < max_steps:
                         with ledger.paused():
                             self.save()
-                    if cfg.sample_every and state.step % cfg.sample_every == 0:
+                    if grid_every and state.step % grid_every == 0:
                         with ledger.paused():
                             self.sample_grid()
-                    if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
+                    if eval_every and (state.step % eval_every == 0 or state.step == max_steps):
                         with ledger.paused():
                             ledger.log_eval(state.step, self.evaluation.run(self._whole(state.ema.model)))
                     if stop.should_stop():
@@ -292,7 +309,7 @@ class Trainer:
 
     def _next_batches(self, it) -> list:
         try:
-            return [next(it) for _ in range(self.cfg.grad_accum_steps)]
+            return [next(it) for _ in range(self.cfg.optim.grad_accum_steps)]
         except UserError as e:  # an unreadable image: keep the work done so far, then say which file
             # With several processes the others are mid-step: no collective save. Before step 1 there is
             # nothing to keep, and a step-0 checkpoint would only make the rerun need --resume.
@@ -301,22 +318,24 @@ class Trainer:
             raise unwrap_worker_error(e) from None
 
     def _progress(self):
-        enabled = self.cfg.progress and self.runtime.is_main
-        return progress(self.cfg.max_steps, "train", initial=self.state.step, unit="step", enabled=enabled)
+        enabled = self.cfg.ledger.progress and self.runtime.is_main
+        return progress(self.total_steps, "train", initial=self.state.step, unit="step", enabled=enabled)
 
     def _log(self, grad_norm, in_warmup: bool) -> None:
         state, scaler = self.state, self.state.scaler
         counters = self.counters.read(self.runtime)
         self.ledger.log(
-            state.step,
-            self.order.epoch_of(state.step - 1),
-            counters,
-            grad_norm,
-            self.cfg.lr_at(state.step - 1),
-            in_warmup,
-            float(scaler.get_scale()) if scaler is not None else None,
+            step=state.step,
+            epoch=self.order.epoch_of(state.step - 1),
+            counters=counters,
+            grad_norm=grad_norm,
+            lr=self.cfg.optim.lr_at(state.step - 1, self.total_steps),
+            in_warmup=in_warmup,
+            loss_scale=float(scaler.get_scale()) if scaler is not None else None,
         )
-        if counters["longest_nonfinite_streak"] >= self.cfg.max_nonfinite:  # skipped steps left the weights alone
+        if (
+            counters["longest_nonfinite_streak"] >= self.cfg.optim.max_nonfinite
+        ):  # skipped steps left the weights alone
             with self.ledger.paused():
                 self.save()
             raise UserError(
@@ -332,9 +351,9 @@ class Trainer:
             return
         payload = self.state.state_dict(self.runtime)
         if self.runtime.is_main:
-            payload["config"] = {**to_dict(self.cfg), "vae": self.data.vae_spec}
+            payload["config"] = self.record
             payload["model_config"] = self.state.model.config.to_dict()
-            path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.keep_last)
+            path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.checkpoint.keep_last)
             self.ledger.sinks.info(f"saved checkpoint {path}")
         self.saved_step = self.state.step
         self.runtime.barrier()
@@ -364,9 +383,11 @@ class Trainer:
         if not self.runtime.is_main:
             return
         cfg = self.cfg
-        sm = SamplingModel.from_run(ema, "ema", cfg.image_size, self.decoder, self.data.vae_spec, to_dict(cfg))
+        sm = SamplingModel.from_run(
+            ema, "ema", cfg.model.image_size, self.decoder, self.data.vae_spec, self.run_flat
+        )
         labels = list(range(min(mc.num_classes, 16)))
-        seeds = [mix_seed(Stream.GRID, cfg.seed, i) for i in range(len(labels))]
+        seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
         sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode")
         images = generate(sm, sampler, labels, seeds, guidance, 3, self.runtime.precision)
@@ -377,6 +398,6 @@ class Trainer:
 
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
-    os.makedirs(cfg.results_dir, exist_ok=True)
-    with Runtime(cfg.device, cfg.precision) as runtime:
+    os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
+    with Runtime.of(cfg.runtime) as runtime:
         return Trainer(cfg, runtime, dataset).run()

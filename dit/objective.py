@@ -1,0 +1,63 @@
+"""What a run trains the DiT to do: DiT's Gaussian diffusion or SiT's flow matching, as one section.
+
+``ObjectiveSection.build`` returns the objective object the trainer calls (``training_losses``, and the
+times of a step through ``sample_t``); a checkpoint's record of these fields rebuilds the same objective
+for its sampler. Nothing else switches on the objective's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dit.config import FieldError, Section, option
+from dit.transport.path import PATHS
+from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING, Transport
+
+OBJECTIVES = ("diffusion", "flow")
+
+
+@dataclass(frozen=True)
+class ObjectiveSection(Section):
+    """DiT's diffusion (noise schedule, target) or SiT's flow matching (path, prediction, weight, times)."""
+
+    objective: str = option("diffusion", "diffusion (DiT) or flow (SiT's flow matching)", choices=OBJECTIVES)
+    noise_schedule: str = option("linear", "diffusion: beta schedule", choices=("linear", "squaredcos_cap_v2"))
+    predict_xstart: bool = option(False, "diffusion: predict x0 instead of the noise")
+    path_type: str = option("linear", "flow: the interpolant", choices=PATHS)
+    prediction: str = option("velocity", "flow: what the model predicts", choices=PREDICTIONS)
+    loss_weight: str = option("none", "flow, score or noise predictions: the loss weight", choices=LOSS_WEIGHTS)
+    time_sampling: str = option(
+        "uniform", "flow: training times, uniform (SiT) or logit-normal (SD3)", choices=TIME_SAMPLING
+    )
+    logit_mean: float = option(0.0, "flow, logit-normal times: the mean m of sigmoid(N(m, s))")
+    logit_std: float = option(1.0, "flow, logit-normal times: the spread s", gt=0)
+    train_eps: float | None = option(
+        None, "flow: times kept off the ends in training (default: SiT's for the path)", ge=0, lt=0.5
+    )
+    sample_eps: float | None = option(
+        None, "flow: times kept off the ends in sampling (default: SiT's)", ge=0, lt=0.5
+    )
+
+    @property
+    def flow(self) -> bool:
+        return self.objective == "flow"
+
+    def check(self) -> None:
+        if self.flow and self.predict_xstart:
+            raise FieldError(
+                "{predict_xstart} is for the diffusion objective; a flow model predicts {prediction}."
+            )
+
+    def transport(self) -> Transport:
+        """The flow-matching objective (``objective`` flow)."""
+        return Transport.from_record(self.__dict__)
+
+    def build(self, learn_sigma: bool):
+        """The objective the trainer calls: a ``Transport`` for flow, the 1000-step diffusion otherwise."""
+        if self.flow:
+            return self.transport()
+        from dit.diffusion import create_diffusion
+
+        return create_diffusion(
+            "", noise_schedule=self.noise_schedule, learn_sigma=learn_sigma, predict_xstart=self.predict_xstart
+        )

@@ -1,0 +1,55 @@
+"""The optimisation recipe: AdamW, its learning-rate schedule, the EMA, the batch and the seed of the data
+order, and when non-finite steps stop a run. The paper's recipe is the default (AdamW 1e-4 constant,
+no weight decay, batch 256, EMA 0.9999)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dit.config import Section, option
+
+# What a resume may change only when --allow-changes names it (the rest of this section fixes the data order).
+RECIPE_FIELDS = (
+    "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
+    "grad_accum_steps",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OptimSection(Section):
+    global_batch_size: int = option(256, "images per optimizer step, all devices together", ge=1)
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step", ge=1)
+    lr: float = option(1e-4, "AdamW learning rate (constant after warm-up)", gt=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
+    warmup_steps: int = option(0, "linear learning-rate warm-up steps", ge=0)
+    lr_schedule: str = option(
+        "constant", "after warm-up: constant, or cosine decay to min_lr_frac x lr", choices=("constant", "cosine")
+    )
+    min_lr_frac: float = option(0.1, "cosine schedule: final lr as a fraction of lr", ge=0, le=1)
+    grad_clip: float = option(0.0, "clip the gradient norm to this (0: off)", ge=0)
+    ema_decay: float = option(0.9999, "EMA decay", ge=0, lt=1)
+    ema_warmup: bool = option(False, "EMA decay min(decay, (1+n)/(10+n)) for short runs")
+    fused_optimizer: bool = option(True, "fused AdamW (else foreach)")
+    seed: int = option(0, "global seed: the data order, every step's noise and the initial weights", ge=0,
+                       aliases=("--global-seed",))  # fmt: skip
+    max_nonfinite: int = option(
+        10, "stop (at the next log step) once this many losses in a row were non-finite", ge=1
+    )
+
+    def lr_at(self, step: int, max_steps: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based) of ``max_steps``: warm-up, then constant or cosine."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "cosine":
+            progress = min(1.0, (step - self.warmup_steps) / max(1, max_steps - self.warmup_steps))
+            return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return self.lr
+
+    def optimizer(self, model: nn.Module) -> torch.optim.AdamW:
+        params = [p for p in model.parameters() if p.requires_grad]
+        impl = {"fused": True} if self.fused_optimizer else {"foreach": True}
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, **impl)
