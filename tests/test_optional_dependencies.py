@@ -69,7 +69,8 @@ def test_declared_dependencies_are_imported_somewhere():
         for line in cfg["options"]["install_requires"].split("\n")
         if line.strip()
     ]
-    imports = {"pillow": "PIL", "pyyaml": "yaml", "tensorboard": "torch.utils.tensorboard"}  # its writer
+    imports = {"pillow": "PIL", "pyyaml": "yaml", "tensorboard": "torch.utils.tensorboard",  # its writer
+               "torch-fidelity": "torch_fidelity"}  # fmt: skip
     source = "\n".join(p.read_text() for p in (REPO / "dit").rglob("*.py"))
     for package in required:
         module = imports.get(package, package)

@@ -2,6 +2,7 @@
 
 import ast
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ HELP_FACES = [
 
 @pytest.mark.parametrize("cmd", HELP_FACES, ids=lambda c: " ".join(c[1:]))
 def test_help_says_each_default_once_and_keeps_example_lines(cmd):
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env={"COLUMNS": "200"})
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     entries, options = [], out.stdout.split("\noptions:", 1)[-1]
     for line in options.splitlines():
@@ -77,8 +79,6 @@ def test_progress_off_a_terminal_is_whole_lines_at_an_interval(monkeypatch, caps
 
 
 def test_the_default_loader_workers_fit_the_machine():
-    import os
-
     assert 1 <= default_workers() <= min(4, len(os.sched_getaffinity(0)))
 
 
