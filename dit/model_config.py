@@ -11,10 +11,21 @@ from dataclasses import asdict, dataclass
 from dit.config import FieldError, Section, option
 from dit.errors import UserError
 
+# The block options (docs/recipes.md); the first of each is the official DiT's.
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """Everything that fixes a DiT's shapes and compute; the cost package reads only this."""
+    """Everything that fixes a DiT's shapes and compute; the cost package reads only this.
+
+    The last four fields are block options, all off by default (the official DiT): ``norm`` "rmsnorm"
+    replaces the three affine-free LayerNorms per block and final layer by affine-free RMSNorms; ``mlp``
+    "swiglu" is a SwiGLU of about the GELU MLP's parameters (``mlp_hidden``); ``rope`` adds 2-D axial
+    rotary embeddings to q and k (the absolute sin-cos table stays); ``qk_norm`` is a per-head RMSNorm with
+    a learned weight on q and k. A config saved before they existed builds with the defaults.
+    """
 
     depth: int = 28
     hidden_size: int = 1152
@@ -27,6 +38,10 @@ class DiTConfig:
     class_dropout_prob: float = 0.1
     mlp_ratio: float = 4.0
     frequency_embedding_size: int = 256
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    rope: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self):
         for name in ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels"):
@@ -50,6 +65,18 @@ class DiTConfig:
             raise UserError(
                 f"hidden size {self.hidden_size} must be a multiple of 4 for the 2-D sin-cos embedding."
             )
+        if self.norm not in NORMS:
+            raise UserError(f"unknown norm {self.norm!r}: choose one of {', '.join(NORMS)}.")
+        if self.mlp not in MLPS:
+            raise UserError(f"unknown mlp {self.mlp!r}: choose one of {', '.join(MLPS)}.")
+        for name in ("rope", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}.")
+        if self.rope and self.head_dim % 4:
+            raise UserError(
+                f"2-D RoPE needs a head size divisible by 4 (half per axis, in pairs); {self.hidden_size} / "
+                f"{self.num_heads} heads = {self.head_dim}: pick another head count or turn RoPE off."
+            )
 
     @property
     def out_channels(self) -> int:
@@ -60,11 +87,46 @@ class DiTConfig:
         return (self.input_size // self.patch_size) ** 2
 
     @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
     def mlp_hidden(self) -> int:
-        return int(self.hidden_size * self.mlp_ratio)
+        """The MLP's hidden width: hidden x mlp_ratio for GELU; for SwiGLU 2/3 of that, to a multiple of 8.
+
+        SwiGLU has three matrices (value, gate, out) where GELU has two, so 2/3 of the width keeps the
+        weights equal (3 D h = 2 D 4D at h = 8D/3); the multiple of 8 keeps matmuls aligned. For every
+        registry width but L's (1024 -> 2728, 8 D / 3 = 2730.7) the weights are exactly equal, and the biases
+        are 2h - 4D = h/2 more per block (docs/recipes.md)."""
+        width = int(self.hidden_size * self.mlp_ratio)
+        return width if self.mlp == "gelu" else swiglu_width(width)
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Hidden-width matrices in the MLP (each D x ``mlp_hidden``): fc1, fc2; or SwiGLU's value, gate, out."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
+    def block_options(self) -> list[str]:
+        """The options that differ from the official block, as ``describe`` names them."""
+        return [
+            name
+            for name, on in (
+                (self.norm, self.norm != "layernorm"),
+                (self.mlp, self.mlp != "gelu"),
+                ("rope", self.rope),
+                ("qk-norm", self.qk_norm),
+            )
+            if on
+        ]
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def swiglu_width(gelu_width: int) -> int:
+    """2/3 of a GELU MLP's width, to the nearest multiple of 8: the SwiGLU of (about) its parameters."""
+    return max(8, 8 * round(2 * gelu_width / 3 / 8))
 
 
 # (depth, hidden size, heads) per size; the patch size is the number after the slash.
@@ -125,6 +187,11 @@ class ModelSection(Section):
     learn_sigma: bool | None = option(
         None, "learn the variance (the hybrid loss), as DiT does (default: on for diffusion; flow models never do)"
     )
+    norm: str = option("layernorm", "block norms: layernorm (DiT) or rmsnorm (no mean subtracted)", choices=NORMS)
+    mlp: str = option("gelu", "MLP: gelu (DiT) or swiglu (2/3 the width: the same weights and FLOPs at S/B/XL)",
+                      choices=MLPS)  # fmt: skip
+    rope: bool = option(False, "2-D axial rotary embeddings on q and k (the sin-cos table stays)")
+    qk_norm: bool = option(False, "per-head RMSNorm with a learned weight on q and k")
 
     def check(self) -> None:
         try:
@@ -140,7 +207,8 @@ class ModelSection(Section):
         return model_config(
             self.model, input_size=input_size, in_channels=in_channels, num_classes=self.num_classes,
             class_dropout_prob=self.class_dropout_prob,
-            learn_sigma=self.learn_sigma if self.learn_sigma is not None else learn_sigma, **sizes,
+            learn_sigma=self.learn_sigma if self.learn_sigma is not None else learn_sigma, norm=self.norm,
+            mlp=self.mlp, rope=self.rope, qk_norm=self.qk_norm, **sizes,
         )  # fmt: skip
 
 
@@ -160,14 +228,18 @@ def registry_name(cfg: DiTConfig) -> str | None:
 
 def describe(cfg: DiTConfig) -> str:
     name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
-    return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes"
+    options = "".join(f", {o}" for o in cfg.block_options)
+    return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes{options}"
 
 
 def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int | None = None) -> DiTConfig:
     """The DiT a state dict's shapes imply: official releases are bare state dicts with no config.
 
     Depth, width, patch, input size, channels, classes, learned sigma and the MLP ratio are read from the
-    tensors; the head count is not in any shape (qkv is D x 3D for every head count), so it is the
+    tensors, and so are a SwiGLU MLP (``w12``/``w3`` keys) and QK-norm (``q_norm`` weights, whose size is
+    the head size). RMSNorm (no weights) and RoPE (no weights) leave no trace in a state dict: a model with
+    them loads from a checkpoint that records its config (every dit-ledger checkpoint does). Without
+    QK-norm the head count is not in any shape (qkv is D x 3D for every head count), so it is the
     registry's for that depth and width, else ``num_heads``; without either it is asked for (a guess of
     64-wide heads rebuilt a 2-head width-64 model 6% off its outputs). A bare table of C + 1 rows is C
     classes and the null class, as every official release has."""
@@ -176,7 +248,8 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
         tokens = shapes["pos_embed"][1]
         depth = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("blocks."))
         out_channels = shapes["final_layer.linear.weight"][0] // (patch * patch)
-        mlp_hidden = shapes["blocks.0.mlp.fc1.weight"][0]
+        swiglu = "blocks.0.mlp.w3.weight" in shapes
+        mlp_hidden = shapes["blocks.0.mlp.w3.weight"][1] if swiglu else shapes["blocks.0.mlp.fc1.weight"][0]
         frequencies = shapes["t_embedder.mlp.0.weight"][1]
     except (KeyError, ValueError, IndexError):
         raise UserError(
@@ -185,14 +258,21 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
         ) from None
     grid = round(tokens**0.5)
     table = shapes.get("y_embedder.embedding_table.weight")
+    qk_norm = shapes.get("blocks.0.attn.q_norm.weight")
     registry = {(d, h): heads for d, h, heads in _SIZES.values()}
-    heads = num_heads or registry.get((depth, hidden))
+    if qk_norm:
+        heads = hidden // qk_norm[0]
+    else:
+        heads = num_heads or registry.get((depth, hidden))
     if heads is None:
         raise UserError(
             f"the weights are a DiT of depth {depth} and width {hidden}, which no registry size has, and a state "
             "dict does not record its head count: pass --num-heads (the number the model was trained with)."
         )
-    return DiTConfig(
+    ratio = mlp_hidden / hidden
+    if swiglu:  # its width is 2/3 of hidden x mlp_ratio, rounded: the ratio that gives it (checked below)
+        ratio = 4.0 if swiglu_width(4 * hidden) == mlp_hidden else 1.5 * ratio
+    cfg = DiTConfig(
         depth=depth,
         hidden_size=hidden,
         num_heads=heads,
@@ -202,6 +282,14 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
         num_classes=table[0] - 1 if table else 0,
         learn_sigma=out_channels == 2 * in_channels,
         class_dropout_prob=0.1 if table else 0.0,
-        mlp_ratio=mlp_hidden / hidden,
+        mlp_ratio=ratio,
         frequency_embedding_size=frequencies,
+        mlp="swiglu" if swiglu else "gelu",
+        qk_norm=bool(qk_norm),
     )
+    if swiglu and cfg.mlp_hidden != mlp_hidden:
+        raise UserError(
+            f"the SwiGLU MLP is {mlp_hidden} wide, which no mlp_ratio gives (dit-ledger rounds 2/3 of hidden x "
+            "ratio to a multiple of 8): load it from a checkpoint that records its model config."
+        )
+    return cfg

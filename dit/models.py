@@ -3,6 +3,11 @@
 The module tree and parameter names reproduce the official release's state dict exactly, so its
 checkpoints load with ``strict=True``; the numerics (adaLN-Zero, sin-cos tables, tanh GELU, eps 1e-6)
 follow the official semantics. Attention goes through ``F.scaled_dot_product_attention``.
+
+Block options (``DiTConfig.norm``, ``mlp``, ``rope``, ``qk_norm``; docs/recipes.md), each off by default,
+in which case the model is the official one (same modules, keys and outputs): RMSNorm (Zhang & Sennrich
+2019), SwiGLU (Shazeer 2020), 2-D axial rotary embeddings on q and k (Su et al. 2021; axial as in EVA-02 and
+LightningDiT), and QK-norm (a per-head RMSNorm with a learned weight on q and k, as timm's ``qk_norm``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from dit.errors import UserError
-from dit.model_config import MODEL_NAMES, DiTConfig, describe, model_config, registry_name
+from dit.model_config import MODEL_NAMES, DiTConfig, describe, model_config, registry_name, swiglu_width
 
 # --------------------------------------------------------------------------------------------------------
 # Registry
@@ -71,6 +76,30 @@ def sincos_2d(dim: int, grid_size: int) -> np.ndarray:
     return np.concatenate([sincos_1d(dim // 2, cols), sincos_1d(dim // 2, rows)], axis=1)
 
 
+def rope_2d(head_dim: int, grid_size: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables, (grid_size**2, head_dim) in row-major token order, for ``apply_rope``.
+
+    Axial: the first half of a head's features rotates with the token's column, the second half with its
+    row (the order of ``sincos_2d``). Within each half, feature i pairs with i + head_dim/4 and turns by
+    position x theta^(-i / (head_dim/4)), the frequencies of 1-D RoPE over head_dim/2 features.
+    """
+    quarter = head_dim // 4
+    omega = theta ** (-np.arange(quarter, dtype=np.float64) / quarter)
+    rows, cols = np.divmod(np.arange(grid_size * grid_size), grid_size)
+    angles = np.concatenate([np.outer(pos, omega) for pos in (cols, cols, rows, rows)], axis=1)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each feature pair of x (..., tokens, heads, head_dim) by its angle; x's dtype out.
+
+    ``cos``/``sin``: ``rope_2d``'s tables as (tokens, 1, head_dim), float32 buffers, so a 16-bit x is
+    rotated in float32 (type promotion). Only elementwise ops: nothing is saved for backward but the tables."""
+    first, second = x.unflatten(-1, (2, 2, -1)).unbind(-2)
+    rotated = torch.stack((-second, first), dim=-2).flatten(-3)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """[cos | sin] of the raw timestep times dim/2 frequencies exp(-ln(max_period) i / (dim/2))."""
     half = dim // 2
@@ -89,6 +118,13 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(shift.unsqueeze(1), x, 1 + scale.unsqueeze(1))
+
+
+def block_norm(kind: str, dim: int) -> nn.Module:
+    """The affine-free norm before each adaLN modulation (which supplies the scale and shift)."""
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=1e-6, elementwise_affine=False)
+    return nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
 
 class PatchEmbed(nn.Module):
@@ -171,27 +207,73 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     return torch.bmm(scores.softmax(-1), v).view(n, h, t, dh)
 
 
+class _RMSNormWeighted(torch.autograd.Function):
+    """w * x / rms(x) over the last dim, in float32, keeping only x and 1/rms for backward.
+
+    torch's RMSNorm is a composite on the CPU (and on CUDA when x and w differ in dtype, as under
+    autocast): it keeps a float32 copy of x and the float32 normalised x, 8 more bytes per element of q and
+    of k, which under bf16 makes QK-norm add 42% to a block's activations instead of 9% (docs/recipes.md).
+    x is a view of qkv's output, which attention keeps anyway: this keeps nothing new but 1/rms (one number
+    per head and token)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        math = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64 (gradcheck)
+        xf = x.to(math)
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd * weight.to(math)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed, g = x.to(rstd.dtype) * rstd, grad.to(rstd.dtype)
+        grad_normed = g * weight.to(rstd.dtype)
+        # d/dx of x r(x): r (g' - x_hat mean(g' x_hat)), with g' = g w and x_hat = x r
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        grad_weight = (g * normed).sum(dim=tuple(range(x.dim() - 1)))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm over each head's features with a learned weight (QK-norm), computed in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormWeighted.apply(x, self.weight, self.eps)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a fused qkv and a choice of kernels (``backend``).
 
-    Same keys as timm's Attention (``qkv``, ``proj``); written out so that the kernel choice and the head
-    layout are in one place we control for compile and for the cost model.
+    Same keys as timm's Attention (``qkv``, ``q_norm``/``k_norm`` with QK-norm, ``proj``); written out so
+    that the kernel choice and the head layout are in one place we control for compile and the cost model.
     """
 
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.backend = "auto"
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        # None, not nn.Identity, when off: the official module tree has no such entries.
+        self.q_norm = HeadRMSNorm(dim // num_heads) if qk_norm else None
+        self.k_norm = HeadRMSNorm(dim // num_heads) if qk_norm else None
         self.proj = nn.Linear(dim, dim, bias=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         n, t, d = x.shape
         # unbind on the (n, t, 3, h, dh) layout: backward stacks the three gradients straight into qkv's
         # layout in one copy, where unbinding a permuted (3, n, h, t, dh) view costs a stack and a copy.
-        q, k, v = (
-            z.transpose(1, 2) for z in self.qkv(x).view(n, t, 3, self.num_heads, d // self.num_heads).unbind(2)
-        )
+        q, k, v = self.qkv(x).view(n, t, 3, self.num_heads, d // self.num_heads).unbind(2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         kernel = attention_kernel(self.backend, q.device.type, q.dtype)
         if kernel == "explicit":
             x = explicit_attention(q, k, v)
@@ -213,28 +295,52 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
+class SwiGLU(nn.Module):
+    """w3(silu(gate) * value) with [gate | value] = w12(x) in one matmul (Shazeer 2020; xformers' names).
+
+    ``hidden`` is ``DiTConfig.mlp_hidden``: 2/3 of the GELU width, so the weights match the GELU MLP's."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(dim, 2 * hidden)
+        self.w3 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(gate) * value)
+
+
 class DiTBlock(nn.Module):
     """adaLN-Zero block: (shift, scale, gate) for attention, then for the MLP, from one Linear on c."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        norm: str = "layernorm",
+        mlp: str = "gelu",
+        qk_norm: bool = False,
+    ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(hidden_size, num_heads)
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.norm1 = block_norm(norm, hidden_size)
+        self.attn = Attention(hidden_size, num_heads, qk_norm)
+        self.norm2 = block_norm(norm, hidden_size)
+        width = int(hidden_size * mlp_ratio)
+        self.mlp = SwiGLU(hidden_size, swiglu_width(width)) if mlp == "swiglu" else Mlp(hidden_size, width)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, 1)
-        x = torch.addcmul(x, gate_msa.unsqueeze(1), self.attn(modulate(self.norm1(x), shift_msa, scale_msa)))
+        x = torch.addcmul(x, gate_msa.unsqueeze(1), self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope))
         x = torch.addcmul(x, gate_mlp.unsqueeze(1), self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
         return x
 
 
 class FinalLayer(nn.Module):
-    def __init__(self, hidden_size: int, patch_size: int, out_channels: int):
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, norm: str = "layernorm"):
         super().__init__()
-        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.norm_final = block_norm(norm, hidden_size)
         self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
 
@@ -268,6 +374,10 @@ class DiT(nn.Module):
         num_classes: int = 1000,
         learn_sigma: bool = True,
         frequency_embedding_size: int = 256,
+        norm: str = "layernorm",
+        mlp: str = "gelu",
+        rope: bool = False,
+        qk_norm: bool = False,
     ):
         super().__init__()
         cfg = DiTConfig(
@@ -282,6 +392,10 @@ class DiT(nn.Module):
             class_dropout_prob=class_dropout_prob,
             mlp_ratio=mlp_ratio,
             frequency_embedding_size=frequency_embedding_size,
+            norm=norm,
+            mlp=mlp,
+            rope=rope,
+            qk_norm=qk_norm,
         )
         self.config = cfg
         self.in_channels = in_channels
@@ -297,8 +411,14 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes else None
         # Frozen, but a Parameter (not a buffer) so that it is in the state dict as in the official release.
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.tokens, hidden_size), requires_grad=False)
-        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.blocks = nn.ModuleList(
+            [DiTBlock(hidden_size, num_heads, mlp_ratio, norm, mlp, qk_norm) for _ in range(depth)]
+        )
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm)
+        if rope:  # fixed tables, rebuilt from the config: not in the state dict
+            grid = input_size // patch_size
+            for name, table in zip(("rope_cos", "rope_sin"), rope_2d(cfg.head_dim, grid)):
+                self.register_buffer(name, torch.tensor(table, dtype=torch.float32).unsqueeze(1), persistent=False)
         self.checkpoint_mask = [False] * depth
         self.initialize_weights()
 
@@ -400,11 +520,12 @@ class DiT(nn.Module):
         c = self.t_embedder(t)
         if self.y_embedder is not None:
             c = c + self.y_embedder(y, self.training, force_drop_ids)
+        rope = (self.rope_cos, self.rope_sin) if self.config.rope else None
         for block, ckpt in zip(self.blocks, self.checkpoint_mask):
             if ckpt and torch.is_grad_enabled():
-                x = checkpoint(block, x, c, use_reentrant=False)
+                x = checkpoint(block, x, c, rope, use_reentrant=False)
             else:
-                x = block(x, c)
+                x = block(x, c, rope)
         return self.unpatchify(self.final_layer(x, c))
 
     def forward_with_cfg(

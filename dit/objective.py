@@ -10,10 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.config import FieldError, Section, option
+from dit.diffusion.gaussian_diffusion import LOSS_WEIGHTINGS
 from dit.transport.path import PATHS
 from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING, Transport
 
 OBJECTIVES = ("diffusion", "flow")
+# One flag for the loss weight of either objective; which values apply depends on it.
+DIFFUSION_LOSS_WEIGHTS = LOSS_WEIGHTINGS  # none, min-snr (Min-SNR-gamma on the MSE term)
+FLOW_LOSS_WEIGHTS = LOSS_WEIGHTS  # none, velocity, likelihood (SiT's, for score and noise predictions)
 
 
 @dataclass(frozen=True)
@@ -25,12 +29,21 @@ class ObjectiveSection(Section):
     predict_xstart: bool = option(False, "diffusion: predict x0 instead of the noise")
     path_type: str = option("linear", "flow: the interpolant", choices=PATHS)
     prediction: str = option("velocity", "flow: what the model predicts", choices=PREDICTIONS)
-    loss_weight: str = option("none", "flow, score or noise predictions: the loss weight", choices=LOSS_WEIGHTS)
-    time_sampling: str = option(
-        "uniform", "flow: training times, uniform (SiT) or logit-normal (SD3)", choices=TIME_SAMPLING
+    loss_weight: str = option(
+        "none",
+        "the loss weight: diffusion none or min-snr (Min-SNR-gamma on the MSE term, the VB term unweighted); "
+        "flow (score or noise predictions) none, velocity or likelihood",
+        choices=tuple(dict.fromkeys(DIFFUSION_LOSS_WEIGHTS + FLOW_LOSS_WEIGHTS)),
     )
-    logit_mean: float = option(0.0, "flow, logit-normal times: the mean m of sigmoid(N(m, s))")
-    logit_std: float = option(1.0, "flow, logit-normal times: the spread s", gt=0)
+    min_snr_gamma: float = option(5.0, "diffusion, --loss-weight min-snr: gamma in min(SNR, gamma)", gt=0)
+    time_sampling: str = option(
+        "uniform",
+        "training times: uniform (DiT, SiT) or logit-normal (SD3; diffusion takes step floor((1 - u) T), u the "
+        "flow time with 1 = data)",
+        choices=TIME_SAMPLING,
+    )
+    logit_mean: float = option(0.0, "logit-normal times: the mean m of sigmoid(N(m, s)) (above 0: nearer the data)")
+    logit_std: float = option(1.0, "logit-normal times: the spread s", gt=0)
     train_eps: float | None = option(
         None, "flow: times kept off the ends in training (default: SiT's for the path)", ge=0, lt=0.5
     )
@@ -59,5 +72,7 @@ class ObjectiveSection(Section):
         from dit.diffusion import create_diffusion
 
         return create_diffusion(
-            "", noise_schedule=self.noise_schedule, learn_sigma=learn_sigma, predict_xstart=self.predict_xstart
-        )
+            "", noise_schedule=self.noise_schedule, learn_sigma=learn_sigma, predict_xstart=self.predict_xstart,
+            loss_weighting=self.loss_weight, min_snr_gamma=self.min_snr_gamma,
+            timestep_sampling=self.time_sampling, logit_mean=self.logit_mean, logit_std=self.logit_std,
+        )  # fmt: skip

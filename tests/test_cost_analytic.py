@@ -61,6 +61,21 @@ def test_forward_macs_and_params_match_spec_and_paper(name, image, params, train
     ids=["B/4", "custom-pixel", "unconditional"],
 )
 def test_param_counts_equal_the_built_model(cfg):
+    _assert_param_counts_equal_the_built_model(cfg)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(norm="rmsnorm"), dict(mlp="swiglu"), dict(rope=True), dict(qk_norm=True),
+     dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True), dict(mlp="swiglu", mlp_ratio=2.0)],
+    ids=["rmsnorm", "swiglu", "rope", "qk_norm", "all", "swiglu-ratio-2"],
+)  # fmt: skip
+@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2"])
+def test_param_counts_equal_the_built_model_with_block_options(name, options):
+    _assert_param_counts_equal_the_built_model(model_config(name, **options))
+
+
+def _assert_param_counts_equal_the_built_model(cfg):
     with torch.device("meta"):
         model = DiT.from_config(cfg)
     counts = param_counts(cfg)

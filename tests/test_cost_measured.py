@@ -91,3 +91,35 @@ def test_fvcore_with_sdpa_handle_agrees_once_layernorm_is_set_aside():
     shipped = fvcore_forward_macs(cfg, sdpa_handle=False)  # fvcore as it comes: attention silently lost
     assert shipped["total"] - shipped["layer_norm"] == pytest.approx(analytic.total - analytic.attention, rel=1e-4)
     assert "aten::scaled_dot_product_attention" in shipped["unsupported"]
+
+
+# Each block option alone and all together. Only SwiGLU changes a matmul; norms, RoPE, QK-norm and the gate
+# product are elementwise, which neither the formulas nor FlopCounterMode count: the counts are equal, exactly.
+BLOCK_OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "swiglu": dict(mlp="swiglu"), "rope": dict(rope=True),
+                 "qk_norm": dict(qk_norm=True), "all": dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True)}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", BLOCK_OPTIONS.values(), ids=BLOCK_OPTIONS.keys())
+@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2"])
+def test_block_options_meta_count_equals_the_analytic_one(name, options):
+    cfg = model_config(name, **options)
+    measured = measure_flops(cfg, batch_size=2, checkpointed_blocks=2)
+    analytic = forward_macs(cfg)
+    assert measured["forward_flops_per_image"] == analytic.flops
+    for component, flops in measured["forward_components"].items():
+        assert flops == 2 * (analytic.attention if component == "attention" else analytic.components[component])
+    predicted = training_flops_per_image(cfg, checkpointed_blocks=2, fused_attention=False)
+    assert measured["train_flops_per_image"] == predicted.hardware - _skipped_input_grads(cfg)
+
+
+def test_swiglu_changes_the_mlp_count_by_its_width():
+    gelu, swiglu = (forward_macs(model_config("DiT-L/2", mlp=m)).components["mlp"] for m in ("gelu", "swiglu"))
+    assert swiglu / gelu == 3 * 2728 / (2 * 4096)  # 2728 = 2/3 of 4096, to a multiple of 8
+
+
+def test_block_options_on_cpu_with_fused_sdpa_formulas():
+    cfg = DiTConfig(**{**TINY.to_dict(), **BLOCK_OPTIONS["all"]})
+    measured = measure_flops(cfg, batch_size=2, checkpointed_blocks=1, device="cpu")
+    assert measured["forward_flops_per_image"] == forward_macs(cfg).flops
+    fused = training_flops_per_image(cfg, checkpointed_blocks=1, fused_attention=True)
+    assert measured["train_flops_per_image"] == fused.hardware - _skipped_input_grads(cfg)

@@ -182,3 +182,108 @@ def test_samplers_are_deterministic_under_a_seed(sampler):
         runs.append(loop(model, z.shape, z, clip_denoised=False, model_kwargs=kwargs, progress=False))
     assert runs[0].shape == (3, 4, 8, 8)
     assert torch.equal(runs[0], runs[1]) and torch.isfinite(runs[0]).all()
+
+
+# ---- Min-SNR weighting and logit-normal timesteps -------------------------------------------------------
+
+
+@pytest.mark.parametrize("predict_xstart", [False, True], ids=["eps", "x0"])
+def test_min_snr_weight_against_hand_computation(predict_xstart):
+    """Hang et al. 2023: min(SNR, gamma) / SNR on the noise error, min(SNR, gamma) on the x0 error."""
+    t = torch.tensor([0, 10, 100, 400, 999])
+    x0 = torch.full((5, 2, 2, 2), 0.3)
+    noise = torch.randn(5, 2, 2, 2, generator=torch.Generator().manual_seed(0))
+    out = torch.zeros(5, 4, 2, 2)  # a model that predicts 0 (learned-variance channels at 0 too)
+    plain = create_diffusion("", predict_xstart=predict_xstart)
+    weighted = create_diffusion("", predict_xstart=predict_xstart, loss_weighting="min-snr", min_snr_gamma=4.0)
+    a, b = (d.training_losses(lambda *_, **__: out, x0, t, noise=noise) for d in (plain, weighted))
+    torch.testing.assert_close(b["mse"], a["mse"])
+    torch.testing.assert_close(b["vb"], a["vb"])  # the learned-variance term is not weighted
+    for i, ti in enumerate(t.tolist()):
+        snr = linear_alpha_bar(ti) / (1 - linear_alpha_bar(ti))
+        weight = min(snr, 4.0) if predict_xstart else min(snr, 4.0) / snr
+        assert b["loss"][i].item() == pytest.approx(weight * a["mse"][i].item() + a["vb"][i].item(), rel=1e-5)
+    assert weighted.min_snr_gamma == 4.0 and create_diffusion("", loss_weighting="min-snr").min_snr_gamma == 5.0
+
+
+def test_uniform_timesteps_are_the_official_draw_bit_for_bit():
+    d = create_diffusion("")
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for batch in (1, 7, 256):
+        assert torch.equal(d.sample_t(batch, g1, "cpu"), torch.randint(0, 1000, (batch,), generator=g2))
+    assert torch.equal(g1.get_state(), g2.get_state())  # the draws that follow are the same too
+
+
+@pytest.mark.parametrize("mean,std", [(0.0, 1.0), (1.0, 1.0), (-0.5, 0.5)])
+def test_logit_normal_timesteps_have_the_expected_quantiles(mean, std):
+    """step = floor((1 - u) T), u = sigmoid(N(m, s)): step quantile q is T (1 - sigmoid(m + s z_{1-q}))."""
+    d = create_diffusion("", timestep_sampling="logit-normal", logit_mean=mean, logit_std=std)
+    t = d.sample_t(200_000, torch.Generator().manual_seed(0), "cpu")
+    assert t.dtype == torch.long and 0 <= t.min() and t.max() <= 999
+    for q, z in ((0.25, 0.6745), (0.5, 0.0), (0.75, -0.6745)):
+        expected = 1000 * (1 - 1 / (1 + math.exp(-(mean + std * z))))
+        assert abs(t.double().quantile(q).item() - expected) < 4, q
+    respaced = create_diffusion("250", timestep_sampling="logit-normal")  # its own step count
+    assert respaced.sample_t(10_000, torch.Generator().manual_seed(0)).max() < 250
+
+
+def test_timestep_options_make_no_host_sync():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    d = create_diffusion("", loss_weighting="min-snr", timestep_sampling="logit-normal")
+    d.tables("cpu")
+    x = torch.randn(4, 4, 2, 2)
+    with Reads() as reads:
+        t = d.sample_t(4, torch.Generator().manual_seed(0), "cpu")
+        d.training_losses(lambda x, t, **k: torch.zeros(x.shape[0], 8, 2, 2), x, t)["loss"].mean()
+    assert reads.count == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(loss_weighting="min-snr"), dict(loss_weighting="min-snr", predict_xstart=True),
+     dict(timestep_sampling="logit-normal")],
+    ids=["min-snr-eps", "min-snr-x0", "logit-normal"],
+)  # fmt: skip
+def test_tiny_model_trains_with_each_timestep_option(options):
+    """Fresh timesteps (from sample_t) and noise every step; the loss on a fixed set of draws falls."""
+    torch.manual_seed(0)
+    model, d = tiny_model(), create_diffusion("", **options)
+    x, y = torch.randn(8, 4, 8, 8), torch.arange(8) % 4
+    g = torch.Generator().manual_seed(1)
+    held = [(d.sample_t(8, g), torch.randn(x.shape, generator=g)) for _ in range(4)]
+
+    def held_loss():
+        with torch.no_grad():
+            return sum(d.training_losses(model, x, t, dict(y=y), noise=n)["loss"].mean().item() for t, n in held)
+
+    start = held_loss()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = d.training_losses(model, x, d.sample_t(8, g), dict(y=y))["loss"].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert held_loss() < 0.5 * start
+
+
+def test_timestep_options_keep_the_official_api_and_check_their_values():
+    d = create_diffusion("", "squaredcos_cap_v2", False, False, True, False, False, 1000)  # official positions
+    assert (d.loss_weighting, d.timestep_sampling, d.mse_weight) == ("none", "uniform", None)
+    with pytest.raises(TypeError):
+        create_diffusion("", "linear", False, False, False, True, False, 1000, "min-snr")  # keyword-only
+    for kwargs, match in [
+        (dict(loss_weighting="p2"), "loss_weighting 'p2'"),
+        (dict(timestep_sampling="cosine"), "timestep_sampling 'cosine'"),
+        (dict(loss_weighting="min-snr", min_snr_gamma=0.0), "min_snr_gamma"),
+        (dict(timestep_sampling="logit-normal", logit_std=-1.0), "logit_std"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            create_diffusion("", **kwargs)

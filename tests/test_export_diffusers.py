@@ -152,3 +152,5 @@ def test_export_refuses_bad_targets(our_ckpt, exported, tmp_path, capsys):  # no
     assert code == 2 and "pixel-space model cannot be exported" in err and not (tmp_path / "p").exists()
     with pytest.raises(UserError, match="4x MLP"):
         to_diffusers_transformer(tiny_dit(mlp_ratio=2.0))
+    with pytest.raises(UserError, match="block options.*swiglu, qk-norm"):
+        to_diffusers_transformer(tiny_dit(mlp="swiglu", qk_norm=True))

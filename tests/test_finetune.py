@@ -3,6 +3,7 @@ official commands' flags, VAEs with a shift and 16 channels, unconditional model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -103,6 +104,21 @@ def test_a_bare_state_dict_says_which_model_it_is(name):
         model = DiT_models[name](input_size=32, num_classes=1000)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert model_config_from_shapes(shapes) == model.config
+
+
+@pytest.mark.parametrize("size,heads", [("S", 12), ("L", 8), ("XL", 12)])
+def test_swiglu_and_qk_norm_are_read_from_the_keys_rmsnorm_and_rope_are_not(size, heads):
+    """QK-norm's weights also give the head count (here not the registry's)."""
+    with torch.device("meta"):
+        model = DiT_models[f"DiT-{size}/2"](mlp="swiglu", qk_norm=True, num_heads=heads, norm="rmsnorm", rope=True)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    read = model_config_from_shapes(shapes)
+    assert (read.mlp, read.qk_norm, read.num_heads) == ("swiglu", True, heads)
+    assert read.mlp_hidden == model.config.mlp_hidden
+    assert read == dataclasses.replace(model.config, norm="layernorm", rope=False)  # no keys: from the config
+    shapes["blocks.0.mlp.w3.weight"] = (shapes["blocks.0.mlp.w3.weight"][0], 1001)
+    with pytest.raises(UserError, match="SwiGLU MLP is 1001 wide"):
+        model_config_from_shapes(shapes)
 
 
 def test_sampling_a_release_needs_no_model_flag_and_checks_one(tmp_path, vae_dir, capsys):

@@ -13,8 +13,14 @@ from dit.models import (
     MODEL_NAMES,
     DiT,
     DiT_models,
+    DiTConfig,
+    HeadRMSNorm,
+    _RMSNormWeighted,
+    apply_rope,
     attention_kernel,
+    describe,
     model_config,
+    rope_2d,
     sincos_2d,
 )
 
@@ -229,3 +235,170 @@ def test_load_weights_names_differing_keys():
     assert "final_layer.linear.bias" in msg and "extra.weight" in msg and "pos_embed: (1, 4, 32)" in msg
     good = {f"module.{k}": v for k, v in tiny().state_dict().items()}
     tiny().load_weights(good)  # DDP prefixes are accepted
+
+
+# ---- block options (DiTConfig.norm, mlp, rope, qk_norm) ---------------------------------------------------
+
+ALL_OPTIONS = dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True)
+OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "swiglu": dict(mlp="swiglu"), "rope": dict(rope=True),
+           "qk_norm": dict(qk_norm=True), "all": ALL_OPTIONS}  # fmt: skip
+OFFICIAL_MODULES = {"DiT", "PatchEmbed", "Conv2d", "TimestepEmbedder", "Sequential", "Linear", "SiLU", "LabelEmbedder",
+                    "Embedding", "ModuleList", "DiTBlock", "LayerNorm", "Attention", "Mlp", "FinalLayer"}  # fmt: skip
+
+
+def test_options_off_build_the_official_module_tree():
+    """All off, nothing is added: no module kinds, no buffers, the keys of the official release (above)."""
+    with torch.device("meta"):
+        model = DiT_models["DiT-XL/2"](norm="layernorm", mlp="gelu", rope=False, qk_norm=False)
+    assert {type(m).__name__ for m in model.modules()} == OFFICIAL_MODULES
+    assert list(model.buffers()) == [] and model.config == model_config("DiT-XL/2")
+    assert all(
+        not m.elementwise_affine and m.eps == 1e-6 for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
+    )
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_each_option_changes_only_its_keys(options):
+    base = tiny().state_dict()
+    model = tiny(**options)
+    got = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    want = {k: tuple(v.shape) for k, v in base.items()}
+    d, heads = 32, 4
+    if options.get("mlp") == "swiglu":  # GELU 4 x 32 = 128 wide; SwiGLU 2/3 of it, to a multiple of 8: 88
+        for i in range(2):
+            for old in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+                del want[f"blocks.{i}.mlp.{old}"]
+            want.update({f"blocks.{i}.mlp.w12.weight": (176, d), f"blocks.{i}.mlp.w12.bias": (176,),
+                         f"blocks.{i}.mlp.w3.weight": (d, 88), f"blocks.{i}.mlp.w3.bias": (d,)})  # fmt: skip
+    if options.get("qk_norm"):
+        want.update({f"blocks.{i}.attn.{q}_norm.weight": (d // heads,) for i in range(2) for q in "qk"})
+    assert got == want
+    assert {n for n, _ in model.named_buffers()} == ({"rope_cos", "rope_sin"} if options.get("rope") else set())
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+    kind = torch.nn.RMSNorm if options.get("norm") == "rmsnorm" else torch.nn.LayerNorm
+    assert len(norms) == 5 and all(isinstance(m, kind) and m.weight is None for m in norms)
+    assert describe(model.config).endswith(", 10 classes" + "".join(f", {o}" for o in model.config.block_options))
+
+
+def test_rmsnorm_divides_by_the_root_mean_square():
+    x = torch.randn(2, 5, 32) * 3 + 1
+    want = x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    torch.testing.assert_close(tiny(norm="rmsnorm").blocks[0].norm1(x), want)
+
+
+def test_swiglu_is_silu_gate_times_value_with_the_gelu_weights():
+    model = randomize(tiny(mlp="swiglu"))
+    mlp, x = model.blocks[0].mlp, torch.randn(3, 16, 32)
+    w, b = mlp.w12.weight, mlp.w12.bias
+    gate, value = x @ w[:88].T + b[:88], x @ w[88:].T + b[88:]
+    want = (gate * torch.sigmoid(gate) * value) @ mlp.w3.weight.T + mlp.w3.bias
+    torch.testing.assert_close(mlp(x), want)
+    for name in ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2"):  # 3 D h against the GELU MLP's 2 D 4D
+        cfg = model_config(name, mlp="swiglu")
+        d, h = cfg.hidden_size, cfg.mlp_hidden
+        assert h % 8 == 0 and abs(3 * d * h / (8 * d * d) - 1) < 1e-3
+        assert (3 * d * h == 8 * d * d) == (name != "DiT-L/2")  # L: 8 x 1024 / 3 = 2730.7 -> 2728
+
+
+def test_rope_tables_follow_the_formula():
+    dh, grid = 16, 3
+    cos, sin = rope_2d(dh, grid)
+    for token in range(grid * grid):
+        row, col = divmod(token, grid)
+        for j in range(dh):
+            axis, i = divmod(j, dh // 2)  # first half: the column, second: the row
+            angle = (col, row)[axis] * 10000 ** -((i % (dh // 4)) / (dh // 4))
+            assert cos[token, j] == pytest.approx(math.cos(angle), abs=1e-12)
+            assert sin[token, j] == pytest.approx(math.sin(angle), abs=1e-12)
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    """RoPE's point: q_m . k_n after rotation is a function of (row, column) offsets m - n."""
+    dh, grid = 16, 6
+    cos, sin = (torch.from_numpy(t).unsqueeze(1) for t in rope_2d(dh, grid))  # (tokens, 1, dh)
+    g = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.randn(1, dh, generator=g, dtype=torch.float64),
+        torch.randn(1, dh, generator=g, dtype=torch.float64),
+    )
+    rq = apply_rope(q.expand(grid * grid, 1, dh), cos.double(), sin.double())[:, 0]
+    rk = apply_rope(k.expand(grid * grid, 1, dh), cos.double(), sin.double())[:, 0]
+
+    def score(a, b):  # tokens at (row, col) a and b
+        return (rq[a[0] * grid + a[1]] * rk[b[0] * grid + b[1]]).sum().item()
+
+    assert score((1, 2), (0, 4)) == pytest.approx(score((4, 3), (3, 5)), abs=1e-12)
+    assert score((0, 0), (2, 1)) == pytest.approx(score((3, 4), (5, 5)), abs=1e-12)
+    assert score((1, 2), (0, 4)) != pytest.approx(score((1, 2), (0, 3)), abs=1e-6)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(grid * grid))  # a rotation
+
+
+def test_qk_norm_is_a_per_head_rmsnorm_with_a_learned_weight():
+    norm = HeadRMSNorm(8)
+    with torch.no_grad():
+        norm.weight.normal_(generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    want = torch.nn.functional.rms_norm(x, (8,), norm.weight.double(), 1e-6)
+    torch.testing.assert_close(norm(x), want)
+    weight = norm.weight.detach().double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, w: _RMSNormWeighted.apply(a, w, 1e-6), (x, weight))
+    half = norm(x.detach().bfloat16())  # 16-bit in, 16-bit out, float32 inside
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend", ["explicit", "math", "flash", "sdpa"])
+def test_options_agree_across_attention_backends(backend):
+    torch.manual_seed(0)
+    model = randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS))
+    x, t, y = torch.randn(3, 4, 8, 8), torch.tensor([1, 500, 900]), torch.tensor([1, 2, 3])
+    ref = _output_and_grads(model.set_attention("math"), x, t, y)
+    got = _output_and_grads(model.set_attention(backend), x, t, y)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = _output_and_grads(model, x, t, y)
+    assert max(((b.float() - a).norm() / a.norm()).item() for a, b in zip(ref, half)) < 3e-2
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_options_change_the_output_and_keep_checkpointing_and_cfg(options):
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([1, 900]), torch.tensor([1, 10])
+    torch.manual_seed(0)
+    base = randomize(tiny()).eval()  # eval: no label dropout, so every call sees the same labels
+    torch.manual_seed(0)
+    model = randomize(tiny(**options)).eval()
+    if set(model.state_dict()) == set(base.state_dict()):  # the same weights, another function
+        model.load_state_dict(base.state_dict())
+        assert not torch.allclose(model(x, t, y), base(x, t, y), atol=1e-4)
+    ref = _output_and_grads(model, x, t, y)
+    got = _output_and_grads(model.set_checkpointing("all"), x, t, y)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a)
+    guided = model.forward_with_cfg(torch.cat([x[:1], x[:1]]), t, y, cfg_scale=4.0)
+    assert guided.shape == (2, 8, 8, 8) and torch.isfinite(guided).all()
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_every_option_match_eager():
+    torch.manual_seed(0)
+    eager = randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS))
+    compiled = randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS))
+    for block in compiled.blocks:
+        block.compile()
+    x, t, y = torch.randn(3, 4, 8, 8), torch.tensor([1, 500, 900]), torch.tensor([1, 2, 3])
+    for a, b in zip(_output_and_grads(eager, x, t, y), _output_and_grads(compiled.set_checkpointing(1), x, t, y)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_option_values_are_checked_and_old_configs_build():
+    with pytest.raises(UserError, match="unknown norm 'batchnorm'.*layernorm, rmsnorm"):
+        model_config("DiT-S/2", norm="batchnorm")
+    with pytest.raises(UserError, match="unknown mlp 'relu'.*gelu, swiglu"):
+        model_config("DiT-S/2", mlp="relu")
+    with pytest.raises(UserError, match="rope must be true or false"):
+        model_config("DiT-S/2", rope="yes")
+    with pytest.raises(UserError, match="head size divisible by 4.*= 6"):
+        DiTConfig(hidden_size=36, num_heads=6, rope=True)
+    saved = {k: v for k, v in model_config("DiT-B/4").to_dict().items() if k not in ALL_OPTIONS}  # before them
+    assert DiTConfig(**saved) == model_config("DiT-B/4") and not DiTConfig(**saved).block_options

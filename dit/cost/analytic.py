@@ -3,6 +3,10 @@
 Conventions (docs/cost_model.md): one multiply-accumulate (MAC) = 2 FLOPs; only matmuls and convolutions
 count (norms, modulate/gate, activations, softmax and bias adds are < 1% and left out, as FlopCounterMode
 does); attention is bidirectional (no causal halving). The DiT paper's "Gflops" are GMACs.
+
+The block options change the matmuls only through SwiGLU (three D x h matrices, ``DiTConfig.mlp_matrices``,
+at its own width ``mlp_hidden``); RMSNorm, RoPE, QK-norm and SwiGLU's gate product are elementwise, so
+they add no counted FLOPs (docs/recipes.md sizes them: 0.03% of a forward each).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def forward_macs(cfg: DiTConfig) -> FlopBreakdown:
             "attention_scores": depth * t * t * d,
             "attention_values": depth * t * t * d,
             "attention_out_proj": depth * t * d * d,
-            "mlp": depth * 2 * t * d * mlp,
+            "mlp": depth * cfg.mlp_matrices * t * d * mlp,
             "final_adaln": 2 * d * d,
             "final_linear": t * d * p * p * cfg.out_channels,
         }
@@ -151,9 +155,11 @@ def sampling_flops_per_image(
 
 def param_counts(cfg: DiTConfig) -> ParamCounts:
     """Exact parameter counts of ``dit.models.DiT`` built from ``cfg`` (weights and biases)."""
-    d, p, depth, mlp = cfg.hidden_size, cfg.patch_size, cfg.depth, cfg.mlp_hidden
+    d, p, depth = cfg.hidden_size, cfg.patch_size, cfg.depth
     patch = p * p * cfg.in_channels * d + d
-    block_token = (3 * d * d + 3 * d) + (d * d + d) + (d * mlp + mlp) + (mlp * d + d)
+    block_token = (
+        (3 * d * d + 3 * d) + (d * d + d) + mlp_param_count(cfg) + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    )
     final_linear = d * p * p * cfg.out_channels + p * p * cfg.out_channels
     t_embed = cfg.frequency_embedding_size * d + d + d * d + d
     adaln = depth * (6 * d * d + 6 * d) + (2 * d * d + 2 * d)
@@ -164,6 +170,12 @@ def param_counts(cfg: DiTConfig) -> ParamCounts:
         embedding=labels,
         frozen=cfg.tokens * d,
     )
+
+
+def mlp_param_count(cfg: DiTConfig) -> int:
+    """One block's MLP, weights and biases: fc1 (D -> h) and fc2; or SwiGLU's w12 (D -> 2h) and w3."""
+    d, h, matrices = cfg.hidden_size, cfg.mlp_hidden, cfg.mlp_matrices
+    return matrices * d * h + (matrices - 1) * h + d
 
 
 def six_nt_flops(cfg: DiTConfig) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.cost.analytic import param_counts
+from dit.cost.analytic import mlp_param_count, param_counts
 from dit.errors import UserError
 from dit.model_config import DiTConfig, describe
 
@@ -26,13 +26,26 @@ _CHECKPOINT_SAVED = 4  # a checkpointed block keeps its fp32 input, and (torch 2
 _BACKWARD_WORKING = 16  # activation gradients in flight in backward: ~4 fp32 tensors
 
 
-def _block_saved(precision: str, mlp_ratio: float) -> float:
-    """A block keeps 12 + 2r tensors of one element each (x, LN, modulated, q, k, v, attention out, proj
-    out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4. Under
-    16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half: 48.
-    No tokens^2 term here: fused attention keeps its output and a logsumexp (see ``_attention_matrix``)."""
-    tensors = 12 + 2 * mlp_ratio
-    return 4 * tensors if precision not in _AUTOCAST else 4 * 4 + 2 * (tensors - 4)
+def _block_saved(cfg: DiTConfig, precision: str) -> float:
+    """Bytes a block keeps per (image x token x hidden) element.
+
+    The official block keeps 12 + 2r tensors of one element each (x, LN, modulated, q, k, v, attention out,
+    proj out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4.
+    Under 16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half:
+    48. No tokens^2 term here: fused attention keeps its output and a logsumexp (see ``_attention_matrix``).
+    Options: RMSNorm keeps what LayerNorm keeps; SwiGLU keeps w12's output (2h wide), SiLU's and the product
+    (h each) instead of 2r: 4h/D; RoPE and QK-norm each make new q and k, which attention keeps (QK-norm
+    keeps its input, a view of qkv's output that attention keeps anyway, and 1/rms per head and token;
+    RoPE keeps only its tables)."""
+    half = precision in _AUTOCAST
+    mlp = (4 if cfg.mlp == "swiglu" else 2) * cfg.mlp_hidden / cfg.hidden_size
+    tensors = 12 + mlp
+    saved = 4 * tensors if not half else 4 * 4 + 2 * (tensors - 4)
+    if cfg.rope or cfg.qk_norm:
+        saved += 2 * (2 if half else 4)
+    if cfg.qk_norm:
+        saved += 2 * 4 / cfg.head_dim
+    return saved
 
 
 def _attention_matrix(cfg: DiTConfig, precision: str, attention: str) -> int:
@@ -59,7 +72,7 @@ class MemoryEstimate:
 def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
     """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
     d, p, mlp = cfg.hidden_size, cfg.patch_size, cfg.mlp_hidden
-    block = 4 * d * d + 2 * d * mlp + 6 * d * d
+    block = 4 * d * d + cfg.mlp_matrices * d * mlp + 6 * d * d
     rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d
     return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
 
@@ -99,12 +112,15 @@ def estimate_training_memory(
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
     all_matmul, block_matmul = _matmul_params(cfg)
-    block_params = block_matmul + 11 * cfg.hidden_size + cfg.mlp_hidden  # plus biases
+    d = cfg.hidden_size  # a block's parameters: attention, MLP and adaLN with their biases, QK-norm weights
+    block_params = (
+        (4 * d * d + 4 * d) + mlp_param_count(cfg) + (6 * d * d + 6 * d) + 2 * cfg.head_dim * cfg.qk_norm
+    )
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     plain = cfg.depth - checkpointed_blocks
     autocast = precision in _AUTOCAST
     attn_matrix = batch_per_device * _attention_matrix(cfg, precision, attention)
-    block_saved = _block_saved(precision, cfg.mlp_ratio)
+    block_saved = _block_saved(cfg, precision)
 
     static = {
         "params": 4 * total_params,

@@ -4,6 +4,10 @@ Schedules are float64 numpy arrays under the official names (``betas``, ``alphas
 ``posterior_variance``, ...). Unlike the original, every table is also kept as a float64 tensor on each
 device it is used on (uploaded once), so a training step makes no host-to-device copies; values are cast
 to float32 after indexing, exactly as the original does.
+
+Two training options beyond the original, both off by default (docs/recipes.md): Min-SNR-gamma weighting
+of the MSE term (Hang et al. 2023) and logit-normal timesteps (Esser et al. 2024, SD3), through
+``sample_t``, which with the default is the uniform draw the official trainer makes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ class ModelVarType(enum.Enum):
     FIXED_SMALL = enum.auto()  # posterior variance
     FIXED_LARGE = enum.auto()  # beta_t
     LEARNED_RANGE = enum.auto()  # the model interpolates between the two in log space
+
+
+LOSS_WEIGHTINGS = ("none", "min-snr")
+TIMESTEP_SAMPLINGS = ("uniform", "logit-normal")
 
 
 class LossType(enum.Enum):
@@ -78,10 +86,27 @@ class GaussianDiffusion:
         model_var_type: ModelVarType,
         loss_type: LossType,
         timestep_map=None,
+        loss_weighting: str = "none",
+        min_snr_gamma: float = 5.0,
+        timestep_sampling: str = "uniform",
+        logit_mean: float = 0.0,
+        logit_std: float = 1.0,
     ):
         self.model_mean_type = model_mean_type
         self.model_var_type = model_var_type
         self.loss_type = loss_type
+        for name, value, allowed in (
+            ("loss_weighting", loss_weighting, LOSS_WEIGHTINGS),
+            ("timestep_sampling", timestep_sampling, TIMESTEP_SAMPLINGS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} is not one of {allowed}")
+        if not (math.isfinite(min_snr_gamma) and min_snr_gamma > 0):
+            raise ValueError(f"min_snr_gamma must be a positive number, got {min_snr_gamma}")
+        if not (math.isfinite(logit_mean) and math.isfinite(logit_std) and logit_std > 0):
+            raise ValueError(f"logit_mean must be finite and logit_std positive, got {logit_mean}, {logit_std}")
+        self.loss_weighting, self.min_snr_gamma = loss_weighting, float(min_snr_gamma)
+        self.timestep_sampling, self.logit_mean, self.logit_std = timestep_sampling, logit_mean, logit_std
 
         betas = np.asarray(betas, dtype=np.float64)
         if betas.ndim != 1 or not ((betas > 0).all() and (betas <= 1).all()):
@@ -113,7 +138,21 @@ class GaussianDiffusion:
         self.log_betas = np.log(betas)
         fixed_large = np.append(self.posterior_variance[1], betas[1:])
         self.fixed_large_variance, self.fixed_large_log_variance = fixed_large, np.log(fixed_large)
+        self.mse_weight = self._min_snr_weight() if loss_weighting == "min-snr" else None
         self._device_tables: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+    def _min_snr_weight(self) -> np.ndarray:
+        """Min-SNR-gamma per timestep, for the target the model predicts (Hang et al. 2023, Sec. 3.4).
+
+        SNR_t = abar_t / (1 - abar_t); the weight min(SNR_t, gamma) on the x0 error is the same objective as
+        min(SNR_t, gamma) / SNR_t on the noise error (|x0 - x0_hat|^2 = |eps - eps_hat|^2 / SNR_t)."""
+        snr = self.alphas_cumprod / (1.0 - self.alphas_cumprod)
+        clipped = np.minimum(snr, self.min_snr_gamma)
+        if self.model_mean_type == ModelMeanType.EPSILON:
+            return clipped / snr
+        if self.model_mean_type == ModelMeanType.START_X:
+            return clipped
+        raise ValueError("Min-SNR weighting is defined for noise or x0 targets, not for x_{t-1}.")
 
     # ---- tables on the device ---------------------------------------------------------------------------
 
@@ -143,6 +182,8 @@ class GaussianDiffusion:
             dtype = torch.float32 if device.type == "mps" else torch.float64
             tabs = {n: torch.as_tensor(getattr(self, n), dtype=dtype, device=device) for n in self._TABLES}
             tabs["timestep_map"] = torch.as_tensor(self.timestep_map, dtype=torch.long, device=device)
+            if self.mse_weight is not None:
+                tabs["mse_weight"] = torch.as_tensor(self.mse_weight, dtype=dtype, device=device)
             self._device_tables[device] = tabs
         return self._device_tables[device]
 
@@ -150,6 +191,22 @@ class GaussianDiffusion:
         """Table ``name`` at timesteps t, as float32 shaped (N, 1, 1, ...) to broadcast over a batch."""
         values = self.tables(t.device)[name][t].float()
         return values.view(-1, *([1] * (len(broadcast_shape) - 1)))
+
+    def sample_t(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+        """Training timesteps, integers in [0, num_timesteps).
+
+        "uniform" is exactly the official draw ``torch.randint(0, T, (batch,))``. "logit-normal" draws
+        u = sigmoid(N(logit_mean, logit_std)), read as the fraction of signal like the flow objective's time
+        (1 = data; so logit_mean > 0 favours low-noise steps in both), and takes step floor((1 - u) T),
+        clamped to T - 1: step i gets the probability mass of u in ((T - 1 - i) / T, (T - i) / T]. With the
+        default N(0, 1) the median step is T / 2 and the ends are rare: the first 5% of the steps get 0.16% of
+        the draws, the first 1% 2e-6 (and the same at the noisy end).
+        """
+        if self.timestep_sampling == "uniform":
+            return torch.randint(0, self.num_timesteps, (batch,), generator=generator, device=device)
+        z = torch.randn(batch, generator=generator, device=device)
+        u = torch.sigmoid(self.logit_mean + self.logit_std * z)
+        return ((1.0 - u) * self.num_timesteps).long().clamp_(0, self.num_timesteps - 1)
 
     def model_timesteps(self, t: torch.Tensor) -> torch.Tensor:
         """The original integer timesteps that the model sees for this diffusion's step indices."""
@@ -413,7 +470,8 @@ class GaussianDiffusion:
         """Per-sample losses: a dict with ``loss`` and, for MSE losses, ``mse`` (and ``vb`` if learned).
 
         With a learned variance the VB term sees the mean's prediction detached, so it trains the variance
-        channels only (the IDDPM hybrid objective).
+        channels only (the IDDPM hybrid objective). With Min-SNR weighting ``loss`` = w_t mse + vb: the VB
+        term stays unweighted and ``mse`` is the raw error.
         """
         model_kwargs = model_kwargs or {}
         if noise is None:
@@ -447,5 +505,8 @@ class GaussianDiffusion:
         else:
             target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
         terms["mse"] = mean_flat((target - model_output) ** 2)
-        terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
+        mse = terms["mse"]
+        if self.mse_weight is not None:  # a table lookup on the device: no host sync
+            mse = mse * self._extract("mse_weight", t, mse.shape)
+        terms["loss"] = mse + terms["vb"] if "vb" in terms else mse
         return terms

@@ -38,6 +38,11 @@ def diffusers_transformer_config(cfg: DiTConfig) -> dict:
             f"diffusers' DiT has a 4x MLP and 256 timestep frequencies; this model has mlp_ratio {cfg.mlp_ratio} "
             f"and {cfg.frequency_embedding_size} frequencies, so it cannot be exported."
         )
+    if cfg.block_options:
+        raise UserError(
+            f"diffusers' DiT has none of the block options; this model has {', '.join(cfg.block_options)}, "
+            "so it cannot be exported."
+        )
     return dict(
         num_attention_heads=cfg.num_heads,
         attention_head_dim=cfg.hidden_size // cfg.num_heads,

@@ -183,10 +183,7 @@ class Trainer:
         start draws from it)."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.optim.seed, step))
         b, device = self.cfg.optim.global_batch_size, self.runtime.device
-        if self.cfg.objective.flow:  # continuous times in [0, 1], 1 = data
-            t = self.objective.sample_t(b, g, device)
-        else:
-            t = torch.randint(0, self.objective.num_timesteps, (b,), generator=g, device=device)
+        t = self.objective.sample_t(b, g, device)  # diffusion: integer steps; flow: times in [0, 1], 1 = data
         noise = torch.randn((b, *shape), generator=g, device=device)
         drop = (torch.rand(b, generator=g, device=device) < self.cfg.model.class_dropout_prob).long()
         eps = torch.randn((b, *shape), generator=g, device=device) if self.data.vae is not None else None
