@@ -14,8 +14,9 @@ from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.errors import UserError
+from dit.sampling_plan import flow_grid, sampling_plan
 from dit.transport import Path, Transport
-from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, planned_nfe, sde_sample
+from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, sde_sample
 
 T = torch.tensor([0.0, 0.25, 0.5, 0.9, 1.0], dtype=torch.float64)
 
@@ -94,12 +95,23 @@ def linear_field(a: float, transport=None):
     return FlowField(transport or Transport(), lambda x, t, **kw: a * x, {})
 
 
+def grid(kind: str, steps: int, last_step: str = "mean") -> list[float]:
+    """The sampler's time grid on SiT's velocity interval [0, 1]."""
+    return flow_grid(kind, steps, 0.0, 1.0, last_step)
+
+
+def planned_nfe(kind: str, method: str, steps: int, last_step: str = "mean") -> int | None:
+    return sampling_plan(kind, steps, method=method, last_step=last_step).nfe
+
+
 def test_euler_and_heun_steps_on_a_linear_field():
     x0, a = torch.ones(1, 1, 1, 1, dtype=torch.float64), 0.7
     field = linear_field(a)
-    assert float(ode_sample(field, x0, 1, "euler")) == pytest.approx(1 + a)
-    assert float(ode_sample(linear_field(a), x0, 1, "heun")) == pytest.approx(1 + a + a * a / 2)
-    coarse, fine = (abs(float(ode_sample(linear_field(a), x0, n, "heun")) - math.exp(a)) for n in (10, 20))
+    assert float(ode_sample(field, x0, grid("ode", 1), "euler")) == pytest.approx(1 + a)
+    assert float(ode_sample(linear_field(a), x0, grid("ode", 1), "heun")) == pytest.approx(1 + a + a * a / 2)
+    coarse, fine = (
+        abs(float(ode_sample(linear_field(a), x0, grid("ode", n), "heun")) - math.exp(a)) for n in (10, 20)
+    )
     assert 3.5 < coarse / fine < 4.5  # second order
     assert field.nfe == 1
 
@@ -111,7 +123,7 @@ def test_one_euler_maruyama_step_and_the_mean_last_step_by_hand():
         torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64),
         torch.full((1, 1, 1, 1), 0.3, dtype=torch.float64),
     )
-    out = sde_sample(linear_field(a), x, 2, lambda: z, "euler", "sigma")
+    out = sde_sample(linear_field(a), x, grid("sde", 2), lambda x: z, "euler", "sigma")
     x1 = x + (a - 1) * x * 0.96 + math.sqrt(2 * 1.0 * 0.96) * z  # w(0) = sigma(0) = 1
     s = (0.96 * a * x1 - x1) / (0.04**2 + 0.96 * 0.04)  # score from velocity at t = 0.96
     torch.testing.assert_close(out, x1 + 0.04 * (a * x1 + 0.04 * s))  # drift v + w s, w = sigma = 0.04
@@ -121,15 +133,15 @@ def test_evaluations_are_counted_as_planned():
     x = torch.ones(2, 1, 1, 1, dtype=torch.float64)
     for method, steps in (("euler", 7), ("heun", 7)):
         field = linear_field(0.3)
-        ode_sample(field, x, steps, method)
+        ode_sample(field, x, grid("ode", steps), method)
         assert field.nfe == planned_nfe("ode", method, steps) == steps * (1 if method == "euler" else 2)
     for method in ("euler", "heun"):
         field = linear_field(0.3)
-        sde_sample(field, x, 6, lambda: torch.zeros(2, 1, 1, 1, dtype=torch.float64), method)
+        sde_sample(field, x, grid("sde", 6), torch.zeros_like, method)
         assert field.nfe == planned_nfe("sde", method, 6)
     pytest.importorskip("torchdiffeq")
     field = linear_field(0.3)
-    out = ode_sample(field, x, 1, "dopri5")
+    out = ode_sample(field, x, grid("ode", 1), "dopri5")
     assert float(out[0]) == pytest.approx(math.exp(0.3), rel=1e-3) and field.nfe >= 6  # adaptive: counted
 
 
@@ -231,7 +243,7 @@ def test_the_sde_without_a_last_step_runs_to_the_end_of_its_interval():
     a, z = 0.5, torch.zeros(1, 1, 1, 1, dtype=torch.float64)
     x = torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64)
     field = linear_field(a)
-    out = sde_sample(field, x, 2, lambda: z, "euler", "sigma", last_step="none")
+    out = sde_sample(field, x, grid("sde", 2, "none"), lambda x: z, "euler", "sigma", last_step="none")
     torch.testing.assert_close(out, x + (a - 1) * x * 1.0)  # one step of dt = 1 (drift v + sigma s, s = -x)
     assert field.nfe == planned_nfe("sde", "euler", 2, "none") == 1
 
@@ -245,7 +257,7 @@ def test_sampler_options_that_cannot_apply_are_refused_in_one_line():
     with pytest.raises(UserError, match="makes no network evaluation"):
         Sampler(flow, 1, "sde", last_step="none")
     with pytest.raises(UserError, match="--sampling-method is for flow"):
-        Sampler(SimpleNamespace(transport=None), 10, "ddim", "heun")
+        Sampler(SimpleNamespace(transport=None), 10, "ddim", method="heun")
     with pytest.raises(UserError, match="SBDM diffusion is infinite at t = 0"):
         Sampler(flow, 10, "sde", diffusion_form="SBDM")
     sbdm = Sampler(flow, 10, "sde", diffusion_form="SBDM", sample_eps=1e-3)  # SiT's way out
@@ -259,7 +271,7 @@ def test_an_adaptive_samplers_cost_is_its_mean_over_batches():
 
     from dit.sample.generate import Sampler
 
-    sampler = Sampler(SimpleNamespace(transport=Transport()), 1, "ode", "dopri5", atol=1e-9, rtol=1e-9)
+    sampler = Sampler(SimpleNamespace(transport=Transport()), 1, "ode", method="dopri5", atol=1e-9, rtol=1e-9)
     counts = []
     for a, n in ((0.3, 2), (3.0, 6)):  # a stiffer field takes more evaluations
         sampler.run(lambda x, t, y, a=a: a * x, torch.ones(n, 1, 1, 1, dtype=torch.float64), torch.zeros(n), None)

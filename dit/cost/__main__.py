@@ -192,7 +192,8 @@ def cmd_train(a: TrainArgs) -> None:
 def cmd_sample(a: SampleArgs) -> None:
     cfg = a.config()
     vae = plan.vae_config_for(a.vae)
-    nfe = a.evaluations()
+    sampling = a.plan()
+    nfe, unguided = a.evaluations(sampling)
     result = plan.plan_sampling(
         cfg,
         a.image_size,
@@ -202,22 +203,27 @@ def cmd_sample(a: SampleArgs) -> None:
         a.num_gpus,
         **a.budget(),
         vae_config=vae,
+        unguided_nfe=unguided,
     )
-    method = a.method()
     result.update(
         num_sampling_steps=a.num_sampling_steps,
-        sampler=a.sampler if method is None else f"{a.sampler} {method}",
+        sampler=sampling.sampler,
+        guidance_interval=a.guidance_interval,
         nfe=nfe,
+        guided_nfe=nfe - unguided,
+        unguided_nfe=unguided,
     )
 
     def pairs(r):
-        passes = r["forward_passes_per_image"] // r["nfe"]
-        guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided"] else " (no guidance)"
+        guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided_nfe"] else " (no guidance)"
+        if r["guidance_interval"]:
+            guided += f", guided in [{r['guidance_interval'][0]:g}, {r['guidance_interval'][1]:g}]"
         out = [
             ("model", f"{describe(cfg)} at {r['image_size']} px"),
-            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps) x {passes} pass{'es' if passes > 1 else ''}{guided} x "
-                            f"{_num(r['forward_gflops'], 2)} GFLOP = {_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP "
-                            f"= {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
+            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps): "
+                            f"{r['guided_nfe']} guided x 2 passes + {r['unguided_nfe']} unguided x 1 pass{guided} = "
+                            f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP = "
+                            f"{_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP = {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
         ]  # fmt: skip
         if vae is not None:
             out.append(("VAE decode / image", f"{_num(r['vae_decode_gflops_per_image'], 2)} GFLOP"))

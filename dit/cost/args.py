@@ -11,6 +11,7 @@ from dit.config import option
 from dit.cost import memory, peaks, plan
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES
+from dit.sampling_plan import LAST_STEPS, SAMPLERS, SamplingPlan, sampling_plan
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
 
@@ -118,38 +119,43 @@ class SampleArgs(ModelArgs, BudgetArgs):
     guidance_scale: float = option(
         1.5, "classifier-free guidance scale; above 1 doubles the batch", aliases=("--cfg-scale",)
     )
-    sampler: str = option("ddpm", "ddpm or ddim (diffusion), ode or sde (flow matching)",
-                          choices=("ddpm", "ddim", "ode", "sde"))  # fmt: skip
-    sampling_method: str | None = option(None, "ode: euler, heun or dopri5 (default heun); sde: euler or heun")
-    last_step: str = option("mean", "sde: the last step (none saves one evaluation)")
+    # ---- the sampler and the guidance interval: dit.sampling_plan (torch-free) ----
+    sampler: str = option("ddpm", "ddpm or ddim (our diffusion loops), dpmpp-2m, dpmpp-2m-sde, unipc, deis, euler, "
+                          "heun (diffusers' schedulers), ode or sde (flow matching)", choices=SAMPLERS)  # fmt: skip
+    sampling_method: str | None = option(
+        None, "ode: euler, heun, ab2, ab3, ab4 or dopri5 (default heun); sde: euler or heun"
+    )
+    last_step: str = option("mean", "sde: the last step (none saves one evaluation)", choices=LAST_STEPS)
+    guidance_interval: list[float] | None = option(
+        None, "guide only evaluations at times in [LO, HI] (t/1000 for diffusion, 1 = noise; flow t on SiT's "
+        "[0, 1], 1 = data); the others cost one pass"
+    )  # fmt: skip
     nfe: int | None = option(None, "network evaluations per image, for the adaptive dopri5 (read a run's log)")
     json: bool = option(False, "print JSON")
 
-    def method(self) -> str | None:
-        """The ODE/SDE integrator (None for DDPM/DDIM); the transport is imported here, not with the planner."""
-        from dit.transport.samplers import DEFAULT_METHODS
+    def plan(self) -> SamplingPlan:
+        """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
+        return sampling_plan(
+            self.sampler, self.num_sampling_steps, method=self.sampling_method, last_step=self.last_step,
+            guidance_scale=self.guidance_scale, interval=self.guidance_interval,
+        )  # fmt: skip
 
-        return self.sampling_method or DEFAULT_METHODS.get(self.sampler)
-
-    def evaluations(self) -> int:
-        """Network evaluations per image of the chosen sampler: steps for DDPM/DDIM/Euler, 2 per Heun step."""
-        from dit.transport.samplers import ODE_METHODS, SDE_METHODS, planned_nfe
-
-        if self.num_sampling_steps < 1:
-            raise UserError(f"--num-sampling-steps must be >= 1, got {self.num_sampling_steps}.")
-        if self.sampler in ("ddpm", "ddim"):
-            if self.sampling_method is not None:
-                raise UserError(
-                    f"--sampling-method is for the flow samplers ode and sde, not --sampler {self.sampler}."
-                )
-            return self.nfe or self.num_sampling_steps
-        methods, method = (ODE_METHODS if self.sampler == "ode" else SDE_METHODS), self.method()
-        if method not in methods:
-            raise UserError(f"--sampling-method for --sampler {self.sampler} must be one of {', '.join(methods)}.")
-        planned = planned_nfe(self.sampler, method, self.num_sampling_steps, self.last_step)
-        if planned is None and self.nfe is None:
-            raise UserError(f"{method} picks its own steps: pass --nfe, the evaluations per image a run printed.")
-        return self.nfe or planned
+    def evaluations(self, plan: SamplingPlan) -> tuple[int, int]:
+        """(network evaluations, unguided ones) per image: the plan's, or --nfe for the adaptive dopri5."""
+        if plan.nfe is not None:
+            if self.nfe is not None and self.nfe != plan.nfe:
+                raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
+            return plan.nfe, plan.unguided_nfe
+        if self.nfe is None:
+            raise UserError(
+                f"{self.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
+            )
+        if self.guidance_interval is not None and self.guidance_scale > 1:
+            raise UserError(
+                "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
+                "after a run: read its cost line, or plan without the interval (every evaluation guided)."
+            )
+        return self.nfe, 0 if self.guidance_scale > 1 else self.nfe
 
 
 @dataclass

@@ -19,8 +19,8 @@ from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.sample.generate import Sampler, SamplingModel, check_guidance, fid_label, generate, noise_seed
-from dit.transport.samplers import DEFAULT_METHODS, planned_nfe
+from dit.sample.generate import Guidance, Sampler, SamplingModel, check_guidance, fid_label, generate, noise_seed
+from dit.sampling_plan import DEFAULT_METHODS, sampling_plan
 
 
 class InLoopEval:
@@ -42,11 +42,15 @@ class InLoopEval:
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), cfg.image_size).decode if vae is not None else 0.0
         self.kind = kind = cfg.eval_sampler or ("ode" if cfg.objective == "flow" else "ddim")
-        nfe = (
-            planned_nfe(kind, DEFAULT_METHODS[kind], cfg.eval_sampling_steps) if kind in DEFAULT_METHODS else None
+        plan = sampling_plan(  # the network evaluations the sampler makes: 2 a step for Heun
+            kind, cfg.eval_sampling_steps, method=DEFAULT_METHODS.get(kind), guidance_scale=cfg.eval_guidance_scale
         )
-        per_image = sampling_flops_per_image(  # the network evaluations the sampler makes: 2 a step for Heun
-            model_config, nfe or cfg.eval_sampling_steps, cfg.eval_guidance_scale, vae_decode_flops=decode
+        per_image = sampling_flops_per_image(
+            model_config,
+            plan.nfe,
+            cfg.eval_guidance_scale,
+            vae_decode_flops=decode,
+            unguided_nfe=plan.unguided_nfe,
         )
         self.sampling_flops_per_image = per_image.total
 
@@ -68,7 +72,7 @@ class InLoopEval:
         c, rt = self.cfg, self.runtime
         start = time.perf_counter()
         sm = SamplingModel.from_run(ema, "ema", c.image_size, self.vae, self.vae_spec, to_dict(c))
-        sampler = Sampler(sm, c.eval_sampling_steps, self.kind)
+        sampler = Sampler(sm, c.eval_sampling_steps, self.kind, guidance=Guidance(c.eval_guidance_scale))
         mine = my_batches(c.eval_num_samples, c.eval_batch_size, rt.rank, rt.world)
         was_training = ema.training
         ema.eval()
@@ -76,9 +80,7 @@ class InLoopEval:
         def batches():
             for batch in mine:
                 labels = [self.labels[i] for i in batch]
-                images = generate(
-                    sm, sampler, labels, [self.seeds[i] for i in batch], c.eval_guidance_scale, 3, rt.precision
-                )
+                images = generate(sm, sampler, labels, [self.seeds[i] for i in batch], precision=rt.precision)
                 yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())

@@ -7,13 +7,20 @@ from dataclasses import dataclass
 from dit.config import check_positive, check_writable_file, option
 from dit.errors import UserError
 from dit.runtime import PRECISIONS
-from dit.transport.samplers import DIFFUSION_FORMS, LAST_STEPS
+from dit.sampling_plan import LAST_STEPS, SAMPLERS, check_guidance_interval
+from dit.transport.samplers import DIFFUSION_FORMS
 
-DIFFUSION_SAMPLERS = ("ddpm", "ddim")
-FLOW_SAMPLERS = ("ode", "sde")
-SAMPLERS = DIFFUSION_SAMPLERS + FLOW_SAMPLERS
 GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
 CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
+# ---- samplers and the guidance interval (dit.sampling_plan) ----
+SAMPLER_HELP = (
+    "diffusion models: ddpm (ancestral, the default) or ddim (eta 0), our loops; diffusers' schedulers dpmpp-2m, "
+    "dpmpp-2m-sde, unipc, deis, euler, heun (2 evaluations a step but the last); flow models: ode (the default) or sde"
+)
+INTERVAL_HELP = (
+    "guide only the evaluations whose time lies in [LO, HI] (Kynkaenniemi et al. 2024), the others run unguided "
+    "(one pass); time is t/1000 for diffusion (1 = noise) and the flow's t (1 = data); default: every evaluation"
+)
 
 
 @dataclass
@@ -40,15 +47,13 @@ class SamplingOptions:
     num_sampling_steps: int = option(
         250, "diffusion: respaced steps (official rounding); flow: grid steps (Heun: 2 evaluations each)"
     )
-    sampler: str | None = option(
-        None,
-        "diffusion models: ddpm (ancestral, the default) or ddim (eta 0); flow models: ode (the default) or sde",
-        choices=SAMPLERS,
-    )
+    sampler: str | None = option(None, SAMPLER_HELP, choices=SAMPLERS)
     sampling_method: str | None = option(
         None,
-        "flow models: ode euler, heun (the default) or dopri5 (adaptive, torchdiffeq); sde euler (the default) or heun",
+        "flow models: ode euler, heun (the default), ab2, ab3, ab4 (Adams-Bashforth, 1 evaluation a step) or dopri5 "
+        "(adaptive, torchdiffeq); sde euler (the default) or heun",
     )
+    guidance_interval: list[float] | None = option(None, INTERVAL_HELP)
     diffusion_form: str = option(
         "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
     )
@@ -74,6 +79,7 @@ class SamplingOptions:
             raise UserError(
                 f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {self.guidance_scale}."
             )
+        check_guidance_interval(self.guidance_interval)
 
 
 @dataclass

@@ -29,10 +29,8 @@ from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import (
     Sampler,
     SamplingModel,
-    check_guidance,
     fid_label,
     noise_seed,
-    parse_guidance_channels,
     sample_latents,
     to_images,
 )
@@ -57,6 +55,8 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     name = (registry_name(sm.config) or "custom").replace("/", "-")
     vae = Path(sm.vae_spec).name if sm.vae_spec else "none"
     guided = "" if str(c.guidance_channels) == "3" else f"-cfgch-{c.guidance_channels}"
+    if c.guidance_interval is not None:
+        guided += "-gi-" + "-".join(f"{v:g}" for v in c.guidance_interval)
     return (
         f"{name}-{Path(c.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{c.guidance_scale}{guided}"
         f"-seed-{c.global_seed}-{sampler.describe().replace(' ', '-')}{c.num_sampling_steps}"
@@ -68,7 +68,9 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     """Everything that decides the set: the weights by content (a retrained file at the same path is another
     set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits);
     not the world size (tested equal)."""
+    interval = sampler.guidance.interval  # recorded only when set: sets made before the option stay valid
     return {
+        **({"guidance_interval": list(interval)} if interval is not None else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": c.num_fid_samples,
         "per_proc_batch_size": c.per_proc_batch_size,
@@ -109,8 +111,10 @@ def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[ra
     return [range(s, min(s + batch_size, num_samples)) for s in starts][rank::world]
 
 
-def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
-    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input.
+def pack_npz(folder: Path, num_samples: int, path: Path, labels: list[int] | None = None) -> Path:
+    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input, and
+    ``labels`` (each image's class) as ``arr_1`` int64, as guided-diffusion's class-conditional sampler writes
+    them: ``python -m dit.eval`` then reports the class accuracy with a classifier whose classes they are.
 
     np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
     member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
@@ -135,6 +139,9 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
                             f"{png_path(folder, i)} is {image.shape}, not {first.shape}: delete it and rerun."
                         )
                     member.write(image.tobytes())
+            if labels is not None:
+                with zf.open("arr_1.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asarray(labels, dtype=np.int64))
 
     atomic_write(path, write)
     return path
@@ -144,11 +151,9 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     """Write images 0..N-1 as PNGs (skipping batches already on disk), then pack them into ``{folder}.npz``."""
     rank, device = runtime.rank, runtime.device
     c = dataclasses.replace(c, ckpt=str(find_checkpoint(c.ckpt or official_release(c.image_size))))
-    channels = parse_guidance_channels(c.guidance_channels)
     sm = load_sampling_model(
         c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema", objective=c.objective
     )
-    check_guidance(c.guidance_scale, sm.config)
     sampler = Sampler.from_options(sm, c)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)
     ckpt_sha256 = runtime.gather_objects(sha256_file(c.ckpt) if rank == 0 else None)[0]
@@ -161,14 +166,14 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     # One sampling run per set: a second one would write the same files.
     lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
-        return _write_set(c, sm, sampler, channels, folder, identity, manifest, runtime)
+        return _write_set(c, sm, sampler, folder, identity, manifest, runtime)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _write_set(
-    c: FidConfig, sm, sampler: Sampler, channels, folder: Path, identity: dict, manifest: Path, runtime
+    c: FidConfig, sm, sampler: Sampler, folder: Path, identity: dict, manifest: Path, runtime
 ) -> FidReport:
     rank, world, device = runtime.rank, runtime.world, runtime.device
     if rank == 0:
@@ -196,7 +201,7 @@ def _write_set(
         seeds = [noise_seed(c.global_seed, i) for i in batch]
         runtime.sync()
         start = time.perf_counter()
-        samples = sample_latents(sm, sampler, labels, seeds, c.guidance_scale, channels, runtime.precision)
+        samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
         runtime.sync()
         denoised = time.perf_counter()
         images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
@@ -208,8 +213,12 @@ def _write_set(
     bar.close()
     cost = None
     if rank == 0 and generated:
-        cost = measure_cost(sm, sampler, c.guidance_scale, generated, dit_s, decode_s, peak)
+        cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak)
     runtime.barrier()
-    npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
+    npz = None
+    if rank == 0:
+        classes = sm.config.num_classes
+        labels = [fid_label(c.global_seed, i, classes) for i in range(c.num_fid_samples)] if classes else None
+        npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz"), labels)
     runtime.barrier()
     return FidReport(folder, npz, generated, cost)

@@ -300,11 +300,12 @@ class Trainer:
             raise unwrap_worker_error(e) from None
 
     def _progress(self):
-        if not (self.cfg.progress and self.runtime.is_main):
-            return contextlib.nullcontext(_NoBar())
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.cfg.max_steps, initial=self.state.step, desc="train", dynamic_ncols=True)
+        disable = not (self.cfg.progress and self.runtime.is_main)
+        return tqdm(
+            total=self.cfg.max_steps, initial=self.state.step, desc="train", dynamic_ncols=True, disable=disable
+        )
 
     def _log(self, grad_norm, in_warmup: bool) -> None:
         state, scaler = self.state, self.state.scaler
@@ -360,7 +361,7 @@ class Trainer:
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
         from torchvision.utils import make_grid
 
-        from dit.sample.generate import Sampler, SamplingModel, generate
+        from dit.sample.generate import Guidance, Sampler, SamplingModel, generate
 
         ema, mc = self._whole(self.state.ema.model, every_rank=False), self.state.model.config
         if not self.runtime.is_main:
@@ -370,16 +371,11 @@ class Trainer:
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.seed, i) for i in range(len(labels))]
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
-        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode")
-        images = generate(sm, sampler, labels, seeds, guidance, 3, self.runtime.precision)
+        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode", guidance=Guidance(guidance))
+        images = generate(sm, sampler, labels, seeds, precision=self.runtime.precision)
         self.ledger.sinks.image(
             "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
         )
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 def train(cfg: TrainConfig, dataset=None) -> dict:
