@@ -71,7 +71,7 @@ def scheduler_sample(
     channels = x.shape[1]
     stochastic = scheduler.config.get("algorithm_type", "").startswith("sde")
     x = x * scheduler.init_noise_sigma
-    for i, k in enumerate(tqdm(steps, disable=not progress, leave=False, desc=plan.sampler)):
+    for i, k in enumerate(tqdm(scheduler.timesteps, disable=not progress, leave=False, desc=plan.sampler)):
         model_in = scheduler.scale_model_input(x, k)  # sigma-space schedulers: back to the variance-preserving x_t
         out = model(model_in, model_t[i].expand(len(x)), **model_kwargs)[:, :channels]
         extra = {"variance_noise": noise_fn(x)} if stochastic else {}
