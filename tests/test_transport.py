@@ -277,3 +277,83 @@ def test_an_adaptive_samplers_cost_is_its_mean_over_batches():
         sampler.run(lambda x, t, y, a=a: a * x, torch.ones(n, 1, 1, 1, dtype=torch.float64), torch.zeros(n), None)
         counts.append(sampler.nfe)
     assert counts[0] < counts[1] and sampler.mean_nfe == pytest.approx((2 * counts[0] + 6 * counts[1]) / 8)
+
+
+# ---- Adams-Bashforth -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_adams_bashforth_converges_at_its_order_and_at_two_from_its_bootstrap(order):
+    """On x' = a x (x(1) = e^a): the k-step formula started from the exact earlier velocities converges at
+    order k; the sampler, which bootstraps its first k - 1 steps with the lower orders (one evaluation a
+    step, no start-up evaluations), at order 2, the first Euler step's local error."""
+    from collections import deque
+
+    from dit.transport.samplers import adams_bashforth_step
+
+    a = -1.3
+
+    def exact_start(n: int) -> float:
+        h, x = 1 / n, torch.tensor(1.0, dtype=torch.float64)
+        exact = [torch.tensor(a * math.exp(-a * j * h), dtype=torch.float64) for j in range(1, order)]
+        velocities = deque(exact, maxlen=order)  # v(t) = a e^(a t) at t = -h, -2h, ...
+        for _ in range(n):
+            velocities.appendleft(a * x)
+            x = adams_bashforth_step(x, h, list(velocities))
+        return abs(float(x) - math.exp(a))
+
+    def sampler(n: int) -> float:
+        field = linear_field(a)
+        out = ode_sample(field, torch.ones(1, 1, 1, 1, dtype=torch.float64), grid("ode", n), f"ab{order}")
+        assert field.nfe == n == planned_nfe("ode", f"ab{order}", n), "one evaluation a step"
+        return abs(float(out) - math.exp(a))
+
+    rates = [math.log2(exact_start(n) / exact_start(2 * n)) for n in (16, 32)]
+    assert rates == pytest.approx([order, order], abs=0.2)
+    rates = [math.log2(sampler(n) / sampler(2 * n)) for n in (32, 64)]
+    assert rates == pytest.approx([2, 2], abs=0.2)
+
+
+# ---- two differences from SiT, against fp64 ---------------------------------------------------------------
+
+
+def test_the_sde_with_a_last_step_ends_at_one_as_sits_does():
+    """SiT's SDE grid with a last step ends at 1 - 0.04 and the last step reaches t = 1, whatever sample_eps
+    (ours ended at 1 - sample_eps). A noise model on the linear path (t0 = sample_eps as in SiT), fp32,
+    against SiT's Euler-Maruyama and mean last step written out in fp64."""
+    tr = Transport(prediction="noise", sample_eps=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 4, 1, 1, generator=g, dtype=torch.float64)
+    zs = [torch.randn(3, 4, 1, 1, generator=g, dtype=torch.float64) for _ in range(4)]
+
+    def drift(y, t):  # linear path: alpha = t, sigma = 1 - t; score -eps/sigma; w = sigma (the sigma form)
+        score, sigma = -(0.5 * y) / (1 - t), 1 - t
+        return y / t + (sigma**2 / t + sigma) * score + sigma * score
+
+    ts = torch.linspace(1e-3, 1 - 0.04, 5, dtype=torch.float64).tolist()
+    sit = x.clone()
+    for i, t in enumerate(ts[:-1]):
+        dt = ts[i + 1] - t
+        sit = sit + drift(sit, t) * dt + math.sqrt(2 * (1 - t) * dt) * zs[i]
+    sit = sit + 0.04 * drift(sit, ts[-1])
+
+    noise = iter(zs)
+    field = FlowField(tr, lambda y, t, **kw: 0.5 * y, {})
+    grid32 = flow_grid("sde", 5, *tr.interval(training=False))
+    ours = sde_sample(field, x.float(), grid32, lambda y: next(noise).float(), "euler", "sigma")
+    assert grid32[-1] == pytest.approx(0.96) and float((ours.double() - sit).norm() / sit.norm()) < 1e-6
+
+
+def test_the_vp_path_keeps_its_precision_near_data_in_fp32():
+    """sigma = sqrt(1 - alpha^2) lost every digit near t = 1 in fp32 (sigma' and the training target off by
+    2.5%, the loss by 5% at t >= 0.995); through expm1 they agree with fp64 to float precision."""
+    tr = Transport(path_type="vp")
+    t = torch.linspace(0.995, tr.interval(training=True)[1], 500, dtype=torch.float32)
+    for ours, exact in zip(tr.path.alpha_sigma(t), tr.path.alpha_sigma(t.double())):
+        assert float(((ours.double() - exact) / exact).abs().max()) < 1e-6
+    g = torch.Generator().manual_seed(0)
+    x1, x0 = torch.randn(500, 4, generator=g), torch.randn(500, 4, generator=g)
+    model = lambda x, t, **kw: 0.3 * x  # noqa: E731
+    fp32 = tr.training_losses(model, x1, t, noise=x0)["loss"].double()
+    fp64 = tr.training_losses(model, x1.double(), t.double(), noise=x0.double())["loss"]
+    assert float(((fp32 - fp64) / fp64).abs().max()) < 1e-5
