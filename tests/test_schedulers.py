@@ -105,7 +105,7 @@ def test_diffusers_ddim_scheduler_equals_our_ddim(predict_xstart):
     with torch.no_grad():
         ours = d.ddim_sample_loop(sm.model, x.shape, x, clip_denoised=False, model_kwargs=kwargs)
         scheduler = make_scheduler("DDIMScheduler", d, set_alpha_to_one=True, clip_sample=False)
-        theirs = scheduler_sample(scheduler, d, sampling_plan("ddim", 10), sm.model, x, kwargs, None)
+        theirs = scheduler_sample(scheduler, d, sampling_plan("ddim", 10), sm.model, x, model_kwargs=kwargs)
     torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5 * float(ours.abs().max()))
 
 

@@ -123,7 +123,7 @@ def test_one_euler_maruyama_step_and_the_mean_last_step_by_hand():
         torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64),
         torch.full((1, 1, 1, 1), 0.3, dtype=torch.float64),
     )
-    out = sde_sample(linear_field(a), x, grid("sde", 2), lambda x: z, "euler", "sigma")
+    out = sde_sample(linear_field(a), x, grid("sde", 2), lambda x: z, method="euler", form="sigma")
     x1 = x + (a - 1) * x * 0.96 + math.sqrt(2 * 1.0 * 0.96) * z  # w(0) = sigma(0) = 1
     s = (0.96 * a * x1 - x1) / (0.04**2 + 0.96 * 0.04)  # score from velocity at t = 0.96
     torch.testing.assert_close(out, x1 + 0.04 * (a * x1 + 0.04 * s))  # drift v + w s, w = sigma = 0.04
@@ -137,7 +137,7 @@ def test_evaluations_are_counted_as_planned():
         assert field.nfe == planned_nfe("ode", method, steps) == steps * (1 if method == "euler" else 2)
     for method in ("euler", "heun"):
         field = linear_field(0.3)
-        sde_sample(field, x, grid("sde", 6), torch.zeros_like, method)
+        sde_sample(field, x, grid("sde", 6), torch.zeros_like, method=method)
         assert field.nfe == planned_nfe("sde", method, 6)
     pytest.importorskip("torchdiffeq")
     field = linear_field(0.3)
@@ -243,7 +243,7 @@ def test_the_sde_without_a_last_step_runs_to_the_end_of_its_interval():
     a, z = 0.5, torch.zeros(1, 1, 1, 1, dtype=torch.float64)
     x = torch.full((1, 1, 1, 1), 2.0, dtype=torch.float64)
     field = linear_field(a)
-    out = sde_sample(field, x, grid("sde", 2, "none"), lambda x: z, "euler", "sigma", last_step="none")
+    out = sde_sample(field, x, grid("sde", 2, "none"), lambda x: z, method="euler", form="sigma", last_step="none")
     torch.testing.assert_close(out, x + (a - 1) * x * 1.0)  # one step of dt = 1 (drift v + sigma s, s = -x)
     assert field.nfe == planned_nfe("sde", "euler", 2, "none") == 1
 
@@ -340,7 +340,7 @@ def test_the_sde_with_a_last_step_ends_at_one_as_sits_does():
     noise = iter(zs)
     field = FlowField(tr, lambda y, t, **kw: 0.5 * y, {})
     grid32 = flow_grid("sde", 5, *tr.interval(training=False))
-    ours = sde_sample(field, x.float(), grid32, lambda y: next(noise).float(), "euler", "sigma")
+    ours = sde_sample(field, x.float(), grid32, lambda y: next(noise).float(), method="euler", form="sigma")
     assert grid32[-1] == pytest.approx(0.96) and float((ours.double() - sit).norm() / sit.norm()) < 1e-6
 
 

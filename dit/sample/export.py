@@ -265,7 +265,9 @@ def export_checkpoint(
     """Export a checkpoint (ours or official) as a DiTPipeline folder and measure what the export changes."""
     from dit.sample.loading import load_sampling_model
 
-    sm = load_sampling_model(ckpt, model, image_size, num_classes, vae, use_ema)
+    sm = load_sampling_model(
+        ckpt, model=model, image_size=image_size, num_classes=num_classes, vae=vae, use_ema=use_ema
+    )
     id2label = read_id2label(labels) if labels else None
     if id2label and set(id2label) != set(range(sm.config.num_classes)):
         raise UserError(

@@ -152,7 +152,15 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     rank, device = runtime.rank, runtime.device
     c = dataclasses.replace(c, ckpt=str(find_checkpoint(c.ckpt or official_release(c.image_size))))
     sm = load_sampling_model(
-        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema", objective=c.objective
+        c.ckpt,
+        model=c.model,
+        image_size=c.image_size,
+        num_classes=c.num_classes,
+        vae=c.vae,
+        use_ema=c.ema,
+        device=device,
+        sd_decoder="ema",
+        objective=c.objective,
     )
     sampler = Sampler.from_options(sm, c)
     folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)

@@ -269,7 +269,16 @@ class Sampler:
         kwargs = {"y": y}
         with torch.no_grad():
             if self.scheduler is not None:
-                x = scheduler_sample(self.scheduler, self.diffusion, self.plan, fn, x, kwargs, noise, progress)
+                x = scheduler_sample(
+                    self.scheduler,
+                    self.diffusion,
+                    self.plan,
+                    fn,
+                    x,
+                    model_kwargs=kwargs,
+                    noise_fn=noise,
+                    progress=progress,
+                )
             elif self.diffusion is not None:
                 loop = self.diffusion.ddim_sample_loop if self.kind == "ddim" else self.diffusion.p_sample_loop
                 x = loop(
@@ -292,9 +301,9 @@ class Sampler:
         ticks = None if self.method == "dopri5" else len(grid) - 1
         bar = tqdm(total=ticks, disable=not progress, leave=False, desc=self.describe())
         if self.kind == "ode":
-            x = ode_sample(field, x, grid, self.method, self.atol, self.rtol, bar)
+            x = ode_sample(field, x, grid, self.method, atol=self.atol, rtol=self.rtol, progress=bar)
         else:
-            x = sde_sample(field, x, grid, noise, self.method, self.diffusion_form, last_step=self.last_step,
+            x = sde_sample(field, x, grid, noise, method=self.method, form=self.diffusion_form, last_step=self.last_step,
                            progress=bar)  # fmt: skip
         bar.close()
         return x

@@ -35,7 +35,15 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     """Sample ``class_labels`` (one image each, image i seeded by (seed, i)) and write a PNG grid."""
     device = runtime.device
     sm = load_sampling_model(
-        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="mse", objective=c.objective
+        c.ckpt,
+        model=c.model,
+        image_size=c.image_size,
+        num_classes=c.num_classes,
+        vae=c.vae,
+        use_ema=c.ema,
+        device=device,
+        sd_decoder="mse",
+        objective=c.objective,
     )
     labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)

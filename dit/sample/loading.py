@@ -46,6 +46,7 @@ def _agree(flag: str, given, recorded):
 
 def load_sampling_model(
     ckpt_path: str | os.PathLike | None,
+    *,
     model: str | None = None,
     image_size: int | None = None,
     num_classes: int | None = None,

@@ -55,8 +55,9 @@ def scheduler_sample(
     plan: SamplingPlan,
     model: Callable,
     x: torch.Tensor,
+    *,
     model_kwargs: dict,
-    noise_fn: Callable[[torch.Tensor], torch.Tensor],
+    noise_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """Denoise ``x`` (x_T ~ N(0, I)) with ``scheduler``, calling ``model(x_t, t, **model_kwargs)`` once per

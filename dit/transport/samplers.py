@@ -57,7 +57,7 @@ def adams_bashforth_step(x: torch.Tensor, h: float, velocities: Sequence[torch.T
 
 
 def ode_sample(
-    field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", atol=1e-6, rtol=1e-3,
+    field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", *, atol=1e-6, rtol=1e-3,
     progress=None,
 ):  # fmt: skip
     """Integrate from grid[0] to grid[-1] (dopri5: adaptively between the two).
@@ -111,6 +111,7 @@ def sde_sample(
     x: torch.Tensor,
     grid: Sequence[float],
     noise: Callable[[torch.Tensor], torch.Tensor],
+    *,
     method: str = "euler",
     form: str = "sigma",
     norm: float = 1.0,
