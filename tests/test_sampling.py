@@ -243,6 +243,30 @@ def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, guidan
     assert ("guidance doubles the batch" in cost.summary()) == (guidance_scale > 1)
 
 
+def test_the_cost_line_counts_the_guided_and_unguided_evaluations_that_ran(our_ckpt, tmp_path, capsys):
+    from dit.cost.analytic import forward_macs
+    from dit.sampling_plan import sampling_plan
+
+    argv = sample_args(our_ckpt, tmp_path / "g.png", "--sampler", "unipc", "--cfg-scale", 4, "--class-labels", 1, 2,
+                       "--guidance-interval", 0.3, 0.7)  # fmt: skip
+    code, out, err = run_face("sample.py", argv, capsys)
+    assert code == 0, err
+    plan = sampling_plan("unipc", int(STEPS), guidance_scale=4, interval=(0.3, 0.7))
+    assert 0 < plan.guided_nfe < plan.nfe
+    assert (
+        f"unipc: {plan.nfe} network evaluations (NFE): {plan.guided_nfe} guided x 2 passes, guidance doubles the "
+        f"batch + {plan.unguided_nfe} unguided x 1 pass"
+    ) in out
+    report = run_sample(
+        SampleConfig(ckpt=str(our_ckpt), out=str(tmp_path / "h.png"), num_sampling_steps=int(STEPS), sampler="unipc",
+                     class_labels=[1], guidance_scale=4, guidance_interval=[0.3, 0.7], precision="fp32",
+                     peak_tflops=1.0, progress=False),
+        Runtime("cpu", "fp32"),
+    )  # fmt: skip
+    forward = forward_macs(load_sampling_model(our_ckpt).config).flops
+    assert report.cost.model_flops_per_image == forward * plan.forward_passes
+
+
 # ---- bad input ------------------------------------------------------------------------------------------
 
 
@@ -274,6 +298,8 @@ def test_checkpoint_for_another_image_size_names_the_size_its_weights_take(
         (["--image-size", "128"], "--image-size 128 does not match"),
         (["--vae", "none"], "--vae none asks for a pixel-space model"),
         (["--model", "DiT-S/2"], "--model DiT-S/2 does not match"),
+        (["--guidance-interval", "0.7", "0.3"], "--guidance-interval takes two times LO HI"),
+        (["--sampler", "ode"], "--sampler ode does not sample a diffusion model"),
     ],
 )
 def test_bad_requests_are_clear_errors(our_ckpt, tmp_path, capsys, flags, message):

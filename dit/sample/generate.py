@@ -1,7 +1,9 @@
-"""Generation: per-image noise, guided denoising (DDPM, DDIM, or the flow ODE/SDE), VAE decoding, and the checks on a request.
+"""Generation: per-image noise, guided denoising (our DDPM and DDIM, diffusers' schedulers, or the flow ODE/SDE),
+VAE decoding, and the checks on a request.
 
 Semantics follow the official DiT scripts: classifier-free guidance on a [conditional; unconditional]
-batch that shares its noise, the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
+batch that shares its noise (built per evaluation from the sampler's one row per image, so that an
+evaluation outside ``--guidance-interval`` runs the conditional rows alone), the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
 ``latents / scaling_factor + shift_factor`` (shift 0 for the SD VAEs) and uint8 via ``clamp(127.5 x + 128)``. One deliberate change: every image
 draws its noise from its own generator seeded by (seed, image index), so a sample set is the same on any
 number of devices and after any resume (the official per-rank seeding is not).
@@ -155,7 +157,7 @@ class Guidance:
     @classmethod
     def from_options(cls, c) -> Guidance:
         """From the faces' options (``SamplingOptions``): --guidance-scale, -channels and -interval."""
-        interval = check_guidance_interval(getattr(c, "guidance_interval", None))
+        interval = check_guidance_interval(c.guidance_interval)
         return cls(c.guidance_scale, parse_guidance_channels(c.guidance_channels), interval)
 
 
