@@ -129,7 +129,6 @@ class GaussianDiffusion:
         "posterior_mean_coef2",
         "alphas_cumprod",
         "alphas_cumprod_prev",
-        "alphas_cumprod_next",
         "log_betas",
         "fixed_large_variance",
         "fixed_large_log_variance",
