@@ -7,15 +7,16 @@ python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   
 from __future__ import annotations
 
 from dit.cli import run_cli
-from dit.config import parse_config
 from dit.runtime import Runtime
-from dit.sample.config import SampleConfig
+from dit.sample.config import SAMPLE_FACE, parse_sample_config
 from dit.sample.grid import run_sample
+
+FACE = SAMPLE_FACE
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = parse_config(SampleConfig, argv, description=__doc__)
-    with Runtime(c.device, c.precision) as runtime:
+    c = parse_sample_config(argv)
+    with Runtime.of(c.runtime) as runtime:
         report = run_sample(c, runtime)
     print(f"wrote {report.path}: {len(report.labels)} images (labels {report.labels}, {report.weights} weights)")
     print(report.cost.summary())

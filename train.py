@@ -8,7 +8,9 @@ import sys
 
 from dit.cli import run_cli
 from dit.runtime.stop import EXIT_CODES
-from dit.train import parse_train_config, train
+from dit.train import TRAIN_FACE, parse_train_config, train
+
+FACE = TRAIN_FACE
 
 
 def main(argv=None) -> int:

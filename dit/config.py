@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -140,10 +141,13 @@ class Section:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _checked(f.name, hints[f.name], getattr(self, f.name), f.metadata))
-        self.check()
+        for cls in reversed(type(self).__mro__):  # every section a class is made of checks its part, once
+            if "check" in cls.__dict__:
+                cls.__dict__["check"](self)
 
     def check(self) -> None:
-        """Combinations of fields; raise ``FieldError`` naming them as ``{field}``."""
+        """Combinations of fields; raise ``FieldError`` naming them as ``{field}``. A section composed of
+        others (dit-cost's commands) runs each of their checks: no ``super().check()`` needed."""
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -282,9 +286,10 @@ class Face:
         ``--config`` preset, then ``argv``; a check that fails names the flag or preset key at fault."""
         argv = list(argv) if argv is not None else None
         if self.commands:
-            ns, rest = self.parser().parse_known_args(argv)
-            parsed = self.commands[ns.command].parse(rest)
-            return dataclasses.replace(parsed, command=ns.command)
+            argv = sys.argv[1:] if argv is None else argv
+            if not argv or argv[0] not in self.commands:
+                self.parser().parse_args(argv)  # --help, or the error naming the commands
+            return dataclasses.replace(self.commands[argv[0]].parse(argv[1:]), command=argv[0])
         pre = argparse.ArgumentParser(add_help=False)
         pre.add_argument("--config")
         known, _ = pre.parse_known_args(argv)

@@ -42,7 +42,9 @@ class ObjectiveSection(Section):
         "flow time with 1 = data)",
         choices=TIME_SAMPLING,
     )
-    logit_mean: float = option(0.0, "logit-normal times: the mean m of sigmoid(N(m, s)) (above 0: nearer the data)")
+    logit_mean: float = option(
+        0.0, "logit-normal times: the mean m of sigmoid(N(m, s)) (above 0: nearer the data)"
+    )
     logit_std: float = option(1.0, "logit-normal times: the spread s", gt=0)
     train_eps: float | None = option(
         None, "flow: times kept off the ends in training (default: SiT's for the path)", ge=0, lt=0.5

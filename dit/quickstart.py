@@ -27,7 +27,7 @@ from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.runtime import Runtime
 from dit.runtime.stop import EXIT_CODES
-from dit.sample.generate import Sampler, generate, noise_seed
+from dit.sample.generate import Guidance, Sampler, generate, noise_seed
 from dit.sample.loading import load_sampling_model
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
@@ -45,10 +45,13 @@ def sample_grid(
     """One row per class from the checkpoint's EMA weights, written to ``out``; returns which weights were used."""
     with Runtime(device, "fp32") as runtime:
         sm = load_sampling_model(ckpt, vae="none", use_ema=True, device=runtime.device)
-        sampler = Sampler(sm, sample_steps, "ddim")  # the schedule and x0 target recorded in the checkpoint
+        guidance = Guidance(guidance_scale, "all")
+        sampler = Sampler(
+            sm, sample_steps, "ddim", guidance=guidance
+        )  # the schedule and x0 target: the checkpoint's
         labels = [c for c in range(NUM_CLASSES) for _ in range(per_class)]
         seeds = [noise_seed(seed, i) for i in range(len(labels))]
-        images = generate(sm, sampler, labels, seeds, guidance_scale, "all", runtime.precision, True)
+        images = generate(sm, sampler, labels, seeds, precision=runtime.precision, progress=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_image(images, out, nrow=per_class, normalize=True, value_range=(-1, 1))
     return sm.weights

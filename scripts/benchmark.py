@@ -21,8 +21,15 @@ import sys
 
 from dit import bench
 from dit.cli import run_cli
-from dit.config import parse_command, to_dict
+from dit.config import Face
 from dit.runtime import Runtime
+
+FACE = Face(
+    "scripts/benchmark.py",
+    __doc__,
+    commands={name: Face(f"scripts/benchmark.py {name}", help_text, sections={"bench": cls})
+              for name, (cls, help_text) in bench.MODES.items()},
+)  # fmt: skip
 
 
 def _table(rows: list[dict], keys: list[str]) -> str:
@@ -37,7 +44,8 @@ def _table(rows: list[dict], keys: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    mode, cfg = parse_command(bench.MODES, argv, prog="scripts/benchmark.py", description=__doc__)
+    parsed = FACE.parse(argv)
+    mode, cfg = parsed.command, parsed.sections["bench"]
     with Runtime(getattr(cfg, "device", None)):  # the process: host-memory tuning on CPU, as training has it
         result = bench.run(mode, cfg)
     if result.text is not None:
@@ -46,13 +54,13 @@ def main(argv=None) -> int:
     print(_table(result.rows, result.keys))
     for note in result.notes:
         print(note)
-    if getattr(cfg, "json", None):
-        with open(cfg.json, "w") as f:
+    if getattr(cfg, "out", None):
+        with open(cfg.out, "w") as f:
             json.dump(
                 {
                     "rows": result.rows,
                     **result.extra,
-                    "config": to_dict(cfg),
+                    "config": FACE.commands[mode].record({"bench": cfg})["bench"],
                     "argv": sys.argv[1:] if argv is None else argv,
                 },
                 f,

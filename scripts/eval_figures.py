@@ -3,7 +3,7 @@
     python scripts/eval_figures.py --out docs/results/eval_figures.json
 
 Writes the digit sets it scores (.npz, as ``python -m dit.eval`` reads them) and the training digits'
-statistics into ``--sets`` (default out/eval_digits), so each row can be rerun with the command the JSON
+statistics into ``--results-dir`` (default out/eval_digits), so each row can be rerun with the command the JSON
 records. Then: held-out digits, 1,000 training digits and Gaussian noise against the training statistics;
 seconds per 1,000 digits on this machine (median of 3); Inception-v3's FLOPs per image at 299 px from the
 counter, and its seconds per image here with random weights (the cost does not depend on the weights).
@@ -25,7 +25,7 @@ import torch
 
 from dit.atomic import atomic_write
 from dit.cli import run_cli
-from dit.config import option, parse_config
+from dit.config import Face, Section, option
 from dit.data.digits import load_mnist_5k
 from dit.eval.evaluator import Evaluator, shard_batches
 from dit.eval.features import InceptionFeatures, digit_split, load_digit_classifier
@@ -74,20 +74,23 @@ def score(net, samples: Path, ref: Path) -> dict:
     return result
 
 
-@dataclass
-class FiguresConfig:
+@dataclass(frozen=True)
+class FiguresConfig(Section):
     """The flags: where the JSON and the digit sets go."""
 
     out: str = option(
         "out/eval_figures.json",
         "write the figures here (JSON; docs/results/eval_figures.json is the committed one)",
     )
-    sets: str = option("out/eval_digits", "folder for the digit sets and statistics")
+    results_dir: str = option("out/eval_digits", "folder for the digit sets and statistics", aliases=("--sets",))
+
+
+FACE = Face("scripts/eval_figures.py", __doc__, sections={"figures": FiguresConfig})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_config(FiguresConfig, argv, description=__doc__)
-    sets = Path(args.sets)
+    args = FACE.parse(argv).sections["figures"]
+    sets = Path(args.results_dir)
     paths = write_sets(sets)
     net = load_digit_classifier()
     train_ref, rest_ref = reference(net, sets, "train"), reference(net, sets, "train_rest")

@@ -9,25 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.cli import run_cli
-from dit.config import option, parse_config
+from dit.config import Face, Section, option
 from dit.sample.export import export_checkpoint, timestep_embedding_gap
+from dit.sample.loading import WeightsSection
 
 
-@dataclass
-class ExportConfig:
-    ckpt: str = option(help="our training checkpoint, an official train.py file, or a bare state dict")
+@dataclass(frozen=True)
+class ExportConfig(Section):
     out: str = option(help="folder to create (must not exist or be empty)")
-    vae: str | None = option(None, "VAE to ship: ema, mse, a hub id or a folder (default: as sample.py)")
-    model: str | None = option(None, "for files without a config (default DiT-XL/2)")
-    image_size: int | None = option(None, "for files without a config (default 256)")
-    num_classes: int | None = option(None, "for files without a config (default 1000)")
     labels: str | None = option(None, "class names: a text file with one per line, or a JSON list/object")
-    ema: bool = option(True, "export the EMA weights (--no-ema: the raw weights)")
+
+
+FACE = Face("scripts/export_diffusers.py", __doc__, sections={"weights": WeightsSection, "export": ExportConfig})
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_config(ExportConfig, argv, description=__doc__)
-    r = export_checkpoint(a.ckpt, a.out, a.vae, a.model, a.image_size, a.num_classes, a.ema, a.labels)
+    parsed = FACE.parse(argv).sections
+    w, a = parsed["weights"], parsed["export"]
+    r = export_checkpoint(w, a.out, a.labels)
     gap = timestep_embedding_gap()
     print(f"wrote DiTPipeline to {r['out']} ({r['weights']} weights, VAE {r['vae']})")
     print(

@@ -9,18 +9,19 @@ same command after a kill finishes the set without duplicates or gaps.
 from __future__ import annotations
 
 from dit.cli import run_cli
-from dit.config import parse_config
 from dit.runtime import Runtime
-from dit.sample.config import FidConfig
+from dit.sample.config import FID_FACE, parse_fid_config
 from dit.sample.fid_set import write_fid_samples
+
+FACE = FID_FACE
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(FidConfig, argv, description=__doc__)
-    with Runtime(cfg.device, cfg.precision) as runtime:
+    cfg = parse_fid_config(argv)
+    with Runtime.of(cfg.runtime) as runtime:
         report = write_fid_samples(cfg, runtime)
     if report.npz is not None:
-        print(f"wrote {report.npz} ({cfg.num_fid_samples} samples; PNGs in {report.folder})")
+        print(f"wrote {report.npz} ({cfg.fid.num_fid_samples} samples; PNGs in {report.folder})")
         if report.cost is not None:
             print(f"rank 0 {report.cost.summary()}")
     return 0

@@ -6,10 +6,10 @@ smaller models take more steps, and is evaluated with the digit FID at evenly sp
 equal network evaluations (DDIM 10 steps for diffusion, Heun 5 steps = 10 NFE for flow). A finished run is
 reused and a stopped one resumes, so the script can be rerun. Not part of CI; times are in docs/evaluation.md.
 
-  python scripts/scaling.py --out out/studies --plot docs/images/scaling_mnist.png \\
-      --json docs/results/scaling_mnist.json
-  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --out out/studies \\
-      --plot docs/images/flow_vs_diffusion_mnist.png --json docs/results/flow_vs_diffusion_mnist.json
+  python scripts/scaling.py --results-dir out/studies --plot docs/images/scaling_mnist.png \\
+      --out docs/results/scaling_mnist.json
+  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --results-dir out/studies \\
+      --plot docs/images/flow_vs_diffusion_mnist.png --out docs/results/flow_vs_diffusion_mnist.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
-from dit.config import option, parse_config
+from dit.config import Face, Section, option
 from dit.cost.analytic import training_flops_per_image
 from dit.cost.plots import plot_quality
 from dit.cost.quality import compute_to_target, read_run
@@ -38,34 +38,42 @@ from dit.train.recipes import PRESETS, digits_train_config
 SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
 
 
-@dataclass
-class ScalingConfig:
+@dataclass(frozen=True)
+class ScalingConfig(Section):
     """Train DiT sizes x objectives x seeds on the digits for one FLOPs budget each; plot FID against compute."""
 
-    budget_tflops: float = option(60.0, "training FLOPs per model (model FLOPs, TFLOP)")
+    budget_tflops: float = option(60.0, "training FLOPs per model (model FLOPs, TFLOP)", gt=0)
     eval_every_tflops: float = option(
-        10.0, "training FLOPs between evaluations (TFLOP), and one at the end: a larger budget continues a run"
+        10.0,
+        "training FLOPs between evaluations (TFLOP), and one at the end: a larger budget continues a run",
+        gt=0,
     )
-    eval_samples: int = option(500, "EMA samples per evaluation")
-    eval_sampling_steps: int = option(
-        10, "network evaluations per evaluation sample: DDIM steps, or twice the Heun steps of a flow run"
-    )
-    eval_guidance_scale: float = option(1.5, "guidance of the evaluation samples")
-    sizes: list[str] = option(["S", "M", "L"], "which sizes to run", choices=tuple(s[0] for s in SIZES))
-    objectives: list[str] = option(["diffusion"], "training objectives", choices=("diffusion", "flow"))
-    seeds: list[int] = option([0], "training seeds (one run each)")
-    targets: list[float] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to")
+    eval_num_samples: int = option(500, "EMA samples per evaluation", ge=65, aliases=("--eval-samples",))
+    eval_num_sampling_steps: int = option(
+        10, "network evaluations per evaluation sample: DDIM steps, or twice the Heun steps of a flow run", ge=2,
+        aliases=("--eval-sampling-steps",),
+    )  # fmt: skip
+    eval_guidance_scale: float = option(1.5, "guidance of the evaluation samples", ge=1)
+    sizes: tuple[str, ...] = option(["S", "M", "L"], "which sizes to run", choices=tuple(s[0] for s in SIZES))
+    objectives: tuple[str, ...] = option(["diffusion"], "training objectives", choices=("diffusion", "flow"))
+    seeds: tuple[int, ...] = option([0], "training seeds (one run each)", ge=0)
+    targets: tuple[float, ...] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to", gt=0)
     precision: str = option("fp32", "training precision", choices=("fp32", "bf16"))
-    out: str = option("out/scaling", "runs go to OUT/SIZE-OBJECTIVE-sSEED (a run already there is reused)")
+    results_dir: str = option(
+        "out/scaling", "runs go to RESULTS_DIR/SIZE-OBJECTIVE-sSEED (a run already there is reused)"
+    )
     plot: str | None = option(None, "write the FID-against-FLOPs chart here (PNG)")
-    json: str | None = option(None, "write the summary here")
+    out: str | None = option(None, "write the summary here (JSON)")
+
+
+FACE = Face("scripts/scaling.py", __doc__, sections={"scaling": ScalingConfig})
 
 
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> tuple[Path, int]:
     """Train (or resume, or reuse) one run; its folder and the steps of this budget."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
-    folder = Path(c.out) / run_name(name, objective, seed)
+    folder = Path(c.results_dir) / run_name(name, objective, seed)
     base = digits_train_config(preset, 1, folder, None)
     per_step = training_flops_per_image(base.model_config(1, preset.image_size)).model * preset.batch_size
     steps = max(1, round(c.budget_tflops * 1e12 / per_step))
@@ -73,10 +81,11 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
     flow = objective == "flow"
     cfg = digits_train_config(
         preset, steps, folder, None, eval_ref=ref, eval_every=every,
-        eval_samples=c.eval_samples, sample_steps=c.eval_sampling_steps // 2 if flow else c.eval_sampling_steps,
+        eval_samples=c.eval_num_samples,
+        sample_steps=c.eval_num_sampling_steps // 2 if flow else c.eval_num_sampling_steps,
     )  # fmt: skip
-    cfg = dataclasses.replace(
-        cfg, eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
+    cfg = cfg.replace(
+        eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
         objective=objective, eval_sampler="ode" if flow else "ddim",
     )  # fmt: skip
@@ -101,9 +110,9 @@ def finished(folder: Path, steps: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = parse_config(ScalingConfig, argv, description=__doc__)
-    Path(c.out).mkdir(parents=True, exist_ok=True)
-    ref = str(Path(c.out) / "digits_ref.npz")
+    c = FACE.parse(argv).sections["scaling"]
+    Path(c.results_dir).mkdir(parents=True, exist_ok=True)
+    ref = str(Path(c.results_dir) / "digits_ref.npz")
     save_stats(ref, digits_reference(load_digit_classifier()))
     runs, labels = {}, []
     for size in SIZES:
@@ -141,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()])
     text = json.dumps(summary, indent=1)
-    if c.json:
-        atomic_write_bytes(c.json, (text + "\n").encode())
+    if c.out:
+        atomic_write_bytes(c.out, (text + "\n").encode())
     print(text)
     return 0
 

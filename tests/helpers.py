@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import importlib.util
 import os
 import sys
@@ -78,13 +79,41 @@ def build_tiny_vae(seed: int = 0, latent_channels: int = 4):
 
 
 def face(relative_path: str):
-    """A command-line module imported without running it."""
+    """A command-line module imported without running it (a package's ``__main__`` by its dotted name)."""
     path = ROOT / relative_path
+    if relative_path.startswith("dit/"):
+        return importlib.import_module(relative_path.removesuffix(".py").replace("/", "."))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+# Every command line users run, by the name the docs call it, as the module that holds its ``FACE``.
+FACE_MODULES = {
+    "train.py": "train.py",
+    "sample.py": "sample.py",
+    "extract_features.py": "extract_features.py",
+    "scripts/sample_ddp.py": "scripts/sample_ddp.py",
+    "scripts/export_diffusers.py": "scripts/export_diffusers.py",
+    "scripts/benchmark.py": "scripts/benchmark.py",
+    "scripts/scaling.py": "scripts/scaling.py",
+    "scripts/sampling_study.py": "scripts/sampling_study.py",
+    "scripts/eval_figures.py": "scripts/eval_figures.py",
+    "dit-cost": "dit/cost/__main__.py",
+    "dit.cost": "dit/cost/__main__.py",
+    "dit.eval": "dit/eval/__main__.py",
+    "dit.quickstart": "dit/quickstart.py",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def faces() -> dict:
+    """{name: Face} of every command line (``dit.eval ref`` included)."""
+    out = {name: face(path).FACE for name, path in FACE_MODULES.items()}
+    out["dit.eval ref"] = face("dit/eval/__main__.py").REF_FACE
+    return out
 
 
 def run_face(relative_path: str, argv: list[str], capsys) -> tuple[int, str, str]:

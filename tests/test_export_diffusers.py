@@ -24,7 +24,7 @@ from dit.sample.export import (
     transformer_difference,
     use_dit_timestep_frequencies,
 )
-from dit.sample.generate import denoise, guided_model_fn
+from dit.sample.generate import Guidance, GuidedModel
 from dit.sample.loading import load_sampling_model
 from dit.vae import decode
 
@@ -122,9 +122,11 @@ def test_pipeline_matches_our_ddim_sampler_end_to_end(our_ckpt, exported):  # no
 
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))  # what the pipeline draws
     y = torch.tensor([1, 2])
-    model_fn = guided_model_fn(sm.model, 4.0, "all")
-    latents = denoise(model_fn, create_diffusion("ddim5"), torch.cat([x, x]), torch.cat([y, y * 0 + 10]), "ddim")
-    ours = ((decode(sm.vae, latents[:2]) + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    model_fn = GuidedModel(sm.model, Guidance(4.0, "all"), None, None)
+    latents = create_diffusion("ddim5").ddim_sample_loop(
+        model_fn, x.shape, x, clip_denoised=False, model_kwargs={"y": y}
+    )
+    ours = ((decode(sm.vae, latents) + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     assert np.abs(theirs_as_exported - ours).max() > 1e-3, "unpatched, the timestep convention shows"
 

@@ -9,6 +9,7 @@ LAYERS = [  # module prefixes, top layer first
         "core",
         (
             "dit.model_config",
+            "dit.sampling_plan",
             "dit.models",
             "dit.diffusion",
             "dit.transport",

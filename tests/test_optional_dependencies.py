@@ -14,7 +14,7 @@ for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm"):
 import torch
 from dit.errors import UserError
 from dit.runtime import Runtime
-from dit.sample.generate import Sampler, generate
+from dit.sample.generate import Guidance, Sampler, generate
 from dit.sample.loading import load_sampling_model
 from dit.train import TrainConfig, train
 from dit.checkpoint import latest_checkpoint
@@ -33,11 +33,12 @@ cfg = TrainConfig(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, image_s
 train(cfg, Pixels())
 with Runtime("cpu") as rt:
     sm = load_sampling_model(latest_checkpoint(out + "/checkpoints"))
-    images = generate(sm, Sampler(sm, 2, "ddim"), [0, 1], [0, 1], 2.0, 3, rt.precision)
+    images = generate(sm, Sampler(sm, 2, "ddim", guidance=Guidance(2.0)), [0, 1], [0, 1], precision=rt.precision)
 assert images.shape == (2, 3, 8, 8)
 for call in (lambda: __import__("dit.vae").vae.load_vae("ema"),
              lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config),
-             lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), 1, "dopri5")):
+             lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), [0.0, 1.0], "dopri5"),
+             lambda: Sampler(sm, 5, "dpmpp-2m")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from helpers import face, run_face
 from dit.cli import run_cli
 from dit.errors import UserError
 from dit.sample.fid_set import pack_npz, png_path
+from dit.sample.generate import fid_label
 
 ROOT = Path(__file__).resolve().parents[1]
 N, BATCH = 6, 2
@@ -43,9 +45,10 @@ def one_rank(our_ckpt, tmp_path_factory) -> Path:  # noqa: F811
 def test_npz_has_the_evaluator_format(one_rank):
     npz, folder = the_set(one_rank)
     with np.load(npz) as f:
-        assert list(f.keys()) == ["arr_0"]
-        arr = f["arr_0"]
+        assert list(f.keys()) == ["arr_0", "arr_1"]
+        arr, labels = f["arr_0"], f["arr_1"]
     assert arr.dtype == np.uint8 and arr.shape == (N, 64, 64, 3)
+    assert labels.dtype == np.int64 and labels.tolist() == [fid_label(0, i, 10) for i in range(N)]
     assert sorted(p.name for p in folder.glob("*.png")) == [f"{i:06d}.png" for i in range(N)]
     assert len({arr[i].tobytes() for i in range(N)}) == N, "every sample must be its own image"
 
@@ -58,7 +61,9 @@ def test_two_ranks_write_the_same_set_as_one(our_ckpt, one_rank, tmp_path):  # n
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     mine = sum(min(BATCH, N - b) for b in range(0, N, BATCH)[::2])  # rank 0 makes batches 0, 2, ...
-    assert f"sampling (rank 0 of 2): {mine}/{mine} img (100%)" in proc.stderr, "rank 0 shows its progress, in lines"
+    assert f"sampling (rank 0 of 2): {mine}/{mine} img (100%)" in proc.stderr, (
+        "rank 0 shows its progress, in lines"
+    )
     assert proc.stdout.count("wrote") == 1, "only rank 0 packs and reports"
     with np.load(the_set(one_rank)[0]) as a, np.load(the_set(tmp_path)[0]) as b:
         assert np.array_equal(a["arr_0"], b["arr_0"])
@@ -110,3 +115,23 @@ def test_bad_fid_requests(our_ckpt, tmp_path, capsys):  # noqa: F811
     code, _, err = run_face("scripts/sample_ddp.py", fid_args(tmp_path / "x.pt", tmp_path), capsys)
     assert code == 2 and "does not exist" in err
     assert torch.get_num_threads() == 1
+
+
+def test_a_digit_set_carries_its_labels_and_dit_eval_scores_its_class_accuracy(tmp_path, capsys):
+    """A 28x28 one-channel pixel model (random weights) writes a set whose arr_1 the digit classifier reads."""
+    from helpers import write_our_checkpoint
+
+    from dit.eval.__main__ import main as eval_main
+    from dit.eval.features import load_digit_classifier
+    from dit.eval.reference import digits_reference, save_stats
+
+    ckpt = write_our_checkpoint(tmp_path, None, in_channels=1, input_size=28, patch_size=4)
+    args = ["--ckpt", ckpt, "--sample-dir", tmp_path / "fid", "--num-fid-samples", 70, "--per-proc-batch-size", 35,
+            "--num-sampling-steps", 2, "--sampler", "ddim", "--precision", "fp32", "--peak-tflops", 1]  # fmt: skip
+    assert run_face("scripts/sample_ddp.py", [str(a) for a in args], capsys)[0] == 0
+    npz, _ = the_set(tmp_path / "fid")
+    ref = tmp_path / "digits_ref.npz"
+    save_stats(str(ref), digits_reference(load_digit_classifier()))
+    assert run_cli(eval_main, ["--samples", str(npz), "--ref", str(ref), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0 <= result["class_accuracy"] <= 1 and result["num_images"] == 70

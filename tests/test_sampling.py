@@ -22,7 +22,7 @@ from dit.models import DiT, DiT_models
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.fid_set import batches
-from dit.sample.generate import Sampler, fid_label, generate, noise_seed
+from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
 from dit.sample.grid import run_sample
 from dit.sample.loading import load_sampling_model
 
@@ -129,10 +129,9 @@ def test_the_runs_own_vae_is_the_default_for_non_sd_vaes(sm, vae_dir):
 
 @pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
 def test_samplers_with_and_without_guidance(sm, sampler):
-    diffusion = Sampler(sm, int(STEPS), sampler)
     seeds = [noise_seed(0, i) for i in range(2)]
     images = {
-        (scale, ch): generate(sm, diffusion, [3, 4], seeds, scale, ch)
+        (scale, ch): generate(sm, Sampler(sm, int(STEPS), sampler, guidance=Guidance(scale, ch)), [3, 4], seeds)
         for scale, ch in [(1.0, 3), (4.0, 3), (4.0, "all")]
     }
     for x in images.values():
@@ -158,7 +157,7 @@ def test_guided_batch_shares_noise_and_uses_the_null_label(sm, monkeypatch):
         return original(self, x, t, y)
 
     monkeypatch.setattr(DiT, "forward", spy)
-    generate(sm, Sampler(sm, 3, "ddpm"), [1, 2, 3], [5, 6, 7], 1.5, 3)
+    generate(sm, Sampler(sm, 3, "ddpm", guidance=Guidance(1.5)), [1, 2, 3], [5, 6, 7])
     assert len(seen) == 3
     for x, y in seen:
         assert torch.equal(x[:3], x[3:]), "both halves of a guided batch must hold the same noisy input"
@@ -167,10 +166,10 @@ def test_guided_batch_shares_noise_and_uses_the_null_label(sm, monkeypatch):
 
 def test_an_image_does_not_depend_on_its_batch(sm):
     """Per-image seeds: what makes a sample set the same on any number of devices."""
-    diffusion = Sampler(sm, int(STEPS), "ddpm")
+    diffusion = Sampler(sm, int(STEPS), "ddpm", guidance=Guidance(1.5))
     labels, seeds = [fid_label(0, i, 10) for i in range(3)], [noise_seed(0, i) for i in range(3)]
-    together = generate(sm, diffusion, labels, seeds, 1.5)
-    alone = torch.cat([generate(sm, diffusion, [y], [s], 1.5) for y, s in zip(labels, seeds)])
+    together = generate(sm, diffusion, labels, seeds)
+    alone = torch.cat([generate(sm, diffusion, [y], [s]) for y, s in zip(labels, seeds)])
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
     assert noise_seed(0, 1) != noise_seed(1, 0) and noise_seed(0, 1) != noise_seed(0, 2)
 
@@ -244,6 +243,30 @@ def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, guidan
     assert ("guidance doubles the batch" in cost.summary()) == (guidance_scale > 1)
 
 
+def test_the_cost_line_counts_the_guided_and_unguided_evaluations_that_ran(our_ckpt, tmp_path, capsys):
+    from dit.cost.analytic import forward_macs
+    from dit.sampling_plan import sampling_plan
+
+    argv = sample_args(our_ckpt, tmp_path / "g.png", "--sampler", "unipc", "--cfg-scale", 4, "--class-labels", 1, 2,
+                       "--guidance-interval", 0.3, 0.7)  # fmt: skip
+    code, out, err = run_face("sample.py", argv, capsys)
+    assert code == 0, err
+    plan = sampling_plan("unipc", int(STEPS), guidance_scale=4, interval=(0.3, 0.7))
+    assert 0 < plan.guided_nfe < plan.nfe
+    assert (
+        f"unipc: {plan.nfe} network evaluations (NFE): {plan.guided_nfe} guided x 2 passes, guidance doubles the "
+        f"batch + {plan.unguided_nfe} unguided x 1 pass"
+    ) in out
+    report = run_sample(
+        SampleConfig(ckpt=str(our_ckpt), out=str(tmp_path / "h.png"), num_sampling_steps=int(STEPS), sampler="unipc",
+                     class_labels=[1], guidance_scale=4, guidance_interval=[0.3, 0.7], precision="fp32",
+                     peak_tflops=1.0, progress=False),
+        Runtime("cpu", "fp32"),
+    )  # fmt: skip
+    forward = forward_macs(load_sampling_model(our_ckpt).config).flops
+    assert report.cost.model_flops_per_image == forward * plan.forward_passes
+
+
 # ---- bad input ------------------------------------------------------------------------------------------
 
 
@@ -275,6 +298,8 @@ def test_checkpoint_for_another_image_size_names_the_size_its_weights_take(
         (["--image-size", "128"], "--image-size 128 does not match"),
         (["--vae", "none"], "--vae none asks for a pixel-space model"),
         (["--model", "DiT-S/2"], "--model DiT-S/2 does not match"),
+        (["--guidance-interval", "0.7", "0.3"], "--guidance-interval takes two times LO HI"),
+        (["--sampler", "ode"], "--sampler ode does not sample a diffusion model"),
     ],
 )
 def test_bad_requests_are_clear_errors(our_ckpt, tmp_path, capsys, flags, message):

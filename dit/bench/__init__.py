@@ -55,8 +55,9 @@ def _train(a: c.TrainBench) -> Result:
     grid = itertools.product(a.model, a.global_batch_size, a.activation_checkpointing, a.compile, a.attention)
     for model, batch, ckpt, comp, attention in grid:
         group = bench_train(
-            model, a.image_size, tuple(a.precision), batch, ckpt, comp == "on", a.timed_steps, a.untimed_steps,
-            a.device, a.peak_tflops, attention, a.peak_probe,
+            model=model, image_size=a.image_size, precisions=tuple(a.precision), batch_size=batch,
+            activation_checkpointing=ckpt, compile=comp == "on", steps=a.timed_steps, warmup=a.untimed_steps,
+            device=a.device, peak_tflops=a.peak_tflops, attention=attention, peak_probe_s=a.peak_probe,
         )  # fmt: skip
         fp32 = next((row for row in group if row["precision"] == "fp32"), None)
         for row in group:
@@ -91,9 +92,7 @@ def _train(a: c.TrainBench) -> Result:
 
 def _sample(a: c.SampleBench) -> Result:
     r = Result()
-    for model, precision, batch, attention in itertools.product(
-        a.model, a.precision, a.per_proc_batch_size, a.attention
-    ):
+    for model, precision, batch, attention in itertools.product(a.model, a.precision, a.batch_size, a.attention):
         r.rows.append(
             bench_sample(
                 model,
@@ -170,16 +169,12 @@ def _precision(a: c.PrecisionBench) -> Result:
 
 def _loss(a: c.LossBench) -> Result:
     """The quick-start model and digits, trained with DiT's own objective (linear schedule, learned sigma)."""
-    import dataclasses
-
     from dit.data.digits import DigitDataset
     from dit.train.recipes import PRESETS, digits_train_config
 
     preset = PRESETS["default"]
     base = digits_train_config(preset, a.max_steps, Path(tempfile.gettempdir()) / "unused", a.device)
-    base = dataclasses.replace(
-        base, noise_schedule="linear", predict_xstart=False, learn_sigma=True, log_every=a.log_every
-    )
+    base = base.replace(noise_schedule="linear", predict_xstart=False, learn_sigma=True, log_every=a.log_every)
     result = bench_loss_curves(base, DigitDataset(preset.image_size))
     if a.plot:
         _plot_curves(result["curves"], a.log_every, a.plot)

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import option
+from dit.config import Section, option
+from dit.model_config import ACTIVATION_CHECKPOINTING_HELP
 from dit.models import ATTENTION_BACKENDS
 from dit.runtime import PRECISIONS
-from dit.sample.config import GUIDANCE_HELP
-from dit.train.config import ACTIVATION_CHECKPOINTING_HELP
+from dit.sampling_plan import GUIDANCE_HELP
 
-JSON_HELP = "write the rows (and the matmul peaks) to this file"
+OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"
 
 
-@dataclass
-class TrainBench:
+@dataclass(frozen=True)
+class TrainBench(Section):
     """Training steps through ``Trainer.train_step`` on synthetic latents, precisions taking turns."""
 
-    model: list[str] = option(["DiT-S/2"], "registry names")
-    global_batch_size: list[int] = option([8], "images per step (one process)")
-    precision: list[str] = option(["fp32"], "precisions, timed in turns step by step", choices=PRECISIONS)
+    model: tuple[str, ...] = option(["DiT-S/2"], "registry names")
+    global_batch_size: tuple[int, ...] = option([8], "images per step (one process)")
+    precision: tuple[str, ...] = option(["fp32"], "precisions, timed in turns step by step", choices=PRECISIONS)
     image_size: int = option(256, "pixels (latents are image / 8)")
-    activation_checkpointing: list[str] = option(["none"], ACTIVATION_CHECKPOINTING_HELP)
-    compile: list[str] = option(["off"], "torch.compile each block", choices=("off", "on"))
-    attention: list[str] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
+    activation_checkpointing: tuple[str, ...] = option(["none"], ACTIVATION_CHECKPOINTING_HELP)
+    compile: tuple[str, ...] = option(["off"], "torch.compile each block", choices=("off", "on"))
+    attention: tuple[str, ...] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
     timed_steps: int = option(10, "steps timed per configuration")
     untimed_steps: int = option(3, "warm-up steps before timing")
     peak_probe: float = option(
@@ -34,40 +34,40 @@ class TrainBench:
     calibration: str | None = option(None, "write the best row as a dit-cost calibration JSON")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
     peak_tflops: float | None = option(None, "override the peak used for MFU")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class SampleBench:
+@dataclass(frozen=True)
+class SampleBench(Section):
     """The guided DDPM sampler on random weights (speed does not depend on them)."""
 
-    model: list[str] = option(["DiT-S/2"], "registry names")
-    per_proc_batch_size: list[int] = option([8], "images per batch")
-    precision: list[str] = option(["fp32"], "precisions", choices=PRECISIONS)
+    model: tuple[str, ...] = option(["DiT-S/2"], "registry names")
+    batch_size: tuple[int, ...] = option([8], "images per batch", aliases=("--per-proc-batch-size",))
+    precision: tuple[str, ...] = option(["fp32"], "precisions", choices=PRECISIONS)
     image_size: int = option(256, "pixels (latents are image / 8)")
-    attention: list[str] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
+    attention: tuple[str, ...] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
     num_sampling_steps: int = option(10, "denoising steps")
     guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
     repeats: int = option(3, "timed runs after one warm-up run")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
     peak_tflops: float | None = option(None, "override the peak used for MFU")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class AccountingBench:
+@dataclass(frozen=True)
+class AccountingBench(Section):
     """What cost accounting adds to a step: the meter's per-step counters and one log per window."""
 
-    model: list[str] = option(["DiT-S/2"], "registry names")
-    global_batch_size: list[int] = option([8], "images per step")
-    precision: list[str] = option(["fp32"], "precisions", choices=PRECISIONS)
+    model: tuple[str, ...] = option(["DiT-S/2"], "registry names")
+    global_batch_size: tuple[int, ...] = option([8], "images per step")
+    precision: tuple[str, ...] = option(["fp32"], "precisions", choices=PRECISIONS)
     image_size: int = option(256, "pixels (latents are image / 8)")
     log_every: int = option(100, "steps per log, over which one log's cost is spread")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class ReaderBench:
+@dataclass(frozen=True)
+class ReaderBench(Section):
     """Latent-store samples/s in one process (default: a synthetic 4x32x32 fp16 store with flips)."""
 
     store: str | None = option(None, "an existing store (default: a synthetic one in a temp folder)")
@@ -76,22 +76,22 @@ class ReaderBench:
     seconds: float = option(3.0, "seconds per timed run")
     repeats: int = option(5, "timed runs")
     threads: int = option(1, "torch threads (1: one data process's share)")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class LossBench:
+@dataclass(frozen=True)
+class LossBench(Section):
     """fp32 and bf16 training curves of the quick-start model with DiT's objective, against a second seed."""
 
     max_steps: int = option(400, "steps per run")
     log_every: int = option(10, "steps per logged loss")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
     plot: str | None = option(None, "write the curves to this PNG")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class ProfileBench:
+@dataclass(frozen=True)
+class ProfileBench(Section):
     """torch.profiler's op table of one training step."""
 
     model: str = option("DiT-S/2", "registry name")
@@ -101,21 +101,21 @@ class ProfileBench:
     rows: int = option(25, "table rows")
 
 
-@dataclass
-class AttentionBench:
+@dataclass(frozen=True)
+class AttentionBench(Section):
     """One block's attention forward and backward per kernel, at the model's shapes."""
 
     model: str = option("DiT-S/2", "registry name")
     precision: str = option("fp32", "precision", choices=PRECISIONS)
     global_batch_size: int = option(8, "images per step")
     image_size: int = option(256, "pixels (latents are image / 8)")
-    attention: list[str] = option(["flash", "math", "explicit"], "kernels", choices=ATTENTION_BACKENDS)
+    attention: tuple[str, ...] = option(["flash", "math", "explicit"], "kernels", choices=ATTENTION_BACKENDS)
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class RepeatBench:
+@dataclass(frozen=True)
+class RepeatBench(Section):
     """The quick start's training run repeated in fresh processes: does MFU agree from run to run?"""
 
     runs: int = option(3, "training runs, one process each")
@@ -126,16 +126,16 @@ class RepeatBench:
         choices=("fresh", "cached"),
     )
     eval_every: int = option(0, "also evaluate every N steps (100 digit samples): the MFU must not change")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)
 
 
-@dataclass
-class PrecisionBench:
+@dataclass(frozen=True)
+class PrecisionBench(Section):
     """bf16 against fp32 in sample quality: the quick-start recipe per precision and seed, digit FID at equal steps."""
 
     max_steps: int = option(1200, "steps per run (the quick start's default)")
-    precision: list[str] = option(["fp32", "bf16"], "precisions", choices=PRECISIONS)
-    seeds: list[int] = option([0, 1], "training seeds per precision")
+    precision: tuple[str, ...] = option(["fp32", "bf16"], "precisions", choices=PRECISIONS)
+    seeds: tuple[int, ...] = option([0, 1], "training seeds per precision")
     eval_samples: int = option(500, "EMA samples scored per run")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
-    json: str | None = option(None, JSON_HELP)
+    out: str | None = option(None, OUT_HELP)

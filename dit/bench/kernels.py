@@ -34,19 +34,19 @@ def bench_sample(
     attention: str = "auto",
 ) -> dict:
     """Images/s and MFU of the guided DDPM sampler on random weights (speed does not depend on them)."""
-    from dit.sample.generate import Sampler, SamplingModel, sample_latents
+    from dit.sample.generate import Guidance, Sampler, SamplingModel, sample_latents
 
     with Runtime(device, precision) as runtime:
         dev = runtime.device
         net = DiT_models[model](input_size=image_size // 8).to(dev).eval().set_attention(attention)
         sm = SamplingModel(net, "random", image_size, None, None)
-        sampler = Sampler(sm, num_sampling_steps, "ddpm")
+        sampler = Sampler(sm, num_sampling_steps, "ddpm", guidance=Guidance(guidance_scale))
         labels, seeds = [i % 1000 for i in range(batch_size)], list(range(batch_size))
         times = []
         for i in range(repeats + 1):
             runtime.sync()
             start = time.perf_counter()
-            sample_latents(sm, sampler, labels, seeds, guidance_scale, 3, runtime.precision)
+            sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
             runtime.sync()
             if i:  # the first run warms up
                 times.append(time.perf_counter() - start)

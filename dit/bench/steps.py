@@ -7,7 +7,6 @@ median with the 10th and 90th percentiles.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -49,7 +48,7 @@ def bench_trainer(
     model: str, image_size: int, batch_size: int, results_dir: str, **options
 ) -> tuple[Trainer, list]:
     """A trainer on synthetic latents (its own runtime and precision) and one batch already on its device."""
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         model=model,
         image_size=image_size,
         vae="none",  # the synthetic data are latents already
@@ -58,7 +57,7 @@ def bench_trainer(
         results_dir=results_dir,
         **options,
     )
-    runtime = Runtime(cfg.device, cfg.precision)
+    runtime = Runtime.of(cfg.runtime)
     trainer = Trainer(cfg, runtime, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
     trainer.state.model.train()
     x, y = next(iter(trainer.loader))
@@ -86,7 +85,7 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
         "mode": "train",
         "model": model,
         "image_size": image_size,
-        "precision": trainer.cfg.precision,
+        "precision": trainer.cfg.runtime.precision,
         "batch_per_device": batch,
         "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
         "compile": compile,
@@ -108,6 +107,7 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
 
 
 def bench_train(
+    *,
     model: str = "DiT-S/2",
     image_size: int = 256,
     precisions: tuple[str, ...] = ("fp32",),
@@ -174,7 +174,9 @@ def bench_accounting(
 ) -> dict:
     """What cost accounting adds to a step: the meter's per-step counters, and one log (window + sinks)
     amortised over ``log_every`` steps, against the measured step time of the same configuration."""
-    (step,) = bench_train(model, image_size, (precision,), batch_size, steps=5, warmup=2)
+    (step,) = bench_train(
+        model=model, image_size=image_size, precisions=(precision,), batch_size=batch_size, steps=5, warmup=2
+    )
     with tempfile.TemporaryDirectory() as out:
         trainer, _ = bench_trainer(model, image_size, batch_size, out, precision=precision)
         ledger, n = trainer.ledger, 20000
@@ -232,12 +234,11 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     curves = {}
     for precision, seed in runs:
         with tempfile.TemporaryDirectory() as out:
-            cfg = dataclasses.replace(
-                base,
+            cfg = base.replace(
                 precision=precision,
                 seed=seed,
                 results_dir=out,
-                ckpt_every=10 * base.max_steps,
+                ckpt_every=10 * base.budget.max_steps,
                 progress=False,
             )
             train(cfg, dataset)
@@ -256,8 +257,8 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     return {
         "mode": "loss",
         "reference": ref_name,
-        "steps": base.max_steps,
-        "log_every": base.log_every,
+        "steps": base.budget.max_steps,
+        "log_every": base.ledger.log_every,
         "tail_fraction": tail,
         "tail_mean_loss": {name: tail_mean(curve) for name, curve in curves.items()},
         "tail_gap_to_reference": gaps,
@@ -324,7 +325,7 @@ def bench_precision_quality(
             for seed in seeds:
                 out = Path(tmp) / f"{precision}-{seed}"
                 cfg = digits_train_config(preset, steps, out, device, eval_ref=ref, eval_samples=eval_samples)
-                train(dataclasses.replace(cfg, precision=precision, seed=seed, progress=False), DigitDataset(28))
+                train(cfg.replace(precision=precision, seed=seed, progress=False), DigitDataset(28))
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]

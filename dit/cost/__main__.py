@@ -11,7 +11,7 @@ import json
 import sys
 
 from dit.cli import run_cli
-from dit.config import parse_command
+from dit.config import Face
 from dit.cost import analytic, peaks, plan
 from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArgs, SampleArgs, TrainArgs
 from dit.errors import UserError
@@ -71,10 +71,6 @@ def _emit(result, as_json: bool, pairs) -> None:
 
 
 def cmd_flops(a: FlopsArgs) -> None:
-    if not a.all and a.model is None and a.depth is None:
-        raise UserError(
-            f"pass --model (one of {', '.join(MODEL_NAMES)}), --all, or a custom --depth/--hidden-size/..."
-        )
     summaries = []
     for name in MODEL_NAMES if a.all else [a.model]:
         cfg = a.config(name)
@@ -187,32 +183,38 @@ def cmd_train(a: TrainArgs) -> None:
 def cmd_sample(a: SampleArgs) -> None:
     cfg = a.config()
     vae = plan.vae_config_for(a.vae)
-    nfe = a.evaluations()
+    sampling = a.plan()
+    nfe, unguided = a.evaluations(sampling)
     result = plan.plan_sampling(
         cfg,
         a.image_size,
         a.num_images,
         nfe,
-        a.guidance_scale,
+        a.guidance_scale_planned,
         a.num_gpus,
         **a.budget(),
         vae_config=vae,
+        unguided_nfe=unguided,
     )
-    method = a.method()
     result.update(
         num_sampling_steps=a.num_sampling_steps,
-        sampler=a.sampler if method is None else f"{a.sampler} {method}",
+        sampler=sampling.sampler,
+        guidance_interval=a.guidance_interval,
         nfe=nfe,
+        guided_nfe=nfe - unguided,
+        unguided_nfe=unguided,
     )
 
     def pairs(r):
-        passes = r["forward_passes_per_image"] // r["nfe"]
-        guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided"] else " (no guidance)"
+        guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided_nfe"] else " (no guidance)"
+        if r["guidance_interval"]:
+            guided += f", guided in [{r['guidance_interval'][0]:g}, {r['guidance_interval'][1]:g}]"
         out = [
             ("model", f"{describe(cfg)} at {r['image_size']} px"),
-            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps) x {passes} pass{'es' if passes > 1 else ''}{guided} x "
-                            f"{_num(r['forward_gflops'], 2)} GFLOP = {_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP "
-                            f"= {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
+            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps): "
+                            f"{r['guided_nfe']} guided x 2 passes + {r['unguided_nfe']} unguided x 1 pass{guided} = "
+                            f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP = "
+                            f"{_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP = {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
         ]  # fmt: skip
         if vae is not None:
             out.append(("VAE decode / image", f"{_num(r['vae_decode_gflops_per_image'], 2)} GFLOP"))
@@ -243,11 +245,11 @@ def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
 
 def cmd_memory(a: MemoryArgs) -> None:
     cfg = a.config()
-    if a.batch_per_device is None and a.global_batch_size is None:
+    if a.batch_size is None and a.global_batch_size is None:
         raise UserError("pass --batch-per-device, or --global-batch-size with --num-gpus.")
     if a.num_gpus < 1:
         raise UserError(f"--num-gpus must be >= 1, got {a.num_gpus}.")
-    batch = a.batch_per_device
+    batch = a.batch_size
     if batch is None:
         if a.global_batch_size % a.num_gpus:
             raise UserError(f"--global-batch-size {a.global_batch_size} does not split over {a.num_gpus} GPUs.")
@@ -279,8 +281,8 @@ def cmd_memory(a: MemoryArgs) -> None:
 
 
 def cmd_peaks(a: PeaksArgs) -> None:
-    if a.device is not None:
-        peak = peaks.resolve_peak(a.device, a.precision, a.peak_tflops)
+    if a.gpu is not None:
+        peak = peaks.resolve_peak(a.gpu, a.precision, a.peak_tflops)
         result = {
             "device": peak.device,
             "precision": peak.precision,
@@ -387,10 +389,17 @@ COMMANDS = {
 }
 
 
+FACE = Face(
+    "dit-cost",
+    __doc__.split("\n")[0],
+    commands={name: Face(f"dit-cost {name}", (cls.__doc__ or "").strip(), sections={"args": cls})
+              for name, (cls, _) in COMMANDS.items()},
+)  # fmt: skip
+
+
 def _main(argv: list[str] | None) -> int:
-    specs = {name: (cls, (cls.__doc__ or "").strip()) for name, (cls, _) in COMMANDS.items()}
-    name, args = parse_command(specs, argv, prog="dit-cost", description=__doc__.split("\n")[0])
-    COMMANDS[name][1](args)
+    parsed = FACE.parse(argv)
+    COMMANDS[parsed.command][1](parsed.sections["args"])
     return 0
 
 

@@ -139,15 +139,24 @@ def training_flops_per_image(
 
 
 def sampling_flops_per_image(
-    cfg: DiTConfig, num_steps: int, guidance_scale: float, vae_decode_flops: float = 0.0
+    cfg: DiTConfig,
+    num_steps: float,
+    guidance_scale: float,
+    vae_decode_flops: float = 0.0,
+    *,
+    unguided_nfe: float = 0,
 ) -> SampleFlops:
     """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
-    uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun."""
+    uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun;
+    ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone)."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if guidance_scale < 1.0:
         raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
-    passes = num_steps * (2 if guidance_scale > 1.0 else 1)
+    if not 0 <= unguided_nfe <= num_steps:
+        raise ValueError(f"unguided_nfe must be in [0, {num_steps}], got {unguided_nfe}")
+    guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
+    passes = 2 * guided + (num_steps - guided)
     return SampleFlops(
         model=float(passes * forward_macs(cfg).flops), vae_decode=float(vae_decode_flops), forward_passes=passes
     )

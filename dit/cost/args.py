@@ -7,34 +7,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import option
+from dit.config import FieldError, Section, option
 from dit.cost import memory, peaks, plan
 from dit.errors import UserError
-from dit.model_config import MODEL_NAMES
+from dit.model_config import ModelSection, parse_activation_checkpointing
+from dit.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
 
 
-@dataclass
-class ModelArgs:
-    model: str | None = option(None, f"registry name: one of {', '.join(MODEL_NAMES)}")
-    image_size: int = option(256, "pixels (the model's input is the VAE's latent of it, or the image itself)")
+@dataclass(frozen=True)
+class CostModelSection(ModelSection):
+    """The model section (train.py's flags and defaults) and the latent space it sees, which dit-cost cannot
+    read off the data: the VAE (or none), and the latent size and channels where they are not the VAE's."""
+
     vae: str = option(
         "ema",
         "the latent space: ema or mse (the SD VAE), a folder with an AutoencoderKL config.json, or none (pixel space)",
     )
-    latent_size: int | None = option(None, "the model's input size, if not image size / the VAE's downsampling")
-    in_channels: int | None = option(None, "default: the VAE's latent channels (4 for SD), or 3 with --vae none")
-    num_classes: int = option(1000, "classes")
-    learn_sigma: bool = option(
-        True, "output 2C channels (learned variance), as DiT does; --no-learn-sigma for a flow model"
+    latent_size: int | None = option(
+        None, "the model's input size, if not image size / the VAE's downsampling", ge=1
     )
-    depth: int | None = option(None, "custom size")
-    hidden_size: int | None = option(None, "custom size")
-    num_heads: int | None = option(None, "custom size")
-    patch_size: int | None = option(None, "custom size")
+    in_channels: int | None = option(
+        None, "default: the VAE's latent channels (4 for SD), or 3 with --vae none", ge=1
+    )
 
     def config(self, model: str | None = None):
+        """The DiT this section describes (``model``: another registry name at the same sizes and space)."""
+        sizes = {k: getattr(self, k) for k in ("depth", "hidden_size", "num_heads", "patch_size")}
         return plan.model_for_image(
             model if model is not None else self.model,
             self.image_size,
@@ -42,36 +42,37 @@ class ModelArgs:
             latent_size=self.latent_size,
             in_channels=self.in_channels,
             num_classes=self.num_classes,
-            learn_sigma=None if self.learn_sigma else False,
-            depth=self.depth,
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            patch_size=self.patch_size,
-        )
+            class_dropout_prob=self.class_dropout_prob,
+            learn_sigma=None if self.learn_sigma is None else self.learn_sigma,
+            norm=self.norm, mlp=self.mlp, rope=self.rope, qk_norm=self.qk_norm,
+            **sizes,
+        )  # fmt: skip
 
     def checkpointed(self, cfg, value: str, allow_auto: bool = False) -> int | str:
-        """--activation-checkpointing: none, all, N, or (memory with a device) auto."""
-        text = str(value).lower()
-        if text == "auto" and allow_auto:
-            return "auto"
-        blocks = 0 if text == "none" else cfg.depth if text == "all" else int(text) if text.isdigit() else -1
-        if not 0 <= blocks <= cfg.depth:
+        """--activation-checkpointing for ``cfg``: a block count, or (memory with a device) auto."""
+        try:
+            blocks = parse_activation_checkpointing(value, cfg.depth)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+        if blocks == "auto" and not allow_auto:
             raise UserError(
-                f"--activation-checkpointing must be none, all or a block count 0..{cfg.depth} (the depth), "
-                f"got {value!r}" + ("; auto needs --gpu or --memory-gib." if text == "auto" else ".")
+                "--activation-checkpointing auto needs a device: --gpu or --memory-gib (dit-cost memory)."
             )
         return blocks
 
 
-@dataclass
-class BudgetArgs:
+@dataclass(frozen=True)
+class HardwareSection(Section):
+    """The devices a plan runs on, and what they cost: with --gpu and --mfu (or --calibration), time and price."""
+
     gpu: str | None = option(None, "device name or alias (H100-SXM, A100, 'NVIDIA L40S'); see `dit-cost peaks`")
-    num_gpus: int = option(1, "devices")
+    num_gpus: int = option(1, "devices", ge=1)
     precision: str = option("bf16", "the precision the peak is read for", choices=peaks.PRECISIONS)
-    mfu: float | None = option(None, "model FLOPs utilisation in (0, 1], e.g. 0.4 (with --gpu: time and cost)")
+    mfu: float | None = option(None, "model FLOPs utilisation in (0, 1], e.g. 0.4 (with --gpu: time and cost)",
+                               gt=0, le=1)  # fmt: skip
     calibration: str | None = option(None, "calibration JSON from a benchmark (schema: docs/cost_model.md)")
-    peak_tflops: float | None = option(None, "dense peak TFLOP/s per device, overriding the table")
-    price_per_hour: float | None = option(None, "price of one device-hour, for the cost line")
+    peak_tflops: float | None = option(None, "dense peak TFLOP/s per device, overriding the table", gt=0)
+    price_per_hour: float | None = option(None, "price of one device-hour, for the cost line", gt=0)
 
     def budget(self) -> dict:
         return dict(
@@ -84,8 +85,8 @@ class BudgetArgs:
         )
 
 
-@dataclass
-class FlopsArgs(ModelArgs):
+@dataclass(frozen=True)
+class FlopsArgs(CostModelSection):
     """analytic FLOPs per image, by component"""
 
     all: bool = option(False, "every registry config at --image-size")
@@ -99,112 +100,122 @@ class FlopsArgs(ModelArgs):
     json: bool = option(False, "print JSON")
 
 
-@dataclass
-class TrainArgs(ModelArgs, BudgetArgs):
+@dataclass(frozen=True)
+class TrainArgs(CostModelSection, HardwareSection):
     """compute (and with a device: time and cost) of a training run"""
 
-    global_batch_size: int = option(256, "images per optimizer step, all devices together")
-    max_steps: int = option(400_000, "optimizer steps")
+    global_batch_size: int = option(256, "images per optimizer step, all devices together", ge=1)
+    max_steps: int = option(400_000, "optimizer steps to train for", ge=1)
     activation_checkpointing: str = option("none", CKPT_HELP + " (memory and hardware FLOPs)")
     json: bool = option(False, "print JSON")
 
 
-@dataclass
-class SampleArgs(ModelArgs, BudgetArgs):
+@dataclass(frozen=True)
+class SampleArgs(CostModelSection, HardwareSection, FidSamplingSection):
     """compute (and with a device: time and cost) of sampling N images"""
 
-    num_images: int = option(50_000, "images to sample")
-    num_sampling_steps: int = option(250, "denoising steps")
-    guidance_scale: float = option(
-        1.5, "classifier-free guidance scale; above 1 doubles the batch", aliases=("--cfg-scale",)
+    precision: str = option("tf32", "the precision the peak is read for (sample.py's default: tf32)",
+                            choices=peaks.PRECISIONS)  # fmt: skip
+    num_images: int = option(50_000, "images to sample", ge=1)
+    nfe: int | None = option(
+        None, "network evaluations per image, for the adaptive dopri5 (read a run's log)", ge=1
     )
-    sampler: str = option("ddpm", "ddpm or ddim (diffusion), ode or sde (flow matching)",
-                          choices=("ddpm", "ddim", "ode", "sde"))  # fmt: skip
-    sampling_method: str | None = option(None, "ode: euler, heun or dopri5 (default heun); sde: euler or heun")
-    last_step: str = option("mean", "sde: the last step (none saves one evaluation)")
-    nfe: int | None = option(None, "network evaluations per image, for the adaptive dopri5 (read a run's log)")
     json: bool = option(False, "print JSON")
 
-    def method(self) -> str | None:
-        """The ODE/SDE integrator (None for DDPM/DDIM); the transport is imported here, not with the planner."""
-        from dit.transport.samplers import DEFAULT_METHODS
+    @property
+    def guidance_scale_planned(self) -> float:
+        """The guidance a model of this section has by default (1.5 with a null class: an FID set's)."""
+        try:
+            return self.guidance(self.num_classes > 0 and self.class_dropout_prob > 0)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
 
-        return self.sampling_method or DEFAULT_METHODS.get(self.sampler)
+    def plan(self) -> SamplingPlan:
+        """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
+        flow = self.sampler in ("ode", "sde")
+        return sampling_plan(
+            self.kind(flow), self.num_sampling_steps, method=self.sampling_method, last_step=self.last_step,
+            guidance_scale=self.guidance_scale_planned, interval=self.guidance_interval,
+        )  # fmt: skip
 
-    def evaluations(self) -> int:
-        """Network evaluations per image of the chosen sampler: steps for DDPM/DDIM/Euler, 2 per Heun step."""
-        from dit.transport.samplers import ODE_METHODS, SDE_METHODS, planned_nfe
-
-        if self.num_sampling_steps < 1:
-            raise UserError(f"--num-sampling-steps must be >= 1, got {self.num_sampling_steps}.")
-        if self.sampler in ("ddpm", "ddim"):
-            if self.sampling_method is not None:
-                raise UserError(
-                    f"--sampling-method is for the flow samplers ode and sde, not --sampler {self.sampler}."
-                )
-            return self.nfe or self.num_sampling_steps
-        methods, method = (ODE_METHODS if self.sampler == "ode" else SDE_METHODS), self.method()
-        if method not in methods:
-            raise UserError(f"--sampling-method for --sampler {self.sampler} must be one of {', '.join(methods)}.")
-        planned = planned_nfe(self.sampler, method, self.num_sampling_steps, self.last_step)
-        if planned is None and self.nfe is None:
-            raise UserError(f"{method} picks its own steps: pass --nfe, the evaluations per image a run printed.")
-        return self.nfe or planned
+    def evaluations(self, plan: SamplingPlan) -> tuple[int, int]:
+        """(network evaluations, unguided ones) per image: the plan's, or --nfe for the adaptive dopri5."""
+        if plan.nfe is not None:
+            if self.nfe is not None and self.nfe != plan.nfe:
+                raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
+            return plan.nfe, plan.unguided_nfe
+        if self.nfe is None:
+            raise UserError(
+                f"{self.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
+            )
+        if self.guidance_interval is not None and self.guidance_scale_planned > 1:
+            raise UserError(
+                "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
+                "after a run: read its cost line, or plan without the interval (every evaluation guided)."
+            )
+        return self.nfe, 0 if self.guidance_scale_planned > 1 else self.nfe
 
 
-@dataclass
-class MemoryArgs(ModelArgs):
+@dataclass(frozen=True)
+class MemoryArgs(CostModelSection):
     """training memory per device: analytic, traced, largest batch"""
 
-    batch_per_device: int | None = option(None, "images per device per step")
-    global_batch_size: int | None = option(None, "images per step over --num-gpus devices")
-    num_gpus: int = option(1, "devices")
+    batch_size: int | None = option(None, "images per device per step", ge=1, aliases=("--batch-per-device",))
+    global_batch_size: int | None = option(None, "images per step over --num-gpus devices", ge=1)
+    num_gpus: int = option(1, "devices", ge=1)
     precision: str = option("bf16", "training precision", choices=memory.MEMORY_PRECISIONS)
     activation_checkpointing: str = option("none", CKPT_HELP + ", or auto (the fewest that fit; needs a device)")
     ema: bool = option(True, "an fp32 EMA copy of the weights")
-    sharding: str = option("ddp", "data parallelism", choices=("ddp", "fsdp"))
+    fsdp: bool = option(False, "shard weights, gradients, AdamW and EMA over the devices (FSDP2) instead of DDP")
     trace: bool = option(False, "also trace one real step on fake tensors")
     gpu: str | None = option(None, "device, for its memory and the largest batch that fits")
-    memory_gib: float | None = option(None, "device memory, if --gpu does not say")
+    memory_gib: float | None = option(None, "device memory, if --gpu does not say", gt=0)
     memory_reserve_gib: float | None = option(
-        None, "kept free for the CUDA context and fragmentation (default: 10%, at least 2 GiB)"
+        None, "kept free for the CUDA context and fragmentation (default: 10%, at least 2 GiB)", ge=0
     )
     json: bool = option(False, "print JSON")
 
+    @property
+    def sharding(self) -> str:
+        return "fsdp" if self.fsdp else "ddp"
 
-@dataclass
-class PeaksArgs:
+
+@dataclass(frozen=True)
+class PeaksArgs(Section):
     """the peak table, or the peak for one device name ('cpu' measures)"""
 
-    device: str | None = option(None, "a device name to resolve, e.g. 'NVIDIA H100 80GB HBM3' or cpu")
+    gpu: str | None = option(None, "a device name to resolve, e.g. 'NVIDIA H100 80GB HBM3' or cpu",
+                             aliases=("--device",))  # fmt: skip
     precision: str = option("bf16", "precision", choices=peaks.PRECISIONS)
-    peak_tflops: float | None = option(None, "override")
+    peak_tflops: float | None = option(None, "override the table", gt=0)
     json: bool = option(False, "print JSON")
 
 
-@dataclass(kw_only=True)
-class PlotArgs(ModelArgs):
+@dataclass(frozen=True, kw_only=True)
+class PlotArgs(CostModelSection):
     """PNG charts: 'flops' (all configs), 'memory' (one config vs batch) or 'quality' (FID against training FLOPs)"""
 
     chart: str = option(help="flops, memory or quality", choices=("flops", "memory", "quality"), positional=True)
-    runs: list[str] = option([], "quality: run folders (their --results-dir), one line each", positional=True)
+    runs: tuple[str, ...] = option(
+        [], "quality: run folders (their --results-dir), one line each", positional=True
+    )
     out: str = option(help="PNG path")
-    labels: list[str] | None = option(None, "quality: a legend label per run (default: the folders)")
+    labels: tuple[str, ...] | None = option(None, "quality: a legend label per run (default: the folders)")
     precision: str = option("bf16", "training precision (memory chart)", choices=memory.MEMORY_PRECISIONS)
     gpu: str | None = option(None, "device, for its memory line")
-    memory_gib: float | None = option(None, "device memory, if --gpu does not say")
+    memory_gib: float | None = option(None, "device memory, if --gpu does not say", gt=0)
     traced_batches: str | None = option(None, "comma-separated batches to trace as points, e.g. 8,64")
 
 
-@dataclass(kw_only=True)
-class QualityArgs:
+@dataclass(frozen=True, kw_only=True)
+class QualityArgs(Section):
     """the training compute, time and cost at which a run reached a target FID"""
 
     run: str = option(help="the run's folder (its --results-dir)", positional=True)
     target_fid: float = option(help="the FID to reach")
-    price_per_hour: float | None = option(None, "price of one device-hour, for the cost")
+    price_per_hour: float | None = option(None, "price of one device-hour, for the cost", gt=0)
     gpu: str | None = option(None, "also: the time on this device (with --mfu and --num-gpus)")
-    num_gpus: int = option(1, "devices, with --gpu")
+    num_gpus: int = option(1, "devices, with --gpu", ge=1)
     precision: str = option("bf16", "the precision the peak is read for, with --gpu", choices=peaks.PRECISIONS)
-    mfu: float | None = option(None, "MFU on --gpu, in (0, 1]")
+    mfu: float | None = option(None, "MFU on --gpu, in (0, 1]", gt=0, le=1)
     json: bool = option(False, "print JSON")

@@ -331,16 +331,20 @@ def plan_sampling(
     price_per_device_hour: float | None = None,
     peak_tflops: float | None = None,
     vae_config: dict | None = SD_VAE_CONFIG,
+    unguided_nfe: int = 0,
 ) -> dict:
     """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
-    time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU)."""
+    time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU).
+    ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each."""
     _positive("--num-images", num_images)
     _positive("--num-gpus", num_devices)
     _positive("--price-per-hour", price_per_device_hour)
     if cfg.num_classes == 0 and guidance_scale > 1:
         raise UserError("an unconditional model (--num-classes 0) has nothing to guide: pass --guidance-scale 1.")
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
-    per_image = sampling_flops_per_image(cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode)
+    per_image = sampling_flops_per_image(
+        cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode, unguided_nfe=unguided_nfe
+    )
     total = per_image.total * num_images
     return {
         "model": registry_name(cfg) or "custom",

@@ -168,7 +168,6 @@ class GaussianDiffusion:
         "posterior_mean_coef2",
         "alphas_cumprod",
         "alphas_cumprod_prev",
-        "alphas_cumprod_next",
         "log_betas",
         "fixed_large_variance",
         "fixed_large_log_variance",
@@ -308,149 +307,75 @@ class GaussianDiffusion:
             "sqrt_recipm1_alphas_cumprod", t, x_t.shape
         )
 
-    def condition_mean(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
-        """Shift the mean by variance x grad log p(y | x) (Dhariwal & Nichol 2021)."""
-        gradient = cond_fn(x, self.model_timesteps(t), **(model_kwargs or {}))
-        return p_mean_var["mean"].float() + p_mean_var["variance"] * gradient.float()
+    # ---- sampling: ancestral (DDPM) and DDIM ---------------------------------------------------------------
+    # ``noise_fn(x)`` draws a step's noise like x (default ``torch.randn_like``): dit.sample passes per-image
+    # generators, so that an image's noise does not depend on the batch it is in.
 
-    def condition_score(self, cond_fn, p_mean_var, x, t, model_kwargs=None):
-        """Score-based conditioning for DDIM (Song et al. 2020)."""
-        alpha_bar = self._extract("alphas_cumprod", t, x.shape)
-        eps = self._predict_eps_from_xstart(x, t, p_mean_var["pred_xstart"])
-        eps = eps - (1 - alpha_bar).sqrt() * cond_fn(x, self.model_timesteps(t), **(model_kwargs or {}))
-        out = dict(p_mean_var)
-        out["pred_xstart"] = self._predict_xstart_from_eps(x, t, eps)
-        out["mean"], _, _ = self.q_posterior_mean_variance(out["pred_xstart"], x, t)
-        return out
-
-    # ---- ancestral sampling -----------------------------------------------------------------------------
-
-    def p_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None):
+    def p_sample(self, model, x, t, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, noise_fn=None):
         out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        noise = torch.randn_like(x)
+        noise = (noise_fn or torch.randn_like)(x)
         nonzero_mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))  # no noise at t = 0
-        if cond_fn is not None:
-            out["mean"] = self.condition_mean(cond_fn, out, x, t, model_kwargs)
         sample = out["mean"] + nonzero_mask * torch.exp(0.5 * out["log_variance"]) * noise
         return {"sample": sample, "pred_xstart": out["pred_xstart"]}
 
-    def _timesteps(self, n, device, progress, reverse=True):
-        indices = list(range(self.num_timesteps))[:: -1 if reverse else 1]
-        for i in tqdm(indices, disable=not progress, leave=False, desc="sampling"):
-            yield torch.full((n,), i, dtype=torch.long, device=device)
-
-    def _initial_noise(self, model, shape, noise, device):
-        if device is None:
-            device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
-        return (noise if noise is not None else torch.randn(*shape, device=device)), device
-
-    def p_sample_loop_progressive(
-        self,
-        model,
-        shape,
-        noise=None,
-        clip_denoised=True,
-        denoised_fn=None,
-        cond_fn=None,
-        model_kwargs=None,
-        device=None,
-        progress=False,
-    ):
-        img, device = self._initial_noise(model, shape, noise, device)
-        for t in self._timesteps(shape[0], device, progress):
-            with torch.no_grad():
-                out = self.p_sample(model, img, t, clip_denoised, denoised_fn, cond_fn, model_kwargs)
-            yield out
-            img = out["sample"]
-
-    def p_sample_loop(
-        self,
-        model,
-        shape,
-        noise=None,
-        clip_denoised=True,
-        denoised_fn=None,
-        cond_fn=None,
-        model_kwargs=None,
-        device=None,
-        progress=False,
-    ):
-        """Ancestral sampling from x_T to x_0; DiT's scripts pass clip_denoised=False."""
-        steps = self.p_sample_loop_progressive(
-            model, shape, noise, clip_denoised, denoised_fn, cond_fn, model_kwargs, device, progress
-        )
-        return deque(steps, maxlen=1)[0]["sample"]
-
-    # ---- DDIM ---------------------------------------------------------------------------------------------
-
     def ddim_sample(
-        self, model, x, t, clip_denoised=True, denoised_fn=None, cond_fn=None, model_kwargs=None, eta=0.0
+        self, model, x, t, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, eta=0.0, noise_fn=None
     ):
         out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        if cond_fn is not None:
-            out = self.condition_score(cond_fn, out, x, t, model_kwargs)
         eps = self._predict_eps_from_xstart(x, t, out["pred_xstart"])
         alpha_bar = self._extract("alphas_cumprod", t, x.shape)
         alpha_bar_prev = self._extract("alphas_cumprod_prev", t, x.shape)
         sigma = (
             eta * torch.sqrt((1 - alpha_bar_prev) / (1 - alpha_bar)) * torch.sqrt(1 - alpha_bar / alpha_bar_prev)
         )
-        noise = torch.randn_like(x)
-        mean_pred = (
-            out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma**2) * eps
-        )
-        nonzero_mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))
-        return {"sample": mean_pred + nonzero_mask * sigma * noise, "pred_xstart": out["pred_xstart"]}
-
-    def ddim_reverse_sample(self, model, x, t, clip_denoised=True, denoised_fn=None, model_kwargs=None, eta=0.0):
-        """x_{t+1} from x_t by the deterministic (eta = 0) ODE, for inversion."""
-        if eta != 0.0:
-            raise ValueError("reverse DDIM is deterministic: eta must be 0.")
-        out = self.p_mean_variance(model, x, t, clip_denoised, denoised_fn, model_kwargs)
-        eps = (self._extract("sqrt_recip_alphas_cumprod", t, x.shape) * x - out["pred_xstart"]) / self._extract(
-            "sqrt_recipm1_alphas_cumprod", t, x.shape
-        )
-        alpha_bar_next = self._extract("alphas_cumprod_next", t, x.shape)
-        sample = out["pred_xstart"] * torch.sqrt(alpha_bar_next) + torch.sqrt(1 - alpha_bar_next) * eps
+        sample = out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma**2) * eps
+        if eta > 0:  # eta = 0 is deterministic: no noise drawn
+            nonzero_mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))
+            sample = sample + nonzero_mask * sigma * (noise_fn or torch.randn_like)(x)
         return {"sample": sample, "pred_xstart": out["pred_xstart"]}
 
-    def ddim_sample_loop_progressive(
-        self,
-        model,
-        shape,
-        noise=None,
-        clip_denoised=True,
-        denoised_fn=None,
-        cond_fn=None,
-        model_kwargs=None,
-        device=None,
-        progress=False,
-        eta=0.0,
-    ):
-        img, device = self._initial_noise(model, shape, noise, device)
-        for t in self._timesteps(shape[0], device, progress):
+    def _loop(self, step, model, shape, noise, device, progress, **kwargs):
+        if device is None:
+            device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
+        img = noise if noise is not None else torch.randn(*shape, device=device)
+        steps = range(self.num_timesteps - 1, -1, -1)
+        for i in tqdm(steps, disable=not progress, leave=False, desc="sampling"):
+            t = torch.full((shape[0],), i, dtype=torch.long, device=device)
             with torch.no_grad():
-                out = self.ddim_sample(model, img, t, clip_denoised, denoised_fn, cond_fn, model_kwargs, eta)
+                out = step(model, img, t, **kwargs)
             yield out
             img = out["sample"]
 
-    def ddim_sample_loop(
-        self,
-        model,
-        shape,
-        noise=None,
-        clip_denoised=True,
-        denoised_fn=None,
-        cond_fn=None,
-        model_kwargs=None,
-        device=None,
-        progress=False,
-        eta=0.0,
+    def p_sample_loop_progressive(self, model, shape, noise=None, *, device=None, progress=False, **step_kwargs):
+        """Each step's output of ``p_sample_loop`` (keywords: clip_denoised, denoised_fn, model_kwargs, noise_fn)."""
+        return self._loop(self.p_sample, model, shape, noise, device, progress, **step_kwargs)
+
+    def p_sample_loop(
+        self, model, shape, noise=None, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, device=None,
+        progress=False, noise_fn=None,
+    ):  # fmt: skip
+        """Ancestral sampling from x_T to x_0; DiT's scripts pass clip_denoised=False."""
+        steps = self.p_sample_loop_progressive(
+            model, shape, noise, device=device, progress=progress, clip_denoised=clip_denoised,
+            denoised_fn=denoised_fn, model_kwargs=model_kwargs, noise_fn=noise_fn,
+        )  # fmt: skip
+        return deque(steps, maxlen=1)[0]["sample"]
+
+    def ddim_sample_loop_progressive(
+        self, model, shape, noise=None, *, device=None, progress=False, **step_kwargs
     ):
+        """Each step's output of ``ddim_sample_loop`` (keywords as ``ddim_sample``)."""
+        return self._loop(self.ddim_sample, model, shape, noise, device, progress, **step_kwargs)
+
+    def ddim_sample_loop(
+        self, model, shape, noise=None, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, device=None,
+        progress=False, eta=0.0, noise_fn=None,
+    ):  # fmt: skip
         """DDIM sampling (eta = 0: deterministic); it ignores the learned variance."""
         steps = self.ddim_sample_loop_progressive(
-            model, shape, noise, clip_denoised, denoised_fn, cond_fn, model_kwargs, device, progress, eta
-        )
+            model, shape, noise, device=device, progress=progress, clip_denoised=clip_denoised,
+            denoised_fn=denoised_fn, model_kwargs=model_kwargs, eta=eta, noise_fn=noise_fn,
+        )  # fmt: skip
         return deque(steps, maxlen=1)[0]["sample"]
 
     # ---- losses -------------------------------------------------------------------------------------------

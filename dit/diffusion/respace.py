@@ -1,41 +1,14 @@
-"""Timestep respacing: sample with a subset of the training timesteps (ADM's ``space_timesteps``)."""
+"""Timestep respacing: sample with a subset of the training timesteps (ADM's ``space_timesteps``, which lives
+in the torch-free ``dit.sampling_plan`` so that the planner can read a respacing without torch)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dit.diffusion.gaussian_diffusion import GaussianDiffusion
+from dit.sampling_plan import space_timesteps
 
-
-def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
-    """The timesteps to keep.
-
-    ``section_counts`` is "ddimN" (an exact stride: "ddim50" gives 0, 20, ..., 980), a comma-separated
-    string or list of counts per equal section ("250" gives 0, 4, 8, ..., 991, 995, 999: each section is
-    strided by rounding so that its ends are kept).
-    """
-    if isinstance(section_counts, str):
-        if section_counts.startswith("ddim"):
-            desired = int(section_counts[len("ddim") :])
-            for stride in range(1, num_timesteps):
-                if len(range(0, num_timesteps, stride)) == desired:
-                    return set(range(0, num_timesteps, stride))
-            raise ValueError(f"cannot make exactly {desired} steps from {num_timesteps} with an integer stride.")
-        section_counts = [int(x) for x in section_counts.split(",")]
-    size_per, extra = divmod(num_timesteps, len(section_counts))
-    start, all_steps = 0, []
-    for i, section_count in enumerate(section_counts):
-        size = size_per + (1 if i < extra else 0)
-        if size < section_count:
-            raise ValueError(f"cannot divide a section of {size} steps into {section_count}.")
-        frac_stride = 1 if section_count <= 1 else (size - 1) / (section_count - 1)
-        cur, taken = 0.0, []
-        for _ in range(section_count):
-            taken.append(start + round(cur))
-            cur += frac_stride
-        all_steps += taken
-        start += size
-    return set(all_steps)
+__all__ = ["SpacedDiffusion", "space_timesteps"]
 
 
 class SpacedDiffusion(GaussianDiffusion):

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 from dit.config import FieldError, Section, option
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
+from dit.errors import UserError
 from dit.eval.evaluator import SCORES, Evaluator, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed
-from dit.sampling import SamplingSection
+from dit.sampling_plan import SamplingSection
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,10 @@ class InLoopEval:
         self.evaluator.check_count(section.num_samples)
         model_config = model.config
         null_class = model_config.num_classes > 0 and model_config.class_dropout_prob > 0
-        self.guidance_scale = sampling.guidance(null_class)
+        try:
+            self.guidance_scale = sampling.guidance(null_class)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--eval-" + name.replace("_", "-"))) from None
         seed = mix_seed(Stream.EVAL, seed)
         n, classes = section.num_samples, model_config.num_classes
         self.labels = [fid_label(seed, i, classes) for i in range(n)]
@@ -99,9 +103,10 @@ class InLoopEval:
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), image_size).decode if vae is not None else 0.0
         self.planner = Sampler.from_options(self._sampling_model(model), sampling)
-        per_image = sampling_flops_per_image(  # the network evaluations the sampler makes: 2 a step for Heun
-            model_config, self.planner.planned_nfe or sampling.num_sampling_steps, self.guidance_scale,
-            vae_decode_flops=decode,
+        plan = self.planner.plan  # the network evaluations the sampler makes: 2 a step for Heun
+        per_image = sampling_flops_per_image(
+            model_config, plan.nfe or sampling.num_sampling_steps, self.guidance_scale, vae_decode_flops=decode,
+            unguided_nfe=plan.unguided_nfe,
         )  # fmt: skip
         self.sampling_flops_per_image = per_image.total
 
@@ -134,7 +139,7 @@ class InLoopEval:
             for batch in mine:
                 labels = [self.labels[i] for i in batch]
                 seeds = [self.seeds[i] for i in batch]
-                images = generate(sm, sampler, labels, seeds, self.guidance_scale, 3, rt.precision)
+                images = generate(sm, sampler, labels, seeds, precision=rt.precision)
                 yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())

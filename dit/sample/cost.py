@@ -21,14 +21,22 @@ from dit.sample.generate import SamplingModel
 class SamplingCost:
     model_flops_per_image: float  # the DiT over all steps, doubled where guidance doubles the batch
     vae_flops_per_image: float  # one VAE decode; 0 for pixel-space models
-    nfe: float  # network evaluations per image, as run (dopri5: the mean over batches) (a guided evaluation doubles the batch, not the count)
+    guided_nfe: float  # network evaluations per image run guided (two passes each), as run (dopri5: the mean)
+    unguided_nfe: float  # ... and run unguided (one pass: guidance off, or outside --guidance-interval)
     sampler: str
-    guided: bool
     images: int
     dit_s: float  # wall time of the denoising loop
     decode_s: float  # wall time of the VAE decode (0 for pixel space)
     peak: Peak | None
     peak_note: str = ""  # why there is no peak, when there is none
+
+    @property
+    def nfe(self) -> float:
+        return self.guided_nfe + self.unguided_nfe
+
+    @property
+    def guided(self) -> bool:
+        return self.guided_nfe > 0
 
     @property
     def flops_per_image(self) -> float:
@@ -61,12 +69,11 @@ class SamplingCost:
         def pct(x):
             return "n/a" if x is None else f"{100 * x:.4g}%"
 
-        passes = 2 if self.guided else 1
         doubling = ", guidance doubles the batch" if self.guided else ""
         line = (
-            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe:g} network evaluations (NFE) x "
-            f"{passes} pass{'es' if passes > 1 else ''}{doubling}) for {self.images} images in {self.dit_s:.6g} s, "
-            f"MFU {pct(self.mfu)}"
+            f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe:g} network "
+            f"evaluations (NFE): {self.guided_nfe:g} guided x 2 passes{doubling} + {self.unguided_nfe:g} unguided x "
+            f"1 pass) for {self.images} images in {self.dit_s:.6g} s, MFU {pct(self.mfu)}"
         )
         if self.vae_flops_per_image:
             line += (
@@ -81,10 +88,13 @@ class SamplingCost:
         return line
 
 
-def flops_per_image(sm: SamplingModel, nfe: float, guidance_scale: float) -> tuple[float, float]:
-    """(DiT FLOPs over ``nfe`` evaluations incl. the guidance doubling, VAE decode FLOPs) per image."""
+def flops_per_image(sm: SamplingModel, guided_nfe: float, unguided_nfe: float) -> tuple[float, float]:
+    """(DiT FLOPs of the evaluations, two passes for each guided one; VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
-    counted = sampling_flops_per_image(sm.config, nfe, guidance_scale, vae_decode_flops=decode_flops)
+    scale = 2.0 if guided_nfe else 1.0  # any scale above 1 doubles a guided evaluation
+    counted = sampling_flops_per_image(
+        sm.config, guided_nfe + unguided_nfe, scale, vae_decode_flops=decode_flops, unguided_nfe=unguided_nfe
+    )
     return counted.model, counted.vae_decode
 
 
@@ -100,17 +110,11 @@ def device_peak(device: torch.device, precision: str, peak_tflops: float | None 
 
 
 def measure_cost(
-    sm: SamplingModel,
-    sampler,
-    guidance_scale: float,
-    images: int,
-    dit_s: float,
-    decode_s: float,
-    peak: tuple[Peak | None, str],
+    sm: SamplingModel, sampler, images: int, dit_s: float, decode_s: float, peak: tuple[Peak | None, str]
 ) -> SamplingCost:
-    """The cost of ``images`` made by ``sampler`` (after its run: its evaluation count is the one it made)."""
-    model_flops, decode_flops = flops_per_image(sm, sampler.mean_nfe, guidance_scale)
+    """The cost of ``images`` made by ``sampler`` (after its run: its evaluation counts are the ones it made)."""
+    guided, unguided = sampler.mean_guided_nfe, sampler.mean_unguided_nfe
+    model_flops, decode_flops = flops_per_image(sm, guided, unguided)
     return SamplingCost(
-        model_flops, decode_flops, sampler.mean_nfe, sampler.describe(), guidance_scale > 1, images, dit_s, decode_s,
-        peak[0], peak[1],
-    )  # fmt: skip
+        model_flops, decode_flops, guided, unguided, sampler.describe(), images, dit_s, decode_s, peak[0], peak[1]
+    )

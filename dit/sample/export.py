@@ -257,20 +257,12 @@ def read_id2label(path: str | os.PathLike) -> dict[int, str]:
     return {i: line.strip() for i, line in enumerate(text.splitlines()) if line.strip()}
 
 
-def export_checkpoint(
-    ckpt: str,
-    out: str,
-    vae: str | None = None,
-    model: str | None = None,
-    image_size: int | None = None,
-    num_classes: int | None = None,
-    use_ema: bool = True,
-    labels: str | None = None,
-) -> dict:
-    """Export a checkpoint (ours or official) as a DiTPipeline folder and measure what the export changes."""
-    from dit.sample.loading import load_sampling_model
+def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:
+    """Export the checkpoint a ``WeightsSection`` names (ours or official) as a DiTPipeline folder, and
+    measure what the export changes."""
+    from dit.sample.loading import load_weights
 
-    sm = load_sampling_model(ckpt, model, image_size, num_classes, vae, use_ema)
+    sm = load_weights(weights, "cpu")
     id2label = read_id2label(labels) if labels else None
     if id2label and set(id2label) != set(range(sm.config.num_classes)):
         raise UserError(

@@ -29,14 +29,12 @@ from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import (
     Sampler,
     SamplingModel,
-    check_guidance,
     fid_label,
     noise_seed,
-    parse_guidance_channels,
     sample_latents,
     to_images,
 )
-from dit.sample.loading import load_sampling_model
+from dit.sample.loading import load_weights
 
 
 @dataclass
@@ -56,11 +54,14 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     which change the set too: another --num-fid-samples is another set, never a replacement of this one."""
     name = (registry_name(sm.config) or "custom").replace("/", "-")
     vae = Path(sm.vae_spec).name if sm.vae_spec else "none"
-    guided = "" if str(c.guidance_channels) == "3" else f"-cfgch-{c.guidance_channels}"
+    s, f, g = c.sampling, c.fid, sampler.guidance
+    guided = "" if str(s.guidance_channels) == "3" else f"-cfgch-{s.guidance_channels}"
+    if g.interval is not None:
+        guided += "-gi-" + "-".join(f"{v:g}" for v in g.interval)
     return (
-        f"{name}-{Path(c.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{c.guidance_scale}{guided}"
-        f"-seed-{c.global_seed}-{sampler.describe().replace(' ', '-')}{c.num_sampling_steps}"
-        f"-n{c.num_fid_samples}-b{c.per_proc_batch_size}"
+        f"{name}-{Path(c.weights.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{g.scale}{guided}"
+        f"-seed-{f.seed}-{sampler.describe().replace(' ', '-')}{s.num_sampling_steps}"
+        f"-n{f.num_fid_samples}-b{f.batch_size}"
     )
 
 
@@ -68,23 +69,29 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     """Everything that decides the set: the weights by content (a retrained file at the same path is another
     set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits);
     not the world size (tested equal)."""
+    s, f, interval = (
+        c.sampling,
+        c.fid,
+        sampler.guidance.interval,
+    )  # keys as before the sections: old sets stay valid
     return {
+        **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
         "ckpt_sha256": ckpt_sha256,
-        "num_fid_samples": c.num_fid_samples,
-        "per_proc_batch_size": c.per_proc_batch_size,
+        "num_fid_samples": f.num_fid_samples,
+        "per_proc_batch_size": f.batch_size,
         "weights": sm.weights,
         "model_config": sm.config.to_dict(),
         "image_size": sm.image_size,
         "vae": sm.vae_spec,
-        "guidance_scale": c.guidance_scale,
-        "guidance_channels": str(c.guidance_channels),
+        "guidance_scale": sampler.guidance.scale,
+        "guidance_channels": str(s.guidance_channels),
         "sampler": sampler.describe(),
-        "sde": [c.diffusion_form, c.last_step] if sampler.kind == "sde" else None,
-        "tolerances": [c.atol, c.rtol] if sampler.method == "dopri5" else None,
+        "sde": [s.diffusion_form, s.last_step] if sampler.kind == "sde" else None,
+        "tolerances": [s.atol, s.rtol] if sampler.method == "dopri5" else None,
         "transport": None if sampler.transport is None else dataclasses.asdict(sampler.transport),
-        "num_sampling_steps": c.num_sampling_steps,
-        "global_seed": c.global_seed,
-        "precision": c.precision,
+        "num_sampling_steps": s.num_sampling_steps,
+        "global_seed": f.seed,
+        "precision": c.runtime.precision,
     }
 
 
@@ -109,8 +116,10 @@ def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[ra
     return [range(s, min(s + batch_size, num_samples)) for s in starts][rank::world]
 
 
-def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
-    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input.
+def pack_npz(folder: Path, num_samples: int, path: Path, labels: list[int] | None = None) -> Path:
+    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input, and
+    ``labels`` (each image's class) as ``arr_1`` int64, as guided-diffusion's class-conditional sampler writes
+    them: ``python -m dit.eval`` then reports the class accuracy with a classifier whose classes they are.
 
     np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
     member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
@@ -135,6 +144,9 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
                             f"{png_path(folder, i)} is {image.shape}, not {first.shape}: delete it and rerun."
                         )
                     member.write(image.tobytes())
+            if labels is not None:
+                with zf.open("arr_1.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asarray(labels, dtype=np.int64))
 
     atomic_write(path, write)
     return path
@@ -143,15 +155,12 @@ def pack_npz(folder: Path, num_samples: int, path: Path) -> Path:
 def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     """Write images 0..N-1 as PNGs (skipping batches already on disk), then pack them into ``{folder}.npz``."""
     rank, device = runtime.rank, runtime.device
-    c = dataclasses.replace(c, ckpt=str(find_checkpoint(c.ckpt or official_release(c.image_size))))
-    channels = parse_guidance_channels(c.guidance_channels)
-    sm = load_sampling_model(
-        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="ema", objective=c.objective
-    )
-    check_guidance(c.guidance_scale, sm.config)
-    sampler = Sampler.from_options(sm, c)
-    folder = Path(c.sample_dir) / sample_folder_name(c, sm, sampler)
-    ckpt_sha256 = runtime.gather_objects(sha256_file(c.ckpt) if rank == 0 else None)[0]
+    w = c.weights.replace(ckpt=str(find_checkpoint(c.weights.ckpt or official_release(c.weights.image_size))))
+    c = dataclasses.replace(c, weights=w)
+    sm = load_weights(w, device, sd_decoder="ema")  # the official sample_ddp.py decodes with ema
+    sampler = Sampler.from_options(sm, c.sampling)
+    folder = Path(c.fid.sample_dir) / sample_folder_name(c, sm, sampler)
+    ckpt_sha256 = runtime.gather_objects(sha256_file(w.ckpt) if rank == 0 else None)[0]
     identity, manifest = _set_identity(c, sm, ckpt_sha256, sampler), folder / "sample_set.json"
     if manifest.is_file() and json.loads(manifest.read_text()) != identity:
         raise UserError(
@@ -161,14 +170,14 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     # One sampling run per set: a second one would write the same files.
     lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
-        return _write_set(c, sm, sampler, channels, folder, identity, manifest, runtime)
+        return _write_set(c, sm, sampler, folder, identity, manifest, runtime)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _write_set(
-    c: FidConfig, sm, sampler: Sampler, channels, folder: Path, identity: dict, manifest: Path, runtime
+    c: FidConfig, sm, sampler: Sampler, folder: Path, identity: dict, manifest: Path, runtime
 ) -> FidReport:
     rank, world, device = runtime.rank, runtime.world, runtime.device
     if rank == 0:
@@ -178,8 +187,9 @@ def _write_set(
             atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
     runtime.barrier()
 
-    peak = device_peak(device, c.precision, c.peak_tflops) if rank == 0 else (None, "")
-    mine = batches(c.num_fid_samples, c.per_proc_batch_size, rank, world)
+    f = c.fid
+    peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
+    mine = batches(f.num_fid_samples, f.batch_size, rank, world)
     todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
     done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
     bar = progress(
@@ -187,15 +197,15 @@ def _write_set(
         f"sampling (rank 0 of {world})",
         initial=done_images,
         unit="img",
-        enabled=rank == 0,
+        enabled=rank == 0 and f.progress,
     )
     generated, dit_s, decode_s = 0, 0.0, 0.0
     for batch in todo:
-        labels = [fid_label(c.global_seed, i, sm.config.num_classes) for i in batch]
-        seeds = [noise_seed(c.global_seed, i) for i in batch]
+        labels = [fid_label(f.seed, i, sm.config.num_classes) for i in batch]
+        seeds = [noise_seed(f.seed, i) for i in batch]
         runtime.sync()
         start = time.perf_counter()
-        samples = sample_latents(sm, sampler, labels, seeds, c.guidance_scale, channels, runtime.precision)
+        samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
         runtime.sync()
         denoised = time.perf_counter()
         images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
@@ -207,8 +217,12 @@ def _write_set(
     bar.close()
     cost = None
     if rank == 0 and generated:
-        cost = measure_cost(sm, sampler, c.guidance_scale, generated, dit_s, decode_s, peak)
+        cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak)
     runtime.barrier()
-    npz = pack_npz(folder, c.num_fid_samples, folder.with_name(folder.name + ".npz")) if rank == 0 else None
+    npz = None
+    if rank == 0:
+        classes = sm.config.num_classes
+        labels = [fid_label(f.seed, i, classes) for i in range(f.num_fid_samples)] if classes else None
+        npz = pack_npz(folder, f.num_fid_samples, folder.with_name(folder.name + ".npz"), labels)
     runtime.barrier()
     return FidReport(folder, npz, generated, cost)

@@ -1,7 +1,9 @@
-"""Generation: per-image noise, guided denoising (DDPM, DDIM, or the flow ODE/SDE), VAE decoding, and the checks on a request.
+"""Generation: per-image noise, guided denoising (our DDPM and DDIM, diffusers' schedulers, or the flow ODE/SDE),
+VAE decoding, and the checks on a request.
 
 Semantics follow the official DiT scripts: classifier-free guidance on a [conditional; unconditional]
-batch that shares its noise, the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
+batch that shares its noise (built per evaluation from the sampler's one row per image, so that an
+evaluation outside ``--guidance-interval`` runs the conditional rows alone), the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
 ``latents / scaling_factor + shift_factor`` (shift 0 for the SD VAEs) and uint8 via ``clamp(127.5 x + 128)``. One deliberate change: every image
 draws its noise from its own generator seeded by (seed, image index), so a sample set is the same on any
 number of devices and after any resume (the official per-rank seeding is not).
@@ -23,18 +25,19 @@ from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 from dit.runtime import Precision, Stream, mix_seed
-from dit.sampling import DIFFUSION_SAMPLERS, FLOW_SAMPLERS, SamplingSection
-from dit.transport import Transport
-from dit.transport.samplers import (
+from dit.sample.schedulers import make_scheduler, scheduler_sample
+from dit.sampling_plan import (
     DEFAULT_METHODS,
-    ODE_METHODS,
-    SDE_METHODS,
-    FlowField,
-    diffusion_coefficient,
-    ode_sample,
-    planned_nfe,
-    sde_sample,
+    DIFFUSION_SAMPLERS,
+    FLOW_SAMPLERS,
+    SCHEDULER_SAMPLERS,
+    SamplingSection,
+    check_guidance_interval,
+    guided_at,
+    sampling_plan,
 )
+from dit.transport import Transport
+from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, sde_sample
 from dit.vae import decode
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
@@ -135,162 +138,199 @@ class PerImageNoise:
         self.shape, self.device = tuple(shape), device
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self, like: torch.Tensor | None = None) -> torch.Tensor:
+        """One draw per image; ``like`` (the batch being denoised, as ``torch.randn_like`` takes) is unused."""
         return torch.stack([torch.randn(self.shape, generator=g, device=self.device) for g in self.generators])
 
 
-# ---- the denoising loop -----------------------------------------------------------------------------------
+# ---- guidance and the samplers ---------------------------------------------------------------------------
 
 
-def guided_model_fn(
-    model: DiT, guidance_scale: float, guidance_channels: int | str, precision: Precision | None = None
-) -> Callable:
-    """The model as the diffusion calls it: plain at scale 1, ``forward_with_cfg`` above; float32 out."""
+@dataclass(frozen=True)
+class Guidance:
+    """Classifier-free guidance: the scale (1 turns it off), the noise channels it guides (3, the official
+    code's, or "all"), and the interval of times it is on (None: every evaluation; the units are
+    ``dit.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data)."""
 
-    def fn(x, t, y):
-        with precision.autocast() if precision is not None else nullcontext():
-            if guidance_scale > 1:
-                out = model.forward_with_cfg(x, t, y, guidance_scale, guidance_channels)
+    scale: float = 1.0
+    channels: int | str = 3
+    interval: tuple[float, float] | None = None
+
+    @classmethod
+    def from_options(cls, c: SamplingSection, has_null_class: bool) -> Guidance:
+        """A sampling section's guidance for a model with (or without) a null class: its scale, or the default."""
+        interval = check_guidance_interval(c.guidance_interval)
+        return cls(c.guidance(has_null_class), parse_guidance_channels(c.guidance_channels), interval)
+
+
+class GuidedModel:
+    """The DiT as a sampler calls it, on the sampler's rows (one per image): a guided evaluation runs
+    ``forward_with_cfg`` on [conditional; unconditional] (the same input, the null label ``num_classes``;
+    two passes), an unguided one the conditional rows alone (one pass). Which evaluations are guided is the
+    plan's (``guided``, in call order); an adaptive sampler has none, and is judged at each call's time.
+    Outputs float32; ``guided`` and ``unguided`` count what ran."""
+
+    def __init__(self, model, guidance: Guidance, precision: Precision | None, plan: Sequence[bool] | None):
+        self.model, self.guidance, self.precision, self.plan = model, guidance, precision, plan
+        self.guided = self.unguided = 0
+
+    @property
+    def evaluations(self) -> int:
+        return self.guided + self.unguided
+
+    def _is_guided(self, t: torch.Tensor) -> bool:
+        if self.plan is not None:
+            if self.evaluations >= len(self.plan):
+                raise RuntimeError(f"the sampler made more than the {len(self.plan)} evaluations it planned")
+            return self.plan[self.evaluations]
+        g = self.guidance
+        return g.scale > 1 and (g.interval is None or guided_at(float(t[0]), g.scale, g.interval))
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        guided = self._is_guided(t)
+        with self.precision.autocast() if self.precision is not None else nullcontext():
+            if guided:
+                g, null = self.guidance, torch.full_like(y, self.model.config.num_classes)
+                both = self.model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]),
+                                                   g.scale, g.channels)  # fmt: skip
+                out = both[: len(x)]
             else:
-                out = model(x, t, y)
+                out = self.model(x, t, y)
+        self.guided += guided
+        self.unguided += not guided
         return out.float()
-
-    return fn
-
-
-@torch.no_grad()
-def denoise(
-    model_fn: Callable,
-    diffusion,
-    x_T: torch.Tensor,
-    y: torch.Tensor,
-    sampler: str = "ddpm",
-    step_noise: Callable[[], torch.Tensor] | None = None,
-    progress: bool = False,
-) -> torch.Tensor:
-    """Run the reverse process from ``x_T`` with labels ``y`` (both already doubled for guidance).
-
-    DDPM is written out here (mean + sigma z from ``p_mean_variance``) rather than ``p_sample_loop`` because
-    the library loop draws each step's noise for the whole batch from the global RNG; ``step_noise`` gives
-    per-image streams. DDIM with eta = 0 draws no noise, so it uses ``ddim_sample`` as it is.
-    """
-    if sampler not in DIFFUSION_SAMPLERS:
-        raise UserError(f"--sampler must be one of {', '.join(DIFFUSION_SAMPLERS)}, got {sampler!r}.")
-    x, kwargs = x_T, {"y": y}
-    steps = range(diffusion.num_timesteps - 1, -1, -1)
-    for i in tqdm(steps, disable=not progress, leave=False, desc=sampler):
-        t = torch.full((len(x),), i, dtype=torch.long, device=x.device)
-        if sampler == "ddim":
-            x = diffusion.ddim_sample(model_fn, x, t, clip_denoised=False, model_kwargs=kwargs)["sample"]
-            continue
-        out = diffusion.p_mean_variance(model_fn, x, t, clip_denoised=False, model_kwargs=kwargs)
-        x = out["mean"]
-        if i > 0:  # no noise on the last step
-            noise = step_noise() if step_noise is not None else torch.randn_like(x)
-            x = x + torch.exp(0.5 * out["log_variance"]) * noise.repeat(len(x) // len(noise), 1, 1, 1)
-    return x
 
 
 class Sampler:
-    """One sampling method with its settings; ``run`` denoises a batch and leaves ``nfe``, the network
-    evaluations it made (a guided batch is one evaluation of a doubled batch)."""
+    """One sampling method with its settings and guidance, and its plan (``dit.sampling_plan``: which
+    evaluations run, at which times, which of them guided), made before it runs and followed when it runs.
 
-    def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, method: str | None = None,
-                 diffusion_form: str = "sigma", last_step: str = "mean", atol: float = 1e-6, rtol: float = 1e-3,
-                 sample_eps: float | None = None):  # fmt: skip
-        if num_steps < 1:
-            raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
+    ``run`` samples a batch and leaves ``nfe``, ``guided_nfe`` and ``unguided_nfe``: the network evaluations
+    it made per image (a guided evaluation is one evaluation of two passes)."""
+
+    def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, *, method: str | None = None,
+                 guidance: Guidance = Guidance(), diffusion_form: str = "sigma", last_step: str = "mean",
+                 atol: float = 1e-6, rtol: float = 1e-3, sample_eps: float | None = None):  # fmt: skip
         flow = sm.transport is not None
         kind = kind or ("ode" if flow else "ddpm")
-        if kind not in (FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS):
-            allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS
+        allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS
+        if kind not in allowed:
             raise UserError(
                 f"--sampler {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use "
-                f"{' or '.join(allowed)}."
+                f"one of {', '.join(allowed)}."
             )
-        methods = {"ode": ODE_METHODS, "sde": SDE_METHODS}.get(kind, ())
-        if method is not None and not methods:
+        if method is not None and not flow:
             raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
-        method = method or DEFAULT_METHODS.get(kind)
-        if methods and method not in methods:
-            raise UserError(
-                f"--sampling-method for --sampler {kind} must be one of {', '.join(methods)}, got {method!r}."
-            )
         if sample_eps is not None and not flow:
             raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
+        check_guidance(guidance.scale, sm.config if guidance.scale > 1 else None)
         self.transport = sm.transport
         if flow and sample_eps is not None:
             self.transport = dataclasses.replace(sm.transport, sample_eps=sample_eps)
+        flow_interval = self.transport.interval(training=False) if flow else (0.0, 1.0)
+        self.plan = sampling_plan(
+            kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
+            interval=guidance.interval, flow_interval=flow_interval,
+        )  # fmt: skip
         if flow and kind == "sde" and diffusion_form == "SBDM":
-            t0 = self.transport.interval(training=False)[0]
+            t0 = flow_interval[0]
             if not math.isfinite(diffusion_coefficient(self.transport, "SBDM", t0)):
                 raise UserError(
                     f"the SBDM diffusion is infinite at t = {t0:g}: pass a --sample-eps above 0, or another "
                     "--diffusion-form."
                 )
-        if flow and planned_nfe(kind, method, num_steps, last_step) == 0:
-            raise UserError(
-                f"--num-sampling-steps {num_steps} with --last-step none makes no network evaluation: pass 2 or more."
-            )
-        if not flow and num_steps < 2:
-            raise UserError(
-                f"--num-sampling-steps must be >= 2 for --sampler {kind}: a one-step respacing has no posterior "
-                "(the official diffusion's variances need two steps)."
-            )
-        self.sm, self.kind, self.method, self.num_steps = sm, kind, method, num_steps
+        self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
+        self.method = (method or DEFAULT_METHODS[kind]) if flow else None
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.diffusion = None if flow else create_diffusion(
             str(num_steps), noise_schedule=sm.noise_schedule, learn_sigma=sm.config.learn_sigma,
             predict_xstart=sm.predict_xstart,
         )  # fmt: skip
-        self.nfe, self._rows, self._nfe_rows = 0, 0, 0
+        self.scheduler = make_scheduler(kind, self.diffusion) if kind in SCHEDULER_SAMPLERS else None
+        self.nfe = self.guided_nfe = self.unguided_nfe = 0
+        self._rows, self._guided_rows, self._unguided_rows = 0, 0, 0
 
     @classmethod
     def from_options(cls, sm: SamplingModel, c: SamplingSection) -> Sampler:
         """The sampler a sampling section asks for, its default chosen by the model's objective."""
-        flow = sm.transport is not None
+        flow, mc = sm.transport is not None, sm.config
         try:
             kind = c.kind(flow)
+            guidance = Guidance.from_options(c, has_null_class=mc.num_classes > 0 and mc.class_dropout_prob > 0)
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
         return cls(
-            sm, c.num_sampling_steps, kind, c.sampling_method, c.diffusion_form, c.last_step, c.atol, c.rtol,
-            c.sample_eps,
+            sm, c.num_sampling_steps, kind, method=c.sampling_method, guidance=guidance,
+            diffusion_form=c.diffusion_form, last_step=c.last_step, atol=c.atol, rtol=c.rtol, sample_eps=c.sample_eps,
         )  # fmt: skip
 
     @property
     def planned_nfe(self) -> int | None:
         """Evaluations per image before running (None for the adaptive dopri5)."""
-        if self.diffusion is not None:
-            return self.num_steps
-        return planned_nfe(self.kind, self.method, self.num_steps, self.last_step)
+        return self.plan.nfe
 
     def describe(self) -> str:
-        return self.kind if self.method is None else f"{self.kind} {self.method}"
+        return self.plan.sampler
 
-    def run(self, model_fn: Callable, x: torch.Tensor, y: torch.Tensor, step_noise: Callable, progress=False):
-        if self.diffusion is not None:
-            self.nfe = self.num_steps
-            return denoise(model_fn, self.diffusion, x, y, self.kind, step_noise, progress)
-        field = FlowField(self.transport, model_fn, {"y": y})
-        ticks = None if self.method == "dopri5" else self.num_steps - (self.kind == "sde")  # SDE: the last step
-        bar = tqdm(total=ticks, disable=not progress, leave=False, desc=self.describe())
+    def run(self, model, x: torch.Tensor, y: torch.Tensor, noise: Callable, *, precision: Precision | None = None,
+            progress: bool = False) -> torch.Tensor:  # fmt: skip
+        """Denoise ``x`` (one row per image) with labels ``y``; ``noise(x)`` draws each step's per-image noise."""
+        fn = GuidedModel(model, self.guidance, precision, self.plan.guided)
+        kwargs = {"y": y}
         with torch.no_grad():
-            if self.kind == "ode":
-                x = ode_sample(field, x, self.num_steps, self.method, self.atol, self.rtol, bar)
+            if self.scheduler is not None:
+                x = scheduler_sample(
+                    self.scheduler,
+                    self.diffusion,
+                    self.plan,
+                    fn,
+                    x,
+                    model_kwargs=kwargs,
+                    noise_fn=noise,
+                    progress=progress,
+                )
+            elif self.diffusion is not None:
+                loop = self.diffusion.ddim_sample_loop if self.kind == "ddim" else self.diffusion.p_sample_loop
+                x = loop(
+                    fn, x.shape, x, clip_denoised=False, model_kwargs=kwargs, progress=progress, noise_fn=noise
+                )
             else:
-                x = sde_sample(field, x, self.num_steps, step_noise, self.method, self.diffusion_form,
-                               last_step=self.last_step, progress=bar)  # fmt: skip
-        bar.close()
-        self.nfe = field.nfe
+                x = self._flow(fn, x, kwargs, noise, progress)
+        if self.plan.nfe is not None and fn.evaluations != self.plan.nfe:
+            raise RuntimeError(
+                f"{self.describe()} made {fn.evaluations} evaluations, not the {self.plan.nfe} planned"
+            )
+        self.guided_nfe, self.unguided_nfe, self.nfe = fn.guided, fn.unguided, fn.evaluations
         self._rows += len(x)  # dopri5's count differs per batch: the cost of a set is its mean
-        self._nfe_rows += field.nfe * len(x)
+        self._guided_rows += fn.guided * len(x)
+        self._unguided_rows += fn.unguided * len(x)
+        return x
+
+    def _flow(self, fn: GuidedModel, x, kwargs, noise, progress) -> torch.Tensor:
+        field, grid = FlowField(self.transport, fn, kwargs), self.plan.grid
+        ticks = None if self.method == "dopri5" else len(grid) - 1
+        bar = tqdm(total=ticks, disable=not progress, leave=False, desc=self.describe())
+        if self.kind == "ode":
+            x = ode_sample(field, x, grid, self.method, atol=self.atol, rtol=self.rtol, progress=bar)
+        else:
+            x = sde_sample(field, x, grid, noise, method=self.method, form=self.diffusion_form, last_step=self.last_step,
+                           progress=bar)  # fmt: skip
+        bar.close()
         return x
 
     @property
+    def mean_guided_nfe(self) -> float:
+        """Guided evaluations per image over every batch this sampler ran (before any: the plan's, or 0)."""
+        return self._guided_rows / self._rows if self._rows else float(self.plan.guided_nfe or 0)
+
+    @property
+    def mean_unguided_nfe(self) -> float:
+        return self._unguided_rows / self._rows if self._rows else float(self.plan.unguided_nfe or 0)
+
+    @property
     def mean_nfe(self) -> float:
-        """Evaluations per image over every batch this sampler ran (the last batch's before any flow run)."""
-        return self._nfe_rows / self._rows if self._rows else self.nfe
+        """Evaluations per image over every batch this sampler ran (dopri5: they differ per batch)."""
+        return self.mean_guided_nfe + self.mean_unguided_nfe
 
 
 def sample_latents(
@@ -298,20 +338,15 @@ def sample_latents(
     sampler: Sampler,
     labels: Sequence[int],
     seeds: Sequence[int],
-    guidance_scale: float = 1.0,
-    guidance_channels: int | str = 3,
+    *,
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """The DiT's part: denoised samples (latents, or pixels for pixel-space models), one per (label, seed)."""
     cfg, device = sm.config, next(sm.model.parameters()).device
     noise = PerImageNoise(seeds, (cfg.in_channels, cfg.input_size, cfg.input_size), device)
-    x = noise()
     y = torch.tensor(list(labels), dtype=torch.long, device=device)
-    if guidance_scale > 1:  # [conditional; unconditional], sharing the noise; the null label is num_classes
-        x, y = torch.cat([x, x]), torch.cat([y, torch.full_like(y, cfg.num_classes)])
-    model_fn = guided_model_fn(sm.model, guidance_scale, guidance_channels, precision)
-    return sampler.run(model_fn, x, y, noise, progress)[: len(labels)]
+    return sampler.run(sm.model, noise(), y, noise, precision=precision, progress=progress)
 
 
 def to_images(sm: SamplingModel, samples: torch.Tensor) -> torch.Tensor:
@@ -327,11 +362,9 @@ def generate(
     sampler: Sampler,
     labels: Sequence[int],
     seeds: Sequence[int],
-    guidance_scale: float = 1.0,
-    guidance_channels: int | str = 3,
+    *,
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
     """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
-    samples = sample_latents(sm, sampler, labels, seeds, guidance_scale, guidance_channels, precision, progress)
-    return to_images(sm, samples)
+    return to_images(sm, sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress))

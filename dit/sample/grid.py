@@ -14,15 +14,13 @@ from dit.sample.config import SampleConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import (
     Sampler,
-    check_guidance,
     check_labels,
     default_class_labels,
     noise_seed,
-    parse_guidance_channels,
     sample_latents,
     to_images,
 )
-from dit.sample.loading import load_sampling_model
+from dit.sample.loading import load_weights
 
 
 @dataclass
@@ -35,27 +33,23 @@ class SampleReport:
 
 def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     """Sample ``class_labels`` (one image each, image i seeded by (seed, i)) and write a PNG grid."""
-    device = runtime.device
-    channels = parse_guidance_channels(c.guidance_channels)
-    sm = load_sampling_model(
-        c.ckpt, c.model, c.image_size, c.num_classes, c.vae, c.ema, device, sd_decoder="mse", objective=c.objective
-    )
-    check_guidance(c.guidance_scale, sm.config)
-    labels = c.class_labels if c.class_labels is not None else default_class_labels(sm.config.num_classes)
+    device, g = runtime.device, c.grid
+    sm = load_weights(c.weights, device, sd_decoder="mse")  # the official sample.py decodes with mse
+    labels = g.class_labels if g.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)
-    sampler = Sampler.from_options(sm, c)
-    seeds = [noise_seed(c.seed, i) for i in range(len(labels))]
-    peak = device_peak(device, c.precision, c.peak_tflops)
+    sampler = Sampler.from_options(sm, c.sampling)
+    seeds = [noise_seed(g.seed, i) for i in range(len(labels))]
+    peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops)
     runtime.sync()
     start = time.perf_counter()
-    samples = sample_latents(sm, sampler, labels, seeds, c.guidance_scale, channels, runtime.precision, c.progress)
+    samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision, progress=g.progress)
     runtime.sync()
     denoised = time.perf_counter()
     images = to_images(sm, samples)
     decode_s = time.perf_counter() - denoised
-    out = Path(c.out)
+    out = Path(g.out)
     atomic_write(
-        out, lambda f: save_image(images, f, format="png", nrow=c.nrow, normalize=True, value_range=(-1, 1))
+        out, lambda f: save_image(images, f, format="png", nrow=g.nrow, normalize=True, value_range=(-1, 1))
     )
-    cost = measure_cost(sm, sampler, c.guidance_scale, len(labels), denoised - start, decode_s, peak)
+    cost = measure_cost(sm, sampler, len(labels), denoised - start, decode_s, peak)
     return SampleReport(out, labels, sm.weights, cost)

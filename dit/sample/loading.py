@@ -3,16 +3,51 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
 from dit.checkpoint import load_checkpoint, model_weights, official_release
-from dit.config import flatten_record
+from dit.config import Section, flatten_record, option
 from dit.errors import UserError
 from dit.model_config import model_config_from_shapes
 from dit.models import DiT, DiTConfig, describe, registry_name
 from dit.sample.generate import SamplingModel
 from dit.vae import is_sd_vae, latent_downsample, load_vae
+
+
+@dataclass(frozen=True)
+class WeightsSection(Section):
+    """Which weights to sample and what a file without a record needs said about them (sample.py,
+    scripts/sample_ddp.py, the diffusers export). Our checkpoints record the rest: these then are checks."""
+
+    ckpt: str | None = option(
+        None,
+        "our training checkpoint, an official train.py file, or a bare state dict (default: the official "
+        "DiT-XL-2-<image size>.pt release, downloaded if missing)",
+    )
+    ema: bool = option(True, "the EMA weights (--no-ema: the raw weights)")
+    model: str | None = option(None, "for files without a config (default: read from the weights' shapes)")
+    image_size: int | None = option(None, "pixels per side, for files without a config (default 256)", ge=1)
+    num_classes: int | None = option(None, "for files without a config (default: read from the weights)", ge=0)
+    num_heads: int | None = option(
+        None, "for a bare state dict whose width is no registry size (a head count is in no weight's shape)", ge=1
+    )
+    vae: str | None = option(
+        None, "ema, mse, a hub id, a folder, or none (default: as the official scripts, or the run's own VAE)"
+    )
+    objective: str | None = option(
+        None, "for files without a config: flow for a SiT release (default: as recorded, else diffusion)",
+        choices=("diffusion", "flow"),
+    )  # fmt: skip
+
+
+def load_weights(w: WeightsSection, device, sd_decoder: str = "mse") -> SamplingModel:
+    """``load_sampling_model`` for a weights section (``sd_decoder``: the official script's SD decoder)."""
+    return load_sampling_model(
+        w.ckpt, model=w.model, image_size=w.image_size, num_classes=w.num_classes, num_heads=w.num_heads, vae=w.vae,
+        use_ema=w.ema, device=device, sd_decoder=sd_decoder, objective=w.objective,
+    )  # fmt: skip
 
 
 def recorded_run_config(ckpt: dict) -> dict:
@@ -48,9 +83,11 @@ def _agree(flag: str, given, recorded):
 
 def load_sampling_model(
     ckpt_path: str | os.PathLike | None,
+    *,
     model: str | None = None,
     image_size: int | None = None,
     num_classes: int | None = None,
+    num_heads: int | None = None,
     vae: str | None = None,
     use_ema: bool = True,
     device: str | torch.device = "cpu",
@@ -98,7 +135,7 @@ def load_sampling_model(
         _agree("--num-classes", num_classes, cfg.num_classes)
         image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
     else:  # an official release or train.py file: the weights' shapes say which model; flags are checks
-        cfg = model_config_from_shapes({k: tuple(v.shape) for k, v in weights.items()})
+        cfg = model_config_from_shapes({k: tuple(v.shape) for k, v in weights.items()}, num_heads)
         name = registry_name(cfg) or "custom"
         recorded = run.get("model")
         for given in (model, recorded):

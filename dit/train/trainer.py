@@ -374,7 +374,7 @@ class Trainer:
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
         from torchvision.utils import make_grid
 
-        from dit.sample.generate import Sampler, SamplingModel, generate
+        from dit.sample.generate import Guidance, Sampler, SamplingModel, generate
 
         ema, mc = self._whole(self.state.ema.model, every_rank=False), self.state.model.config
         if not self.runtime.is_main:
@@ -386,8 +386,8 @@ class Trainer:
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
-        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode")
-        images = generate(sm, sampler, labels, seeds, guidance, 3, self.runtime.precision)
+        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode", guidance=Guidance(guidance))
+        images = generate(sm, sampler, labels, seeds, precision=self.runtime.precision)
         self.ledger.sinks.image(
             "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
         )

@@ -1,31 +1,38 @@
 """ODE and SDE samplers for flow-matching models, from noise (t = t0) to data (t = 1), counting the network
-evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for.
+evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for. Their
+time grids come from ``dit.sampling_plan`` (``flow_grid``), the plan ``dit-cost`` reads too.
 
-ODE: ``euler`` (1 evaluation a step), ``heun`` (2: the trapezoid of the ends, torchdiffeq's ``heun2``) on a
-uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's default, atol 1e-6,
-rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps); here it counts steps.
+ODE: ``euler`` (1 evaluation a step), ``heun`` (2: the trapezoid of the ends, torchdiffeq's ``heun2``),
+``ab2``/``ab3``/``ab4`` (Adams-Bashforth of order 2-4: 1 evaluation a step, the earlier steps' velocities
+reused; training-free, as DEIS's and iPNDM's multistep samplers) on a uniform grid of ``steps`` intervals,
+or ``dopri5`` (adaptive; torchdiffeq, SiT's default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps``
+counts grid points (250 points = 249 steps); here it counts steps.
 
 SDE (SiT's Euler-Maruyama and Heun): dx = (v + w s) dt + sqrt(2 w) dW on a grid from t0 to 1 - h, then one
-last deterministic step of length h (SiT's ``Mean``, h = 0.04, by default). w(t) is the diffusion form;
-SiT's CLI default is ``sigma`` (w = sigma_t). Each evaluation calls the network once: SiT's code calls it
-twice with the same input (for the velocity, then for the score); the result is the same, the cost half.
+last deterministic step of length h from there to t = 1 (SiT's ``Mean``, h = 0.04, by default). w(t) is the
+diffusion form; SiT's CLI default is ``sigma`` (w = sigma_t). Each evaluation calls the network once: SiT's
+code calls it twice with the same input (for the velocity, then for the score); the result is the same,
+the cost half.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import torch
 
 from dit.transport.path import _expand
 from dit.transport.transport import Transport
 
-ODE_METHODS = ("euler", "heun", "dopri5")
-SDE_METHODS = ("euler", "heun")
-DEFAULT_METHODS = {"ode": "heun", "sde": "euler"}
-DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")
-LAST_STEPS = ("mean", "tweedie", "euler", "none")
+# Adams-Bashforth weights on a uniform grid, newest velocity first: x' = x + h sum_j w_j v_{n-j}.
+AB_WEIGHTS = {
+    1: (1.0,),
+    2: (3 / 2, -1 / 2),
+    3: (23 / 12, -16 / 12, 5 / 12),
+    4: (55 / 24, -59 / 24, 37 / 24, -9 / 24),
+}
 
 
 class FlowField:
@@ -43,24 +50,39 @@ class FlowField:
         return (v, self.path.score(x, tt, self.transport.prediction, out)) if score else v
 
 
+def adams_bashforth_step(x: torch.Tensor, h: float, velocities: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One Adams-Bashforth step of order ``len(velocities)`` (newest first) on a uniform grid of step h."""
+    return x + h * sum(w * v for w, v in zip(AB_WEIGHTS[len(velocities)], velocities))
+
+
 def ode_sample(
-    field: FlowField, x: torch.Tensor, steps: int, method: str = "heun", atol=1e-6, rtol=1e-3, progress=None
-):
-    t0, t1 = field.transport.interval(training=False)
+    field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", *, atol=1e-6, rtol=1e-3,
+    progress=None,
+):  # fmt: skip
+    """Integrate from grid[0] to grid[-1] (dopri5: adaptively between the two).
+
+    Adams-Bashforth of order k bootstraps on its first k - 1 steps with the lower orders (AB1 = Euler, then
+    AB2, ...): one evaluation every step, no extra start-up evaluations. The bootstrap's local error of
+    O(h^2) bounds the global order at 2 for k >= 2; the higher orders lower the error constant.
+    """
     if method == "dopri5":
         from dit.errors import require
 
         odeint = require("torchdiffeq", "flow", "the adaptive dopri5 sampler").odeint
-        ts = torch.tensor([t0, t1], dtype=torch.float64, device=x.device)
+        ts = torch.tensor([grid[0], grid[-1]], dtype=torch.float64, device=x.device)
         return odeint(lambda t, y: field(y, float(t)), x, ts, method="dopri5", atol=atol, rtol=rtol)[-1]
-    grid = torch.linspace(t0, t1, steps + 1, dtype=torch.float64).tolist()
-    for i in range(steps):
+    order = int(method[2:]) if method.startswith("ab") else 0
+    velocities = deque(maxlen=max(order, 1))
+    for i in range(len(grid) - 1):
         t, h = grid[i], grid[i + 1] - grid[i]
         k1 = field(x, t)
         if method == "euler":
             x = x + h * k1
+        elif order:
+            velocities.appendleft(k1)
+            x = adams_bashforth_step(x, h, velocities)
         else:
-            k2 = field(x + h * k1, t + h)
+            k2 = field(x + h * k1, grid[i + 1])
             x = x + 0.5 * h * (k1 + k2)
         if progress is not None:
             progress.update(1)
@@ -86,19 +108,17 @@ def diffusion_coefficient(transport: Transport, form: str, t: float, norm: float
 def sde_sample(
     field: FlowField,
     x: torch.Tensor,
-    steps: int,
-    noise: Callable[[], torch.Tensor],
+    grid: Sequence[float],
+    noise: Callable[[torch.Tensor], torch.Tensor],
+    *,
     method: str = "euler",
     form: str = "sigma",
     norm: float = 1.0,
     last_step: str = "mean",
-    last_step_size: float = 0.04,
     progress=None,
 ):
-    """``steps`` evaluations' worth of Euler-Maruyama (or twice as many Heun) steps, the last deterministic."""
-    t0, t1 = field.transport.interval(training=False)
-    end = t1 if last_step == "none" else t1 - last_step_size  # SiT: no last step, no gap before t1
-    grid = torch.linspace(t0, end, steps, dtype=torch.float64).tolist() if steps > 1 else [t0]
+    """Euler-Maruyama (or Heun) steps between the grid's points, then the last deterministic step from the
+    grid's end to t = 1 (``flow_grid`` ends the grid at 1 - 0.04; with ``last_step`` "none" at t1, no step)."""
 
     def drift(y, t):
         v, s = field(y, t, score=True)
@@ -107,18 +127,17 @@ def sde_sample(
     for i in range(len(grid) - 1):
         t, dt = grid[i], grid[i + 1] - grid[i]
         w = diffusion_coefficient(field.transport, form, t, norm)
-        z = noise()
-        z = z.repeat(len(x) // len(z), *([1] * (z.dim() - 1)))  # the guided batch's halves share it
+        z = noise(x)
         if method == "euler":
             x = x + drift(x, t) * dt + math.sqrt(2 * w * dt) * z
         else:  # SiT's Heun: the noise first, then a Heun step on the drift
             x = x + math.sqrt(2 * w * dt) * z
             k1 = drift(x, t)
-            k2 = drift(x + dt * k1, t + dt)
+            k2 = drift(x + dt * k1, grid[i + 1])
             x = x + 0.5 * dt * (k1 + k2)
         if progress is not None:
             progress.update(1)
-    t, h = grid[-1], t1 - grid[-1]
+    t, h = grid[-1], 1 - grid[-1]
     if last_step == "none":
         return x
     if last_step == "euler":
@@ -128,11 +147,3 @@ def sde_sample(
     alpha, _, sigma, _ = (_expand(c, x) for c in field.path.alpha_sigma(torch.full((len(x),), t, device=x.device)))
     _, s = field(x, t, score=True)
     return x / alpha + sigma**2 / alpha * s  # Tweedie: E[x1 | x_t]
-
-
-def planned_nfe(kind: str, method: str, steps: int, last_step: str = "mean") -> int | None:
-    """Network evaluations a fixed-grid sampler makes (None for the adaptive dopri5: known after the run)."""
-    if kind == "ode":
-        return {"euler": steps, "heun": 2 * steps}.get(method)
-    em_steps = max(steps, 1) - 1
-    return em_steps * (1 if method == "euler" else 2) + (0 if last_step == "none" else 1)

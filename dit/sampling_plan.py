@@ -1,0 +1,308 @@
+"""Which network evaluations a sampler makes, at which times, and which of them are guided: before it runs.
+
+No torch here: ``dit-cost sample`` plans with it in a fraction of a second, and the engine's samplers run
+the same plan (the diffusion's respacing, the flow's time grid, the guided flags), so the planned count and
+the count a run reports are equal by construction (tests/test_schedulers.py counts the passes).
+
+Time units of a plan (and of ``--guidance-interval LO HI``, a closed interval):
+
+- diffusion samplers (ours and diffusers' schedulers): t / T, where t is the original integer timestep the
+  model sees (T = 1000 training steps; t = 999 is the noise end, 0 the data end), so 1 is noise, 0 is data;
+- flow samplers: SiT's t in [0, 1], where 0 is noise and 1 is data (dit/transport's convention).
+
+A guided evaluation runs the [conditional; unconditional] batch (two forward passes per image); an
+unguided one the conditional rows alone (one pass). Each evaluation is guided iff the guidance scale is
+above 1 and its own time lies in the interval (Kynkaenniemi et al. 2024, "Applying guidance in a limited
+interval"), so both evaluations of a Heun step are judged apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dit.config import FieldError, Section, option
+from dit.errors import UserError
+
+DIFFUSION_SAMPLERS = ("ddpm", "ddim")  # the diffusion's own loops (the reference)
+SCHEDULER_SAMPLERS = ("dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun")  # diffusers' schedulers
+FLOW_SAMPLERS = ("ode", "sde")
+SAMPLERS = DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS + FLOW_SAMPLERS
+STOCHASTIC_SAMPLERS = ("ddpm", "dpmpp-2m-sde", "sde")  # they draw noise at every step (per image)
+ODE_METHODS = ("euler", "heun", "ab2", "ab3", "ab4", "dopri5")
+SDE_METHODS = ("euler", "heun")
+DEFAULT_METHODS = {"ode": "heun", "sde": "euler"}
+LAST_STEPS = ("mean", "tweedie", "euler", "none")
+DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")  # SiT's w(t)
+LAST_STEP_SIZE = 0.04  # SiT's last SDE step: from 1 - 0.04 to 1
+DIFFUSION_STEPS = 1000  # T: the training timesteps every DiT diffusion has
+
+
+def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
+    """The timesteps to keep (ADM's respacing).
+
+    ``section_counts`` is "ddimN" (an exact stride: "ddim50" gives 0, 20, ..., 980), a comma-separated
+    string or list of counts per equal section ("250" gives 0, 4, 8, ..., 991, 995, 999: each section is
+    strided by rounding so that its ends are kept).
+    """
+    if isinstance(section_counts, str):
+        if section_counts.startswith("ddim"):
+            desired = int(section_counts[len("ddim") :])
+            for stride in range(1, num_timesteps):
+                if len(range(0, num_timesteps, stride)) == desired:
+                    return set(range(0, num_timesteps, stride))
+            raise ValueError(f"cannot make exactly {desired} steps from {num_timesteps} with an integer stride.")
+        section_counts = [int(x) for x in section_counts.split(",")]
+    size_per, extra = divmod(num_timesteps, len(section_counts))
+    start, all_steps = 0, []
+    for i, section_count in enumerate(section_counts):
+        size = size_per + (1 if i < extra else 0)
+        if size < section_count:
+            raise ValueError(f"cannot divide a section of {size} steps into {section_count}.")
+        frac_stride = 1 if section_count <= 1 else (size - 1) / (section_count - 1)
+        cur, taken = 0.0, []
+        for _ in range(section_count):
+            taken.append(start + round(cur))
+            cur += frac_stride
+        all_steps += taken
+        start += size
+    return set(all_steps)
+
+
+def diffusion_timesteps(num_steps: int, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
+    """The original timesteps a ``num_steps``-step respaced sampler visits, noise first (999, ..., 0)."""
+    return sorted(space_timesteps(diffusion_steps, str(num_steps)), reverse=True)
+
+
+def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean") -> list[float]:
+    """The time grid of a fixed-step flow sampler on [t0, t1].
+
+    ODE: ``steps`` intervals from t0 to t1. SDE (as SiT): ``steps`` points, the Euler-Maruyama steps between
+    them; with a last step the grid ends at 1 - 0.04 and the last step runs from there to t = 1 (SiT's), with
+    ``--last-step none`` it ends at t1 itself.
+    """
+    if kind == "ode":
+        points, end = steps + 1, t1
+    else:
+        points, end = steps, (t1 if last_step == "none" else 1 - LAST_STEP_SIZE)
+    if points == 1:
+        return [t0]
+    return [t0 + (end - t0) * i / (points - 1) for i in range(points - 1)] + [end]
+
+
+def check_guidance_interval(interval: Sequence[float] | None) -> tuple[float, float] | None:
+    """``--guidance-interval LO HI``: two times with 0 <= LO <= HI <= 1, or None (guide every evaluation)."""
+    if interval is None:
+        return None
+    values = [float(v) for v in interval]
+    if len(values) != 2 or not all(math.isfinite(v) for v in values) or not 0 <= values[0] <= values[1] <= 1:
+        raise UserError(
+            f"--guidance-interval takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = noise; "
+            f"flow t, 1 = data), got {' '.join(map(str, interval))}."
+        )
+    return values[0], values[1]
+
+
+def guided_at(time: float, guidance_scale: float, interval: tuple[float, float] | None) -> bool:
+    """Whether an evaluation at ``time`` (the plan's units) runs guided."""
+    return guidance_scale > 1 and (interval is None or interval[0] <= time <= interval[1])
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """The evaluations of one sampler run, in the order it makes them (``times`` None: adaptive, dopri5)."""
+
+    sampler: str  # what the cost line names: "ddpm", "dpmpp-2m", "ode heun", ...
+    steps: int
+    times: tuple[float, ...] | None
+    guided: tuple[bool, ...] | None
+    grid: tuple[float, ...] | None = None  # flow samplers: the time grid they step on
+
+    @property
+    def nfe(self) -> int | None:
+        return None if self.times is None else len(self.times)
+
+    @property
+    def guided_nfe(self) -> int | None:
+        return None if self.guided is None else sum(self.guided)
+
+    @property
+    def unguided_nfe(self) -> int | None:
+        return None if self.guided is None else len(self.guided) - sum(self.guided)
+
+    @property
+    def forward_passes(self) -> int | None:
+        """Forward passes per image: 2 per guided evaluation, 1 per unguided one."""
+        return None if self.guided is None else 2 * self.guided_nfe + self.unguided_nfe
+
+
+def _flow_times(kind: str, method: str, grid: list[float], last_step: str) -> list[float] | None:
+    if method == "dopri5":
+        return None
+    if kind == "ode":
+        if method == "heun":
+            return [t for i in range(len(grid) - 1) for t in (grid[i], grid[i + 1])]
+        return grid[:-1]  # euler and Adams-Bashforth: one evaluation at the start of each step
+    per_step = 2 if method == "heun" else 1
+    times = [t for i in range(len(grid) - 1) for t in (grid[i], grid[i + 1])[:per_step]]
+    return times + ([] if last_step == "none" else [grid[-1]])
+
+
+def sampling_plan(
+    sampler: str,
+    num_steps: int,
+    *,
+    method: str | None = None,
+    last_step: str = "mean",
+    guidance_scale: float = 1.0,
+    interval: Sequence[float] | None = None,
+    flow_interval: tuple[float, float] = (0.0, 1.0),
+    diffusion_steps: int = DIFFUSION_STEPS,
+) -> SamplingPlan:
+    """The plan of ``sampler`` with ``num_steps`` steps (``--num-sampling-steps``).
+
+    Diffusion samplers: one evaluation per respaced step (``num_steps`` >= 2; diffusers' Heun: 2 per step but
+    the last, 2N - 1). Flow samplers: see ``flow_grid``; ``flow_interval`` is the transport's sampling
+    interval [t0, t1] (SiT's velocity models: [0, 1]). ``method`` is the flow integrator.
+    """
+    if sampler not in SAMPLERS:
+        raise UserError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}.")
+    if num_steps < 1:
+        raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
+    interval = check_guidance_interval(interval)
+    if sampler in FLOW_SAMPLERS:
+        methods = ODE_METHODS if sampler == "ode" else SDE_METHODS
+        method = method or DEFAULT_METHODS[sampler]
+        if method not in methods:
+            raise UserError(
+                f"--sampling-method for --sampler {sampler} must be one of {', '.join(methods)}, got {method!r}."
+            )
+        if last_step not in LAST_STEPS:
+            raise UserError(f"--last-step must be one of {', '.join(LAST_STEPS)}, got {last_step!r}.")
+        grid = flow_grid(sampler, num_steps, *flow_interval, last_step)
+        times = _flow_times(sampler, method, grid, last_step)
+        if times is not None and not times:
+            raise UserError(
+                f"--num-sampling-steps {num_steps} with --last-step none makes no network evaluation: pass 2 or more."
+            )
+        name, grid = f"{sampler} {method}", tuple(grid)
+    else:
+        if method is not None:
+            raise UserError(f"--sampling-method is for the flow samplers ode and sde, not --sampler {sampler}.")
+        if num_steps < 2:
+            raise UserError(
+                f"--num-sampling-steps must be >= 2 for --sampler {sampler}: a one-step respacing has no posterior "
+                "(the official diffusion's variances need two steps)."
+            )
+        if num_steps > diffusion_steps:
+            raise UserError(f"--num-sampling-steps {num_steps} exceeds the diffusion's {diffusion_steps} steps.")
+        steps = diffusion_timesteps(num_steps, diffusion_steps)
+        if sampler == "heun":  # diffusers' Heun: Euler to the next level, then its correction there
+            steps = steps[:1] + [t for t in steps[1:] for _ in range(2)]
+        times, name, grid = [t / diffusion_steps for t in steps], sampler, None
+    guided = None if times is None else tuple(guided_at(t, guidance_scale, interval) for t in times)
+    return SamplingPlan(name, num_steps, None if times is None else tuple(times), guided, grid)
+
+
+# ---- the sampling section: how every face that samples (or plans sampling) says it -------------------------
+
+GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
+CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
+SAMPLER_HELP = (
+    "diffusion models: ddpm (ancestral; their default) or ddim (eta 0), our loops; diffusers' schedulers dpmpp-2m, "
+    "dpmpp-2m-sde, unipc, deis, euler, heun (2 evaluations a step but the last); flow models: ode (their default) "
+    "or sde"
+)
+INTERVAL_HELP = (
+    "guide only the evaluations whose time lies in [LO, HI] (Kynkaenniemi et al. 2024), the others run unguided "
+    "(one pass); time is t/1000 for diffusion (1 = noise) and the flow's t (1 = data); default: every evaluation"
+)
+
+
+@dataclass(frozen=True)
+class SamplingSection(Section):
+    """The sampler and its settings (sample.py, scripts/sample_ddp.py, train.py's ``--eval-*`` flags,
+    ``dit-cost sample``). The model decides what the section leaves open: its objective the default sampler
+    (``kind``), whether it has a null class the default guidance (``guidance``). Faces with other defaults
+    subclass it and say why."""
+
+    DIFFUSION_DEFAULT = "ddpm"  # the official sample.py's sampler
+    GUIDANCE_DEFAULT = 4.0  # the official sample.py's, for a model with a null class
+
+    sampler: str | None = option(None, SAMPLER_HELP, choices=SAMPLERS)
+    sampling_method: str | None = option(
+        None,
+        "flow models: ode euler, heun (the default), ab2, ab3, ab4 (Adams-Bashforth, 1 evaluation a step) or dopri5 "
+        "(adaptive, torchdiffeq); sde euler (the default) or heun",
+        choices=ODE_METHODS,  # SDE_METHODS are among them
+    )
+    num_sampling_steps: int = option(
+        250, "diffusion: respaced steps (official rounding); flow: grid steps (Heun: 2 evaluations each)", ge=1
+    )
+    guidance_scale: float | None = option(
+        None, GUIDANCE_HELP + "; default 4 for a model with a null class, else 1", aliases=("--cfg-scale",), ge=1
+    )
+    guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
+    guidance_interval: tuple[float, ...] | None = option(None, INTERVAL_HELP, ge=0, le=1)
+    diffusion_form: str = option(
+        "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
+    )
+    last_step: str = option("mean", "flow sde: the last deterministic step (SiT's, h = 0.04)", choices=LAST_STEPS)
+    sample_eps: float | None = option(
+        None, "flow: keep the sampler's time grid this far from the ends (default: the run's, else SiT's)", ge=0,
+        lt=0.5,
+    )  # fmt: skip
+    atol: float = option(1e-6, "flow ode dopri5: absolute tolerance (SiT's default)", gt=0)
+    rtol: float = option(1e-3, "flow ode dopri5: relative tolerance (SiT's default)", gt=0)
+
+    def check(self) -> None:
+        if self.sampler is not None and self.sampler not in FLOW_SAMPLERS and self.sampling_method is not None:
+            raise FieldError(
+                f"{{sampling_method}} is for flow models' ode and sde samplers, not {{sampler}} {self.sampler}."
+            )
+        if self.sampler == "sde" and self.sampling_method not in (None, *SDE_METHODS):
+            raise FieldError(
+                f"{{sampling_method}} for {{sampler}} sde must be one of {', '.join(SDE_METHODS)}, got "
+                f"{self.sampling_method!r}."
+            )
+        interval = self.guidance_interval
+        if interval is not None and (len(interval) != 2 or interval[0] > interval[1]):
+            raise FieldError(
+                "{guidance_interval} takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = "
+                f"noise; flow t, 1 = data), got {' '.join(map(str, interval))}."
+            )
+
+    def kind(self, flow: bool) -> str:
+        """The sampler for a flow (True) or diffusion model; one of the other family's is refused."""
+        kind = self.sampler or ("ode" if flow else self.DIFFUSION_DEFAULT)
+        allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS
+        if kind not in allowed:
+            raise FieldError(
+                f"{{sampler}} {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use one "
+                f"of {', '.join(allowed)}."
+            )
+        return kind
+
+    def guidance(self, has_null_class: bool) -> float:
+        """The guidance scale for a model with (or without) a null class: the asked one, else the default."""
+        if self.guidance_scale is None:
+            return self.GUIDANCE_DEFAULT if has_null_class else 1.0
+        if self.guidance_scale > 1 and not has_null_class:
+            raise FieldError(
+                "this model was trained without a null class (unconditional, or no class dropout), so there is "
+                "nothing to guide against: pass {guidance_scale} 1, or leave it out."
+            )
+        return self.guidance_scale
+
+
+@dataclass(frozen=True)
+class FidSamplingSection(SamplingSection):
+    """The sampling section with an FID set's default guidance: 1.5 on 3 channels, the paper's FID setting."""
+
+    GUIDANCE_DEFAULT = 1.5
+
+    guidance_scale: float | None = option(
+        None, GUIDANCE_HELP + "; default 1.5 (on 3 channels the paper's FID setting) for a model with a null class, "
+        "else 1", aliases=("--cfg-scale",), ge=1,
+    )  # fmt: skip

@@ -1,0 +1,233 @@
+"""Sampling quality per FLOP on the digits: digit FID, precision, recall and class accuracy against the
+sampling FLOPs of each sampler x network evaluations x guidance scale x guidance interval, from one checkpoint.
+
+The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``scripts/scaling.py``
+(digits in pixel space). Each setting draws ``--num-samples`` images (image i of every setting has the label
+and noise of (seed, i)), scored by the digit classifier against the 4,000 training digits, as the quick
+start and scripts/scaling.py score theirs. The FLOPs are the DiT's as the sampler ran them: two passes per
+guided evaluation, one per unguided one (``dit.sampling_plan``). Finished rows are kept in the ``--out``
+JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
+against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
+
+  python scripts/sampling_study.py --ckpt results/quickstart/run/checkpoints/0001200.pt \\
+      --out out/sampling_study/quickstart.json
+  python scripts/sampling_study.py --ckpt CKPT --samplers ddim dpmpp-2m --nfe 10 25 --guidance 1 2 \\
+      --intervals all edm2 0.1:0.6
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dit.atomic import atomic_write_bytes
+from dit.cli import run_cli
+from dit.config import Face, Section, option
+from dit.cost.plots import plot_sampling_front
+from dit.data.store import sha256_file
+from dit.diffusion import create_diffusion
+from dit.errors import UserError
+from dit.eval.evaluator import Evaluator
+from dit.eval.features import load_digit_classifier
+from dit.eval.reference import digits_reference
+from dit.runtime import Runtime
+from dit.sample.cost import flops_per_image
+from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
+from dit.sample.loading import load_sampling_model
+from dit.sampling_plan import check_guidance_interval, sampling_plan
+
+DIFFUSION = ("ddpm", "ddim", "dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun")
+FLOW = ("ode-euler", "ode-heun", "ode-ab2", "ode-ab3", "ode-ab4", "sde-euler", "sde-heun")  # dopri5: no NFE knob
+EDM2_SIGMAS = (
+    0.28,
+    5.42,
+)  # the guidance interval of Kynkaenniemi et al. 2024 for EDM2-S, in sigma = noise / signal
+
+
+@dataclass(frozen=True)
+class StudyConfig(Section):
+    """Digit FID, precision, recall and class accuracy against sampling FLOPs, per sampler and setting."""
+
+    ckpt: str = option(help="a digits checkpoint: the quick start's, or a scripts/scaling.py run's")
+    out: str = option("out/sampling_study/results.json", "the rows (JSON); a rerun skips the finished ones")
+    plot: str | None = option(None, "the Pareto chart (PNG; default: --out with .png)")
+    samplers: tuple[str, ...] | None = option(
+        None, "default: every fixed-step sampler of the checkpoint's objective", choices=DIFFUSION + FLOW
+    )
+    nfe: tuple[int, ...] = option(
+        [5, 10, 15, 25, 50, 100, 250],
+        "network evaluations per image; a sampler that cannot make exactly N takes the most steps under N",
+        ge=1,
+    )
+    guidance: tuple[float, ...] = option([1.0, 1.5, 2.0, 3.0], "guidance scales (1: none)", ge=1)
+    intervals: tuple[str, ...] = option(
+        ["all", "edm2"],
+        "guidance intervals: all, edm2 (sigma in [0.28, 5.42], EDM2-S's, in this model's time), or LO:HI in "
+        "--guidance-interval's units (t/1000 for diffusion, 1 = noise; flow t, 1 = data)",
+    )
+    num_samples: int = option(500, "samples per setting", ge=65)
+    batch_size: int = option(250, "samples per batch", ge=1)
+    seed: int = option(0, "image i has the label and noise of (seed, i) in every setting", ge=0)
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
+    precision: str = option("tf32", "sampling precision (on a CPU tf32 is fp32)", choices=("fp32", "tf32", "bf16"))
+
+
+FACE = Face("scripts/sampling_study.py", __doc__, sections={"study": StudyConfig})
+
+
+def edm2_interval(sm) -> tuple[float, float]:
+    """The times (in --guidance-interval's units) where this model's noise-to-signal ratio is in EDM2's band."""
+    lo, hi = EDM2_SIGMAS
+    if sm.transport is None:
+        abar = create_diffusion("", noise_schedule=sm.noise_schedule).alphas_cumprod
+        times, ratio = np.arange(len(abar)) / len(abar), np.sqrt((1 - abar) / abar)
+    else:
+        t = torch.linspace(0, 1, 10_001, dtype=torch.float64)[1:-1]
+        alpha, _, sigma, _ = sm.transport.path.alpha_sigma(t)
+        times, ratio = t.numpy(), (sigma / alpha).numpy()
+    inside = times[(ratio >= lo) & (ratio <= hi)]
+    return float(inside.min()), float(inside.max())
+
+
+def parse_interval(text: str, sm) -> tuple[float, float] | None:
+    if text == "all":
+        return None
+    if text == "edm2":
+        return edm2_interval(sm)
+    try:
+        values = [float(v) for v in text.split(":")]
+    except ValueError:
+        values = []
+    if len(values) != 2:
+        raise UserError(f"--intervals takes all, edm2 or LO:HI, got {text!r}.")
+    return check_guidance_interval(values)
+
+
+def split(spec: str) -> tuple[str, str | None]:
+    """'ode-heun' -> ('ode', 'heun'); diffusion samplers have no method."""
+    kind, _, method = spec.partition("-") if spec.startswith(("ode-", "sde-")) else (spec, "", "")
+    return kind, method or None
+
+
+def steps_for(spec: str, nfe: int) -> int | None:
+    """The most steps whose plan makes at most ``nfe`` evaluations (None: not even the fewest fit)."""
+    kind, method = split(spec)
+    best = None
+    for steps in range(1, nfe + 1):
+        try:
+            planned = sampling_plan(kind, steps, method=method).nfe
+        except UserError:  # too few steps for this sampler
+            continue
+        if planned <= nfe:
+            best = steps
+    return best
+
+
+def settings(c: StudyConfig, sm) -> list[dict]:
+    """Every (sampler, NFE, guidance, interval) to run; scale 1 has no interval to vary."""
+    specs = c.samplers or (FLOW if sm.transport is not None else DIFFUSION)
+    wrong = [s for s in specs if (s in FLOW) != (sm.transport is not None)]
+    if wrong:
+        kind = "a flow-matching" if sm.transport is not None else "a diffusion"
+        raise UserError(f"{c.ckpt} is {kind} model: {', '.join(wrong)} cannot sample it.")
+    intervals = {name: parse_interval(name, sm) for name in c.intervals}
+    out = []
+    for spec in specs:
+        for nfe in c.nfe:
+            steps = steps_for(spec, nfe)
+            if steps is None:
+                continue
+            for scale in c.guidance:
+                for name, interval in intervals.items() if scale > 1 else [("all", None)]:
+                    out.append({"sampler": spec, "nfe_target": nfe, "steps": steps, "guidance_scale": scale,
+                                "interval": name, "interval_times": None if interval is None else list(interval)})  # fmt: skip
+    return list({key(s): s for s in out}.values())  # duplicates: two NFE targets that round to the same steps
+
+
+def key(row: dict) -> tuple:
+    return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
+
+
+def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision) -> dict:
+    kind, method = split(setting["sampler"])
+    interval = setting["interval_times"]
+    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval))
+    sampler = Sampler(sm, setting["steps"], kind, method=method, guidance=guidance)
+    classes, sampling_s = sm.config.num_classes, 0.0
+
+    def batches():
+        nonlocal sampling_s
+        for start in range(0, c.num_samples, c.batch_size):
+            index = range(start, min(start + c.batch_size, c.num_samples))
+            labels = [fid_label(c.seed, i, classes) for i in index]
+            began = time.perf_counter()
+            images = generate(sm, sampler, labels, [noise_seed(c.seed, i) for i in index], precision=precision)
+            sampling_s += time.perf_counter() - began
+            yield images, labels
+
+    result = evaluator.evaluate(batches())
+    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
+    return {
+        **setting,
+        "nfe": sampler.mean_nfe,
+        "guided_nfe": sampler.mean_guided_nfe,
+        "unguided_nfe": sampler.mean_unguided_nfe,
+        **{k: result[k] for k in ("fid", "precision", "recall", "class_accuracy", "feature_network")},
+        "sampling_tflop_per_1000": model_flops * 1000 / 1e12,
+        "sampling_seconds": sampling_s,
+    }
+
+
+def load_rows(path: Path, header: dict) -> list[dict]:
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    if {k: data.get(k) for k in header} != header:
+        raise UserError(
+            f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
+            "another --out, or the same --ckpt, --num-samples, --seed and --precision."
+        )
+    return data["rows"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    c = FACE.parse(argv).sections["study"]
+    out = Path(c.out)
+    with Runtime(c.device, c.precision) as runtime:
+        sm = load_sampling_model(c.ckpt, vae="none", device=runtime.device)
+        header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
+                  "precision": c.precision}  # fmt: skip
+        rows = load_rows(out, header)
+        done = {key(r) for r in rows}
+        todo = [s for s in settings(c, sm) if key(s) not in done]
+        print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)
+        net = load_digit_classifier()
+        reference = digits_reference(net)  # on the CPU, as the quick start's
+        evaluator = Evaluator(net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime)
+        evaluator.check_count(c.num_samples)
+        for setting in todo:
+            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision))
+            r = rows[-1]
+            print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
+                  f"{r['guidance_scale']:g} {r['interval']}: FID {r['fid']:.1f}, accuracy {r['class_accuracy']:.1%}, "
+                  f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
+                  file=sys.stderr)  # fmt: skip
+            summary = {"command": "python scripts/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                       "ckpt": c.ckpt, **header, "rows": rows}  # fmt: skip
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(out, (json.dumps(summary, indent=1) + "\n").encode())
+    if rows:
+        plot = c.plot or str(out.with_suffix(".png"))
+        plot_sampling_front(plot, rows, f"Digit FID against sampling FLOPs: {Path(c.ckpt).name}")
+        print(f"wrote {out} ({len(rows)} settings) and {plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

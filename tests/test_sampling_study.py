@@ -1,0 +1,41 @@
+"""scripts/sampling_study.py on a tiny digit-shaped model: two settings scored, the chart drawn, a rerun resumed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import run_face, write_our_checkpoint
+
+pytest.importorskip("diffusers")
+
+
+def test_two_settings_are_scored_plotted_and_not_run_again(tmp_path, capsys):
+    ckpt = write_our_checkpoint(
+        tmp_path, None, in_channels=1, input_size=28, patch_size=4
+    )  # 28x28 digits, 10 classes
+    out = tmp_path / "study.json"
+    argv = ["--ckpt", str(ckpt), "--out", str(out), "--samplers", "ddim", "dpmpp-2m", "--nfe", "5", "--guidance", "2",
+            "--intervals", "0.2:0.7", "--num-samples", "70", "--batch-size", "35"]  # fmt: skip
+    code, _, err = run_face("scripts/sampling_study.py", argv, capsys)
+    assert code == 0, err
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["sampler"], r["steps"], r["nfe"]) for r in rows] == [("ddim", 5, 5), ("dpmpp-2m", 5, 5)]
+    for r in rows:
+        assert r["fid"] > 0 and 0 <= r["class_accuracy"] <= 1 and 0 <= r["precision"] <= 1
+        assert 0 < r["guided_nfe"] < r["nfe"] and r["guided_nfe"] + r["unguided_nfe"] == r["nfe"]
+    assert rows[0]["sampling_tflop_per_1000"] == pytest.approx(rows[1]["sampling_tflop_per_1000"])
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    code, _, err = run_face("scripts/sampling_study.py", argv, capsys)
+    assert code == 0 and "2 settings done, 0 to run" in err
+    assert json.loads(out.read_text())["rows"] == rows
+    code, _, err = run_face("scripts/sampling_study.py", [*argv, "--seed", "1"], capsys)
+    assert code == 2 and "holds a study of other settings" in err
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats():
+    from dit.cost.plots import pareto_front
+
+    points = [(3, 4), (1, 5), (2, 3), (4, 1), (5, 2), (2, 6)]
+    assert pareto_front(points) == [(1, 5), (2, 3), (4, 1)]
