@@ -59,6 +59,15 @@ class ExtractConfig:
     strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
     verify: bool = option(False, "only check every shard's sha256 and exit")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    # ---- REPA: also store a frozen encoder's patch features of every view, so training never runs it ----
+    repa_encoder: str | None = option(
+        None, "REPA: also store this encoder's features (a timm ViT name, or digits-mae)"
+    )
+    repa_encoder_weights: str | None = option(None, "REPA: the encoder's weights file, offline (default: timm's)")
+    repa_input_size: int | None = option(
+        None,
+        "REPA: the encoder's input pixels (default: a /2 DiT's token grid x the encoder's patch: 224 at 256 px)",
+    )
 
     def __post_init__(self):
         if os.path.exists(self.features_path) and not os.path.isdir(self.features_path):
@@ -67,6 +76,15 @@ class ExtractConfig:
             raise UserError(
                 f"need --image-size a multiple of 8, positive --batch-size/--shard-size and --num-workers >= 0, "
                 f"got {self.image_size}, {self.batch_size}, {self.shard_size}, {self.num_workers}."
+            )
+        if self.repa_encoder and not self.flip:
+            raise UserError(
+                "--repa-encoder stores the features of both flips (training flips each image, and a mirrored "
+                "latent has no features of its own): drop --no-flip."
+            )
+        if self.repa_encoder_weights and not os.path.isfile(self.repa_encoder_weights):
+            raise UserError(
+                f"--repa-encoder-weights {self.repa_encoder_weights}: no such file; pass the encoder's weights file."
             )
 
 
@@ -93,15 +111,22 @@ def _collate(items):
     return [i for i, _ in good], (torch.stack([image for _, image in good]) if good else None), bad
 
 
-def _encode_views(vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool) -> torch.Tensor:
-    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image."""
+def _encode_views(
+    vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool, encoder=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image, and REPA's
+    ``encoder`` features [B, views, tokens, width] of the same images (None without an encoder)."""
     x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
     if flips:
         x = torch.cat([x, x.flip(-1)])
     with runtime.precision.autocast():
         mean, std = encode_moments(vae, x)
+        features = encoder.features(x).float() if encoder is not None else None
+    views = (2 if flips else 1, len(images_uint8))
     moments = torch.stack([mean.float(), std.float()], dim=1)
-    return moments.unflatten(0, (2 if flips else 1, len(images_uint8))).transpose(0, 1)
+    if features is not None:
+        features = features.unflatten(0, views).transpose(0, 1)
+    return moments.unflatten(0, views).transpose(0, 1), features
 
 
 def extract_features(cfg: ExtractConfig) -> dict:
@@ -126,6 +151,14 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
     vae_id, config_sha = vae_id_and_config_hash(vae, cfg.vae)
     down = latent_downsample(vae)
     latent = cfg.image_size // down
+    encoder = None
+    if cfg.repa_encoder:  # REPA's features, by default on the token grid of a /2 DiT
+        from dit.cost.analytic import vit_forward_macs
+        from dit.encoder import Encoder, resolve_input_size
+
+        size = resolve_input_size(cfg.repa_encoder, cfg.repa_input_size, latent // 2)
+        encoder = Encoder(cfg.repa_encoder, cfg.repa_encoder_weights, size, device)
+        features = {**encoder.identity(), "forward_flops": 2 * vit_forward_macs(encoder.shape)}
     spec = StoreSpec(
         vae_id=vae_id,
         vae_config_sha256=config_sha,
@@ -142,6 +175,7 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
         sources_sha256=sources_sha256(images.samples),
         num_sources=len(images.samples),
         vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
+        features=features if encoder is not None else None,
     )
     if world > 1:  # a folder still being copied into could give ranks different source lists
         if len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
@@ -153,13 +187,15 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
     # One extraction per store: begin_store clears temp files that another run's writes would still own.
     lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --features-path")
     try:
-        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started)
+        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started, encoder)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started) -> dict:
+def _fill_store(
+    cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started, encoder=None
+) -> dict:
     """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
     rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.features_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
@@ -189,13 +225,15 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
     bar = tqdm(
         total=sum(len(b) for b in batches), unit="img", disable=rank != 0, desc=f"encoding (rank 0 of {world})"
     )
-    parts, labels, files, skipped, encoded = [], [], [], [], 0
+    parts, feature_parts, labels, files, skipped, encoded = [], [], [], [], [], 0
     for batch, (good, uint8, bad) in zip(batches, loader):
         skipped += [(images.samples[i][0], error) for i, error in bad]
         if bad and cfg.strict:
             raise UserError(f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict.")
         if good:
-            parts.append(_encode_views(vae, uint8, runtime, spec.flips_stored).cpu())
+            moments, features = _encode_views(vae, uint8, runtime, spec.flips_stored, encoder)
+            parts.append(moments.cpu())
+            feature_parts += [features.cpu()] if features is not None else []
             labels += [images.samples[i][1] for i in good]
             files += [images.samples[i][0] for i in good]
             encoded += len(good)
@@ -203,8 +241,14 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
         if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
             views = 2 if spec.flips_stored else 1
             moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
-            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped)
-            parts, labels, files, skipped = [], [], [], []
+            features = None
+            if encoder is not None:
+                f = spec.features
+                features = (
+                    torch.cat(feature_parts) if feature_parts else torch.zeros(0, views, f["tokens"], f["dim"])
+                )
+            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped, features)
+            parts, feature_parts, labels, files, skipped = [], [], [], [], []
         bar.update(len(batch))
         if world > 1:
             bar.set_postfix_str(f"all ranks ~{(bar.format_dict['rate'] or 0) * world:.1f} img/s", refresh=False)

@@ -20,11 +20,12 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
     "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size", "objective",
     "path_type", "prediction", "loss_weight", "time_sampling", "logit_mean", "logit_std", "train_eps",
+    "repa_encoder", "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
 # What changes the optimisation: a resume may change these only when --allow-changes names them.
 RECIPE_FIELDS = (
     "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
-    "grad_accum_steps",
+    "grad_accum_steps", "repa_coeff",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
@@ -137,6 +138,17 @@ class TrainConfig:
     )
     eval_batch_size: int = option(64, "evaluation images per batch on each process")
     eval_inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
+    # ---- REPA (Yu et al. 2024): align block repa_depth's tokens with a frozen encoder's (docs/repa.md) ----
+    repa_encoder: str | None = option(
+        None, "REPA: a timm ViT name (vit_base_patch14_dinov2.lvd142m is REPA's) or digits-mae (ours); unset: off"
+    )
+    repa_encoder_weights: str | None = option(None, "REPA: the encoder's weights file, offline (default: timm's)")
+    repa_input_size: int | None = option(
+        None, "REPA: the encoder's input pixels (default: the DiT's token grid x the encoder's patch, e.g. 224)"
+    )
+    repa_depth: int = option(8, "REPA: align the tokens after this block (1-based; REPA's 8 for XL/2)")
+    repa_coeff: float = option(0.5, "REPA: weight of the alignment loss (minus the cosine similarity)")
+    repa_projector_dim: int = option(2048, "REPA: hidden width of the 3-layer MLP projector")
 
     def __post_init__(self):
         positive = ("global_batch_size", "grad_accum_steps", "max_steps", "log_every", "ckpt_every", "image_size")
@@ -197,6 +209,19 @@ class TrainConfig:
             raise UserError("--eval-every needs --eval-ref: reference statistics (python -m dit.eval ref --help).")
         if self.eval_every and min(self.eval_num_samples, self.eval_sampling_steps, self.eval_batch_size) < 1:
             raise UserError("--eval-num-samples, --eval-sampling-steps and --eval-batch-size must be >= 1.")
+        # REPA: the name and the depth are checked against timm and the model when the run is built
+        if self.repa_encoder_weights and not Path(self.repa_encoder_weights).is_file():
+            raise UserError(
+                f"--repa-encoder-weights {self.repa_encoder_weights}: no such file; pass the encoder's weights file."
+            )
+        if self.repa_encoder_weights and not self.repa_encoder:
+            raise UserError("--repa-encoder-weights needs --repa-encoder NAME (the timm model they belong to).")
+        if self.repa_depth < 1 or self.repa_projector_dim < 1 or not self.repa_coeff >= 0:
+            raise UserError(
+                f"--repa-depth and --repa-projector-dim must be >= 1 and --repa-coeff >= 0, got {self.repa_depth}, "
+                f"{self.repa_projector_dim} and {self.repa_coeff}."
+            )
+        check_positive(self, "repa_input_size")
 
     @property
     def pixel_space(self) -> bool:

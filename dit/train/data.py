@@ -135,7 +135,7 @@ def build_data(cfg: TrainConfig, dataset: Dataset | None, device: torch.device) 
     if cfg.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        ds = LatentStoreDataset(cfg.feature_path)
+        ds = LatentStoreDataset(cfg.feature_path, features=cfg.repa_encoder is not None)  # REPA: and its features
         c, h, _ = ds.latent_shape
         ds.check_compatible(
             in_channels=c, input_size=cfg.image_size // ds.downsample, num_classes=cfg.num_classes or None

@@ -21,12 +21,14 @@ from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.diffusion import create_diffusion
 from dit.errors import UserError, unwrap_worker_error
 from dit.models import DiT, attention_kernel
+from dit.repa import RepaModel, repa_loss
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig, parse_activation_checkpointing
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
 from dit.train.parallel import data_parallel, shard
+from dit.train.repa import Repa
 from dit.train.state import TrainState, build_optimizer, resume_point
 
 
@@ -64,6 +66,10 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.attention)
+        # REPA: the projector trains with the DiT (one module for DDP and the optimizer); the encoder is frozen
+        self.repa = Repa(cfg, model_cfg, self.data.store_manifest, device) if cfg.repa_encoder else None
+        projector = self.repa.projector(model_cfg).to(device) if self.repa else None
+        trained = RepaModel(model, projector, cfg.repa_depth) if self.repa else model
         if cfg.init_from and ckpt is None:  # a fine-tune's first start (its resumes come from its own checkpoints)
             from dit.train.init import init_from
 
@@ -76,11 +82,14 @@ class Trainer:
         if sharded:  # every rank built the same weights; the checkpoint, if any, is scattered into the shards
             shard(model)
             shard(ema.model)
-        optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.fused_optimizer)
+            if projector is not None:
+                shard(projector)
+        optimizer = build_optimizer(trained, cfg.lr, cfg.weight_decay, cfg.fused_optimizer)
         n = len(self.data.dataset)
         self.state = TrainState(
-            model, ema, optimizer, runtime.precision.grad_scaler(), sharded, n, max(1, n // cfg.global_batch_size)
-        )
+            model, ema, optimizer, runtime.precision.grad_scaler(), sharded, n, max(1, n // cfg.global_batch_size),
+            trained,
+        )  # fmt: skip
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
             self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
@@ -88,7 +97,7 @@ class Trainer:
         if cfg.compile:
             for block in model.blocks:
                 block.compile()
-        self.ddp_model = model if sharded else data_parallel(model, device, world)
+        self.ddp_model = trained if sharded else data_parallel(trained, device, world)
         if cfg.objective == "flow":  # SiT's flow matching on the same model
             self.objective = cfg.transport()
         else:
@@ -101,9 +110,9 @@ class Trainer:
             self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(cfg, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
-        self.counters = StepCounters(device)
+        self.counters = StepCounters(device, alignment=self.repa is not None)
         done = self.state.step * self.micro * cfg.grad_accum_steps
-        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out, done)
+        self.ledger = Ledger(cfg, model, self.attention, self.data, runtime, self.out, done, self.repa)
         self.ledger.report(self.micro, sharded)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
@@ -181,9 +190,13 @@ class Trainer:
         return t, noise, drop, eps
 
     def _model_fn(self, x, t, **kwargs):
-        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32."""
+        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32; with
+        REPA, the projected tokens of the same forward are kept for the alignment loss."""
         with self.runtime.precision.autocast():
-            return self.ddp_model(x, t, **kwargs).float()
+            out = self.ddp_model(x, t, **kwargs)
+        if self.repa is not None:
+            out, self._projected = out
+        return out.float()
 
     def train_step(self, batches, log_step: bool = False):
         """One optimizer step over this rank's micro-batches ``batches``; advances ``state.step``.
@@ -199,11 +212,14 @@ class Trainer:
         mc = model.config
         shape = (mc.in_channels, mc.input_size, mc.input_size)
         t_all, noise_all, drop_all, eps_all = self._randomness(state.step, shape)
-        total = None
-        for m, (x, y) in enumerate(batches):
+        total = align_total = None
+        for m, (x, y, *stored) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
             sl = slice(lo, lo + self.micro)
+            if self.repa is not None:  # the encoder sees the image the DiT's input comes from, before any VAE
+                with self.runtime.precision.autocast():
+                    target = self.repa.targets(x, stored[0].to(device, non_blocking=True) if stored else None)
             if self.data.vae is not None:
                 from dit.vae import encode
 
@@ -213,19 +229,25 @@ class Trainer:
             last = m == len(batches) - 1
             if state.sharded:
                 model.set_requires_gradient_sync(last)
-            no_sync = not last and not state.sharded and self.ddp_model is not model
+                if state.projector is not None:
+                    state.projector.set_requires_gradient_sync(last)
+            no_sync = not last and not state.sharded and self.ddp_model is not state.trained
             with self.ddp_model.no_sync() if no_sync else contextlib.nullcontext():
                 terms = self.objective.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
-                loss = terms["loss"].mean() / cfg.grad_accum_steps
+                loss = objective = terms["loss"].mean() / cfg.grad_accum_steps
+                if self.repa is not None:  # REPA: + coeff x (minus the cosine similarity, mean over tokens)
+                    align = repa_loss(self._projected, target).mean() / cfg.grad_accum_steps
+                    loss = objective + self.repa.coeff * align
+                    align_total = align.detach() if align_total is None else align_total + align.detach()
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        bad = ~torch.isfinite(total)
+            total = objective.detach() if total is None else total + objective.detach()
+        bad = ~torch.isfinite(total if align_total is None else total + align_total)
         if self.runtime.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
             bad = self.runtime.all_reduce(bad.int(), op="max").bool()
         grad_norm = None
         if scaler is not None and (cfg.grad_clip > 0 or log_step):
             scaler.unscale_(opt)
-        params = [p for p in model.parameters() if p.grad is not None]
+        params = [p for p in state.trained.parameters() if p.grad is not None]
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
         elif scaler is None or log_step:
@@ -243,7 +265,7 @@ class Trainer:
             opt.step()
         opt.zero_grad(set_to_none=True)
         state.ema.update(model, apply=(~bad).float())
-        self.counters.add(total, bad)
+        self.counters.add(total, bad, align_total)
         state.step += 1
         return grad_norm
 
