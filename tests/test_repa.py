@@ -41,7 +41,8 @@ def repa_config(tmp_path, encoder_file, **kw):
 
 
 def records(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "train"]
 
 
 # ---- the model's hidden tokens, the projector, the loss ---------------------------------------------------
@@ -279,6 +280,9 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
     cfg = TrainConfig(**common, max_steps=4, log_every=2, results_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, Runtime("cpu"))
     assert trainer.repa.cached and trainer.repa.encoder is None
+    extraction = trainer.repa.flops.encoder_forward * 2 * 9  # both views of 9 images
+    record = trainer.ledger.log_eval(0, {"fid": 1.0})
+    assert record["feature_extraction_pflops"] * 1e15 == pytest.approx(extraction) and record["total_aux_pflops"] == 0
     trainer.run()
     log = (tmp_path / "run" / "log.txt").read_text()
     assert "paid once, at extraction" in log and "x 2 view(s) x 9 images" in log

@@ -246,8 +246,8 @@ class Ledger:
             "total_aux_pflops": meter.total_images * meter.world_size * meter.aux_flops_per_image / 1e15,
             **scores,
         }
-        if self.repa is not None and self.repa.upstream is not None:
-            record["upstream_pflops"] = self.repa.upstream / 1e15  # training the encoder itself
+        if self.repa is not None:  # REPA: what its encoder cost before this run (training it, extracting features)
+            record.update(self.repa.upstream_record())
         keys = ("step", "fid", "sfid", "inception_score", "precision", "recall", "class_accuracy",
                 "total_model_pflops", "eval_seconds")  # fmt: skip
         self.sinks.log(record, console_keys=keys)

@@ -49,6 +49,11 @@ class Repa:
         self.shape = shape
         self.flops: RepaFlops = repa_flops(shape, model_cfg, cfg.repa_projector_dim)
         self.projector_dim = cfg.repa_projector_dim
+        # stored features: the encoder ran once per stored view of every image, at extraction
+        self.views = 2 if (store_manifest or {}).get("flips_stored") else 1
+        self.extraction_flops = (
+            self.flops.encoder_forward * self.views * store_manifest["num_images"] if self.cached else None
+        )
 
     @property
     def cached(self) -> bool:
@@ -62,17 +67,23 @@ class Repa:
         features = stored if stored is not None else self.encoder.features(images)
         return resample_tokens(features.float(), self.grid)
 
+    def upstream_record(self) -> dict:
+        """What an evaluation record adds to the x axis beside the run's own FLOPs: the encoder's training (when
+        known) and, with stored features, their extraction."""
+        record = {"upstream_pflops": self.upstream / 1e15} if self.upstream is not None else {}
+        if self.extraction_flops is not None:
+            record["feature_extraction_pflops"] = self.extraction_flops / 1e15
+        return record
+
     def describe(self, dit_train_flops: float, store_manifest: dict | None) -> list[str]:
         """The start-up lines: what each part costs per training image, and where the encoder was paid."""
         f, s = self.flops, self.shape
         enc = f"{self.name} at {self.input_size} px ({s.grid}x{s.grid} patches, {s.width} wide)"
         if self.cached:
-            m = store_manifest
-            views = 2 if m.get("flips_stored") else 1
-            total = f.encoder_forward * views * m["num_images"]
             where = (
-                f"paid once, at extraction: {f.encoder_forward / 1e9:.4g} GFLOP per image x {views} view(s) x "
-                f"{m['num_images']:,} images = {total / 1e15:.4g} PFLOP; not in this run's steps"
+                f"paid once, at extraction: {f.encoder_forward / 1e9:.4g} GFLOP per image x {self.views} view(s) x "
+                f"{store_manifest['num_images']:,} images = {self.extraction_flops / 1e15:.4g} PFLOP; not in this "
+                "run's steps (evaluation records: feature_extraction_pflops)"
             )
         else:
             where = f"forward only, {f.encoder_forward / 1e9:.4g} GFLOP per image inside every step"
