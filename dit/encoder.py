@@ -56,6 +56,12 @@ def _timm(purpose: str = "REPA's encoder (--repa-encoder)"):
     return require("timm", "repa", purpose)
 
 
+def check_weights_file(path: str | None) -> None:
+    """``--repa-encoder-weights``, where given, must be a file: one line naming the flag otherwise."""
+    if path is not None and not Path(path).is_file():
+        raise UserError(f"--repa-encoder-weights {path}: no such file; pass the encoder's weights file.")
+
+
 def check_encoder_name(name: str) -> None:
     """One line for a name that is neither ours nor a timm model."""
     if name in LOCAL_ENCODERS:
@@ -146,8 +152,7 @@ class Encoder:
     def __init__(self, name: str, weights: str | None, input_size: int, device: torch.device | str = "cpu"):
         check_encoder_name(name)
         local = LOCAL_ENCODERS.get(name)
-        if weights is not None and not Path(weights).is_file():
-            raise UserError(f"--repa-encoder-weights {weights}: no such file; pass the encoder's weights file.")
+        check_weights_file(weights)
         file = str(local.weights) if local and weights is None else weights
         if local and not local.weights.is_file() and weights is None:
             raise UserError(

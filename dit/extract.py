@@ -82,10 +82,9 @@ class ExtractConfig:
                 "--repa-encoder stores the features of both flips (training flips each image, and a mirrored "
                 "latent has no features of its own): drop --no-flip."
             )
-        if self.repa_encoder_weights and not os.path.isfile(self.repa_encoder_weights):
-            raise UserError(
-                f"--repa-encoder-weights {self.repa_encoder_weights}: no such file; pass the encoder's weights file."
-            )
+        from dit.encoder import check_weights_file
+
+        check_weights_file(self.repa_encoder_weights)
 
 
 class _SourceImages(Dataset):

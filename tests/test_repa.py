@@ -207,7 +207,9 @@ def test_sampling_and_init_from_ignore_the_projector(tmp_path, encoder_file):
     from dit.sample.generate import Sampler, generate
     from dit.sample.loading import load_sampling_model
 
-    train(repa_config(tmp_path, encoder_file, max_steps=2), Pixels())
+    # an encoder grid (2x2 at 32 px) other than the DiT's (4x4): the features are resampled in the step
+    train(repa_config(tmp_path, encoder_file, max_steps=2, repa_input_size=32), Pixels())
+    assert "test_vit at 32 px (2x2 patches" in (tmp_path / "run" / "log.txt").read_text()
     ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert "repa_projector" in load_checkpoint(ckpt)
     sm = load_sampling_model(str(ckpt))
@@ -282,7 +284,9 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
     assert trainer.repa.cached and trainer.repa.encoder is None
     extraction = trainer.repa.flops.encoder_forward * 2 * 9  # both views of 9 images
     record = trainer.ledger.log_eval(0, {"fid": 1.0})
-    assert record["feature_extraction_pflops"] * 1e15 == pytest.approx(extraction) and record["total_aux_pflops"] == 0
+    assert (
+        record["feature_extraction_pflops"] * 1e15 == pytest.approx(extraction) and record["total_aux_pflops"] == 0
+    )
     trainer.run()
     log = (tmp_path / "run" / "log.txt").read_text()
     assert "paid once, at extraction" in log and "x 2 view(s) x 9 images" in log
@@ -303,11 +307,22 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
         assert "\n" not in str(e.value)
 
 
-def test_extraction_refuses_repa_without_flips(store, encoder_file, tmp_path):
+def test_stores_without_features_or_flips_are_refused(tmp_path):
+    from dit.data.store import write_moments_store
     from dit.extract import ExtractConfig
 
     with pytest.raises(UserError, match="drop --no-flip"):
         ExtractConfig(features_path=str(tmp_path / "s"), repa_encoder=ENCODER, flip=False)
+    moments = torch.randn(8, 2, 2, 4, 4, 4)
+    write_moments_store(str(tmp_path / "plain"), moments, torch.arange(8) % 2, num_classes=2)
+    with pytest.raises(UserError, match="holds no encoder features"):
+        LatentStoreDataset(str(tmp_path / "plain"), features=True)
+    identity = {"encoder": ENCODER, "input_size": 32, "weights": "x", "tokens": 4, "dim": 8}
+    write_moments_store(str(tmp_path / "one"), moments[:, :1], torch.arange(8) % 2, num_classes=2,
+                        features=torch.randn(8, 1, 4, 8), encoder=identity)  # fmt: skip
+    with pytest.raises(UserError, match="without --no-flip"):
+        LatentStoreDataset(str(tmp_path / "one"), features=True)
+    assert len(LatentStoreDataset(str(tmp_path / "one"), flip=False, features=True)[0]) == 3
 
 
 # ---- bad input: one line each ------------------------------------------------------------------------------

@@ -210,10 +210,9 @@ class TrainConfig:
         if self.eval_every and min(self.eval_num_samples, self.eval_sampling_steps, self.eval_batch_size) < 1:
             raise UserError("--eval-num-samples, --eval-sampling-steps and --eval-batch-size must be >= 1.")
         # REPA: the name and the depth are checked against timm and the model when the run is built
-        if self.repa_encoder_weights and not Path(self.repa_encoder_weights).is_file():
-            raise UserError(
-                f"--repa-encoder-weights {self.repa_encoder_weights}: no such file; pass the encoder's weights file."
-            )
+        from dit.encoder import check_weights_file
+
+        check_weights_file(self.repa_encoder_weights)
         if self.repa_encoder_weights and not self.repa_encoder:
             raise UserError("--repa-encoder-weights needs --repa-encoder NAME (the timm model they belong to).")
         if self.repa_depth < 1 or self.repa_projector_dim < 1 or not self.repa_coeff >= 0:

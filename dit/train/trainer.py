@@ -237,6 +237,7 @@ class Trainer:
                 loss = objective = terms["loss"].mean() / cfg.grad_accum_steps
                 if self.repa is not None:  # REPA: + coeff x (minus the cosine similarity, mean over tokens)
                     align = repa_loss(self._projected, target).mean() / cfg.grad_accum_steps
+                    self._projected = None  # the graph holds it until backward; nothing else should
                     loss = objective + self.repa.coeff * align
                     align_total = align.detach() if align_total is None else align_total + align.detach()
                 (scaler.scale(loss) if scaler is not None else loss).backward()
