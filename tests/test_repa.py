@@ -50,7 +50,7 @@ def records(run_dir):
 
 @pytest.mark.parametrize("checkpointed", [0, 2])
 def test_forward_returns_the_tokens_after_block_k(checkpointed):
-    model = tiny_dit(0, depth=3).set_checkpointing(checkpointed)
+    model = tiny_dit(0, depth=3).set_checkpointing(checkpointed).eval()  # eval: no random label dropout
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
     plain = model(x, t, y)
     out, hidden = model(x, t, y, return_hidden_at=2)
