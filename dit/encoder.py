@@ -107,6 +107,10 @@ def vit_shape(model: nn.Module) -> ViTShape:
     mlp = model.blocks[0].mlp
     hidden = next(m for m in reversed(list(mlp.modules())) if isinstance(m, nn.Linear)).in_features
     macs = sum(m.in_features * m.out_features for m in mlp.modules() if isinstance(m, nn.Linear))
+    if macs not in (2 * model.embed_dim * hidden, 3 * model.embed_dim * hidden):
+        raise UserError(
+            f"{type(mlp).__name__} is neither a two-matrix MLP nor a gated one: its FLOPs are not modelled."
+        )
     size = model.patch_embed.img_size
     return ViTShape(
         depth=len(model.blocks),
