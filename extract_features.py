@@ -17,12 +17,13 @@ FACE = EXTRACT_FACE
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = FACE.parse(argv).sections["extract"]
+    sections = FACE.parse(argv).sections
+    cfg = sections["extract"]
     if cfg.verify:
         manifest = verify_store(cfg.feature_path)
         print(f"{cfg.feature_path}: {len(manifest['shards'])} shards, {manifest['num_images']} images, sha256 OK")
         return 0
-    extract_features(cfg)
+    extract_features(cfg, sections["repa_encoder"])
     return 0
 
 

@@ -30,6 +30,7 @@ from dit.data.store import (
 )
 from dit.errors import UserError
 from dit.progress import progress
+from dit.repa_config import RepaEncoderSection
 from dit.runtime import Runtime, default_workers
 from dit.vae import (
     encode_moments,
@@ -78,8 +79,9 @@ class ExtractConfig(Section):
 
 EXTRACT_FACE = Face(
     "extract_features.py",
-    "Pre-extract VAE latents into a sharded, checksummed, resumable latent store (docs/latent_store.md).",
-    sections={"extract": ExtractConfig},
+    "Pre-extract VAE latents (and REPA's encoder features) into a sharded, checksummed, resumable latent store "
+    "(docs/latent_store.md).",
+    sections={"extract": ExtractConfig, "repa_encoder": (RepaEncoderSection, "repa_")},
 )
 
 
@@ -106,29 +108,43 @@ def _collate(items):
     return [i for i, _ in good], (torch.stack([image for _, image in good]) if good else None), bad
 
 
-def _encode_views(vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool) -> torch.Tensor:
-    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image."""
+def _encode_views(
+    vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool, encoder=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image, and REPA's
+    ``encoder`` features [B, views, tokens, width] of the same images (None without an encoder)."""
     x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
     if flips:
         x = torch.cat([x, x.flip(-1)])
     with runtime.precision.autocast():
         mean, std = encode_moments(vae, x)
+        features = encoder.features(x).float() if encoder is not None else None
+    views = (2 if flips else 1, len(images_uint8))
     moments = torch.stack([mean.float(), std.float()], dim=1)
-    return moments.unflatten(0, (2 if flips else 1, len(images_uint8))).transpose(0, 1)
+    if features is not None:
+        features = features.unflatten(0, views).transpose(0, 1)
+    return moments.unflatten(0, views).transpose(0, 1), features
 
 
-def extract_features(cfg: ExtractConfig) -> dict:
-    """Build or resume the store at ``cfg.feature_path``; returns a summary of the store and this rank's work.
+def extract_features(cfg: ExtractConfig, repa: RepaEncoderSection | None = None) -> dict:
+    """Build or resume the store at ``cfg.feature_path`` (with ``repa``'s encoder: its features too); returns a
+    summary of the store and this rank's work.
 
     "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
+    repa = repa or RepaEncoderSection()
     if not cfg.data_path:
         raise UserError("--data-path is required to extract (only --verify works without it).")
+    if repa.encoder and not cfg.flip:
+        raise UserError(
+            "--repa-encoder stores the features of both flips (training flips each image, and a mirrored "
+            "latent has no features of its own): drop --no-flip."
+        )
     # Long timeout: after a resume, ranks can wait at the final barrier for a slower rank's last shard.
     with Runtime(cfg.device, cfg.precision, deterministic=True, timeout=timedelta(hours=6)) as runtime:
-        return _extract(cfg, runtime)
+        return _extract(cfg, repa, runtime)
 
 
-def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
+def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> dict:
     started = time.perf_counter()
     world, device = runtime.world, runtime.device
     images = ImageFolderDataset(cfg.data_path, cfg.image_size, flip=False)
@@ -139,6 +155,14 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
     vae_id, config_sha = vae_id_and_config_hash(vae, cfg.vae)
     down = latent_downsample(vae)
     latent = cfg.image_size // down
+    encoder = None
+    if repa.encoder:  # REPA's features, by default on the token grid of a /2 DiT
+        from dit.cost.analytic import vit_forward_macs
+        from dit.encoder import Encoder, resolve_input_size
+
+        size = resolve_input_size(repa.encoder, repa.input_size, latent // 2)
+        encoder = Encoder(repa.encoder, repa.encoder_weights, size, device)
+        features = {**encoder.identity(), "forward_flops": 2 * vit_forward_macs(encoder.shape)}
     spec = StoreSpec(
         vae_id=vae_id,
         vae_config_sha256=config_sha,
@@ -155,6 +179,7 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
         sources_sha256=sources_sha256(images.samples),
         num_sources=len(images.samples),
         vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
+        features=features if encoder is not None else None,
     )
     if world > 1:  # a folder still being copied into could give ranks different source lists
         if len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
@@ -166,13 +191,15 @@ def _extract(cfg: ExtractConfig, runtime: Runtime) -> dict:
     # One extraction per store: begin_store clears temp files that another run's writes would still own.
     lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --feature-path")
     try:
-        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started)
+        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started, encoder)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started) -> dict:
+def _fill_store(
+    cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started, encoder=None
+) -> dict:
     """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
     rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.feature_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
@@ -201,13 +228,15 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
     )
     desc = f"encoding (rank 0 of {world}; all ranks about {world}x its rate)" if world > 1 else "encoding"
     bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=rank == 0)
-    parts, labels, files, skipped, encoded = [], [], [], [], 0
+    parts, feature_parts, labels, files, skipped, encoded = [], [], [], [], [], 0
     for batch, (good, uint8, bad) in zip(batches, loader):
         skipped += [(images.samples[i][0], error) for i, error in bad]
         if bad and cfg.strict:
             raise UserError(f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict.")
         if good:
-            parts.append(_encode_views(vae, uint8, runtime, spec.flips_stored).cpu())
+            moments, features = _encode_views(vae, uint8, runtime, spec.flips_stored, encoder)
+            parts.append(moments.cpu())
+            feature_parts += [features.cpu()] if features is not None else []
             labels += [images.samples[i][1] for i in good]
             files += [images.samples[i][0] for i in good]
             encoded += len(good)
@@ -215,8 +244,14 @@ def _fill_store(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, imag
         if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
             views = 2 if spec.flips_stored else 1
             moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
-            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped)
-            parts, labels, files, skipped = [], [], [], []
+            features = None
+            if encoder is not None:
+                f = spec.features
+                features = (
+                    torch.cat(feature_parts) if feature_parts else torch.zeros(0, views, f["tokens"], f["dim"])
+                )
+            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped, features)
+            parts, feature_parts, labels, files, skipped = [], [], [], [], []
         bar.update(len(batch))
     bar.close()
 

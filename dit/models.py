@@ -508,25 +508,37 @@ class DiT(nn.Module):
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
     def forward(
-        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, force_drop_ids: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        force_drop_ids: torch.Tensor | None = None,
+        return_hidden_at: int | None = None,
+    ):
         """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null).
 
         ``force_drop_ids`` (1 = use the null label) replaces the random class dropout, so that a trainer
-        can draw the dropout from its own counter-based random stream.
+        can draw the dropout from its own counter-based random stream. ``return_hidden_at=k`` (1-based, as
+        REPA's ``encoder_depth``) also returns the (N, T, D) tokens after block k: (output, tokens).
         """
         self._check_input(x)
+        if return_hidden_at is not None and not 1 <= return_hidden_at <= len(self.blocks):
+            raise ValueError(f"return_hidden_at must be in 1..{len(self.blocks)}, got {return_hidden_at}")
         x = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t)
         if self.y_embedder is not None:
             c = c + self.y_embedder(y, self.training, force_drop_ids)
         rope = (self.rope_cos, self.rope_sin) if self.config.rope else None
-        for block, ckpt in zip(self.blocks, self.checkpoint_mask):
+        hidden = None
+        for i, (block, ckpt) in enumerate(zip(self.blocks, self.checkpoint_mask), start=1):
             if ckpt and torch.is_grad_enabled():
                 x = checkpoint(block, x, c, rope, use_reentrant=False)
             else:
                 x = block(x, c, rope)
-        return self.unpatchify(self.final_layer(x, c))
+            if i == return_hidden_at:
+                hidden = x
+        out = self.unpatchify(self.final_layer(x, c))
+        return out if return_hidden_at is None else (out, hidden)
 
     def forward_with_cfg(
         self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, cfg_channels: int | str = 3

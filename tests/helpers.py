@@ -155,3 +155,16 @@ def random_inception_weights(path, seed: int = 0) -> str:
             tensor.copy_(torch.randn(tensor.shape, generator=g) * (2.0 / fan_in) ** 0.5)
     torch.save(state, path)
     return str(path)
+
+
+def random_vit_weights(path, name: str = "test_vit", seed: int = 0) -> str:
+    """A timm ViT's state dict with timm's random initialisation (``pretrained=False``), saved as safetensors:
+    an encoder for REPA offline (``--repa-encoder NAME --repa-encoder-weights PATH``); its features mean nothing."""
+    import timm
+    from safetensors.torch import save_file
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = timm.create_model(name, pretrained=False, num_classes=0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return str(path)

@@ -13,6 +13,7 @@ LAYERS = [  # module prefixes, top layer first
             "dit.models",
             "dit.diffusion",
             "dit.transport",
+            "dit.repa",
             "dit.config",
             "dit.errors",
             "dit.atomic",
@@ -22,7 +23,7 @@ LAYERS = [  # module prefixes, top layer first
         ),
     ),
     ("cost", ("dit.cost",)),
-    ("data", ("dit.vae", "dit.data")),
+    ("data", ("dit.vae", "dit.encoder", "dit.data")),
     (
         "engine",
         ("dit.runtime", "dit.checkpoint", "dit.train", "dit.sample", "dit.extract", "dit.bench", "dit.eval"),

@@ -1,4 +1,4 @@
-"""The core runs on its declared dependencies alone: diffusers, fvcore, torchdiffeq are extras (setup.cfg)."""
+"""The core runs on its declared dependencies alone: diffusers, fvcore, torchdiffeq, timm are extras (setup.cfg)."""
 
 import subprocess
 import sys
@@ -38,7 +38,8 @@ assert images.shape == (2, 3, 8, 8)
 for call in (lambda: __import__("dit.vae").vae.load_vae("ema"),
              lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config),
              lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), [0.0, 1.0], "dopri5"),
-             lambda: Sampler(sm, 5, "dpmpp-2m")):
+             lambda: Sampler(sm, 5, "dpmpp-2m"),
+             lambda: __import__("dit.encoder").encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

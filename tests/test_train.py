@@ -192,12 +192,21 @@ def test_bad_configs_name_the_fix(tmp_path):
         tiny_config(tmp_path, max_steps=0)
 
 
-def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch):
-    """Count every way a step could read a device value back (item, tolist, bool, float, int, numpy)."""
+@pytest.mark.parametrize("repa", [False, True])
+def test_no_host_sync_outside_log_steps(tmp_path, monkeypatch, repa):
+    """Count every way a step could read a device value back (item, tolist, bool, float, int, numpy); with REPA
+    (its encoder run in the step, the projector, the alignment loss and its counter) too."""
     from dit.runtime import Runtime
     from dit.train import Trainer
 
-    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Runtime("cpu"), Pixels())
+    options = {}
+    if repa:
+        from helpers import random_vit_weights
+
+        weights = random_vit_weights(tmp_path / "vit.safetensors")
+        options = dict(repa_encoder="test_vit", repa_encoder_weights=weights, repa_depth=1, repa_projector_dim=16)
+    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000, **options), Runtime("cpu"), Pixels())
+    assert (trainer.repa is not None) == repa
     batches = [next(iter(trainer.loader))]
     calls = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__", "numpy"):

@@ -147,12 +147,26 @@ def cmd_flops(a: FlopsArgs) -> None:
         _print_pairs(pairs)
 
 
+def _repa_flops(a: TrainArgs, cfg):
+    """REPA's auxiliary FLOPs for --repa-encoder (torch and timm imported only then), or None."""
+    if not a.repa_encoder:
+        return None
+    from dit.encoder import encoder_shape, resolve_input_size
+
+    size = resolve_input_size(a.repa_encoder, a.repa_input_size, round(cfg.tokens**0.5))
+    return analytic.repa_flops(encoder_shape(a.repa_encoder, size), cfg, a.repa_projector_dim), size
+
+
 def cmd_train(a: TrainArgs) -> None:
     cfg = a.config()
+    repa, repa_size = _repa_flops(a, cfg) or (None, None)
     result = plan.plan_training(
         cfg, a.image_size, a.global_batch_size, a.max_steps, a.num_gpus, **a.budget(),
         checkpointed_blocks=a.checkpointed(cfg, a.activation_checkpointing), vae_config=plan.vae_config_for(a.vae),
+        repa=repa, repa_cached=a.repa_cached_features,
     )  # fmt: skip
+    if repa is not None:
+        result.update(repa_encoder=a.repa_encoder, repa_input_size=repa_size)
 
     def pairs(r):
         out = [
@@ -169,6 +183,15 @@ def cmd_train(a: TrainArgs) -> None:
                 ("VAE encode", f"{_num(enc, 2)} GFLOP = {_num(enc / 2, 2)} GMAC per image: "
                  f"{r['vae_encode_flops_per_step']:.4e} FLOP per step and {r['vae_encode_total_flops_on_the_fly']:.4e} "
                  "in total if encoded on the fly; once per image view if pre-extracted (extract_features.py)")
+            )  # fmt: skip
+        if r["repa_encoder_forward_gflops_per_image"] is not None:
+            enc, proj = r["repa_encoder_forward_gflops_per_image"], r["repa_projector_train_gflops_per_image"]
+            where = "once per image view, at extraction" if r["repa_features_cached"] else "in every step"
+            out.append(
+                ("REPA (auxiliary)", f"{r['repa_encoder']} at {r['repa_input_size']} px forward {_num(enc, 2)} GFLOP "
+                 f"per image ({where}) + projector {_num(proj, 2)} GFLOP (trained, 3x forward) = "
+                 f"{_num(r['aux_gflops_per_image'], 2)} GFLOP per training image, {r['aux_share_of_dit']:.1%} of the "
+                 f"DiT's; {r['aux_total_flops']:.4e} FLOP in total (time below counts it; mfu is the DiT's)")
             )  # fmt: skip
         out += _budget_pairs(r)
         if "memory_gib_per_device" in r:

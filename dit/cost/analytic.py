@@ -322,3 +322,70 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
             macs += _conv(side * side, c_out, c_out, 3)
     decode = macs + _conv(side * side, chans[0], cfg["out_channels"], 3)
     return VaeFlops(encode=2 * encode, decode=2 * decode, downsample=down)
+
+
+# --------------------------------------------------------------------------------------------------------
+# REPA's auxiliary networks: the frozen encoder (forward only) and the trained projector, apart from the DiT
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViTShape:
+    """What fixes a ViT encoder's forward FLOPs (read from a built timm model by ``dit.encoder.vit_shape``).
+
+    ``prefix_tokens`` are the class and register tokens, which every block processes with the patches;
+    ``gated`` MLPs (SwiGLU) have three matrices of ``mlp_hidden`` columns where a GELU MLP has two."""
+
+    depth: int
+    width: int
+    mlp_hidden: int
+    patch_size: int
+    in_channels: int
+    input_size: int
+    prefix_tokens: int = 1
+    gated: bool = False
+
+    @property
+    def grid(self) -> int:
+        return self.input_size // self.patch_size
+
+    @property
+    def tokens(self) -> int:
+        return self.grid**2 + self.prefix_tokens
+
+
+def vit_forward_macs(shape: ViTShape) -> int:
+    """MACs of one encoder forward (patch embedding and blocks; the final norm and head count nothing)."""
+    t, d = shape.tokens, shape.width
+    block = 4 * t * d * d + 2 * t * t * d + (3 if shape.gated else 2) * t * d * shape.mlp_hidden
+    return shape.grid**2 * shape.patch_size**2 * shape.in_channels * d + shape.depth * block
+
+
+def projector_forward_macs(hidden_size: int, projector_dim: int, feature_dim: int, tokens: int) -> int:
+    """MACs of REPA's 3-layer MLP projector over an image's tokens."""
+    return tokens * (hidden_size * projector_dim + projector_dim * projector_dim + projector_dim * feature_dim)
+
+
+@dataclass(frozen=True)
+class RepaFlops:
+    """FLOPs per training image beside the DiT's: the frozen encoder runs forward only (its input needs no
+    gradient), the projector trains (forward, and backward for its weights and for the DiT tokens it reads)."""
+
+    encoder_forward: int
+    projector_forward: int
+
+    @property
+    def projector_train(self) -> int:
+        return 3 * self.projector_forward
+
+    def per_step_image(self, features_cached: bool) -> int:
+        """What a training step spends per image: the projector, and the encoder unless its features were
+        extracted beforehand (then it was paid once per stored view, at extraction)."""
+        return self.projector_train + (0 if features_cached else self.encoder_forward)
+
+
+def repa_flops(encoder: ViTShape, dit: DiTConfig, projector_dim: int) -> RepaFlops:
+    return RepaFlops(
+        encoder_forward=2 * vit_forward_macs(encoder),
+        projector_forward=2 * projector_forward_macs(dit.hidden_size, projector_dim, encoder.width, dit.tokens),
+    )

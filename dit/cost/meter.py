@@ -18,6 +18,8 @@ class CostMeter:
     FLOPs per image come from ``dit.cost.analytic.training_flops_per_image`` (``.model`` for MFU,
     ``.hardware`` for HFU). ``vae_flops_per_image`` is the encoder's forward when the step encodes images
     on the fly: it runs inside the timed window, so ``mfu_with_vae`` counts it; ``mfu`` is the DiT's alone.
+    ``aux_flops_per_image`` are auxiliary networks' FLOPs inside the step (REPA's projector, and its encoder
+    unless its features were extracted): ``mfu_with_aux`` counts them beside the DiT's.
     ``local_images`` are this rank's images, so the rates are per device; the global image rate assumes
     every rank runs the same local batch, as DDP and FSDP do.
     """
@@ -30,12 +32,14 @@ class CostMeter:
         peak: Peak,
         world_size: int = 1,
         vae_flops_per_image: float = 0.0,
+        aux_flops_per_image: float = 0.0,
     ):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.model_flops_per_image = float(model_flops_per_image)
         self.hardware_flops_per_image = float(hardware_flops_per_image)
         self.vae_flops_per_image = float(vae_flops_per_image)
+        self.aux_flops_per_image = float(aux_flops_per_image)
         self.tokens_per_image = tokens_per_image
         self.peak = peak
         self.world_size = world_size
@@ -93,10 +97,15 @@ class CostMeter:
             * (self.model_flops_per_image + self.vae_flops_per_image)
             / self.peak.flops,
             "vae_tflops_per_image": self.vae_flops_per_image / 1e12,
+            "mfu_with_aux": images_per_sec
+            * (self.model_flops_per_image + self.aux_flops_per_image)
+            / self.peak.flops,
+            "aux_tflops_per_image": self.aux_flops_per_image / 1e12,
             "hfu": hardware_flops / self.peak.flops,
             "data_wait_frac": self._data_wait_s / elapsed,
             "window_s": elapsed,
             "total_model_pflops": self.total_images * self.world_size * self.model_flops_per_image / 1e15,
+            "total_aux_pflops": self.total_images * self.world_size * self.aux_flops_per_image / 1e15,
         }
         self.reset_clock(now)
         return stats

@@ -14,6 +14,7 @@ from dit.atomic import atomic_write_bytes
 from dit.cost.analytic import (
     AUTOENCODER_KL_DEFAULTS,
     SD_VAE_CONFIG,
+    RepaFlops,
     forward_macs,
     sampling_flops_per_image,
     training_flops_per_image,
@@ -247,12 +248,16 @@ def plan_training(
     checkpointed_blocks: int = 0,
     vae_config: dict | None = SD_VAE_CONFIG,
     fused_attention: bool = True,
+    repa: RepaFlops | None = None,
+    repa_cached: bool = False,
 ) -> dict:
     """FLOPs and MACs per image, per step and in total (DiT and VAE encode apart), memory per device, and
     time and cost when a device and an MFU (or a calibration) are given.
 
     The VAE line is the encoder's forward per image: paid every step when images are encoded on the fly,
-    once per stored view when latents are pre-extracted (extract_features.py)."""
+    once per stored view when latents are pre-extracted (extract_features.py). ``repa``: REPA's auxiliary
+    FLOPs, apart from the DiT's (the encoder's forward left out of the steps when ``repa_cached``); the time
+    counts them at the same MFU."""
     for name, value in (
         ("--global-batch-size", global_batch_size),
         ("--max-steps", steps),
@@ -268,6 +273,7 @@ def plan_training(
     train = training_flops_per_image(cfg, checkpointed_blocks, fused_attention)
     images = global_batch_size * steps
     total_flops = float(train.model) * images
+    aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
     encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
     batch_per_device = global_batch_size // num_devices
     plan = {
@@ -292,10 +298,17 @@ def plan_training(
         "vae_encode_gflops_per_image": encode / 1e9 if encode is not None else None,
         "vae_encode_flops_per_step": encode * global_batch_size if encode is not None else None,
         "vae_encode_total_flops_on_the_fly": encode * images if encode is not None else None,
+        # REPA: the frozen encoder (forward) and the projector (trained), beside the DiT; mfu stays the DiT's
+        "repa_encoder_forward_gflops_per_image": repa.encoder_forward / 1e9 if repa is not None else None,
+        "repa_projector_train_gflops_per_image": repa.projector_train / 1e9 if repa is not None else None,
+        "repa_features_cached": repa_cached if repa is not None else None,
+        "aux_gflops_per_image": aux / 1e9,
+        "aux_share_of_dit": aux / train.model,
+        "aux_total_flops": aux * images,
         **_budget(
             cfg,
             image_size,
-            total_flops,
+            total_flops + aux * images,
             images,
             num_devices,
             device,

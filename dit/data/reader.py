@@ -15,23 +15,26 @@ from dit.vae import sample_latents
 _TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safetensors tag
 
 
-def _map_shard(file: str) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-copy (moments, labels) views of a shard. safetensors' own API copies each slice it returns; batched
-    random reads need the whole file mapped. torch.from_file maps lazily (MAP_PRIVATE) and keeps no descriptor."""
+def _map_shard(file: str) -> dict[str, np.ndarray]:
+    """Zero-copy views of a shard's tensors (moments, labels, and REPA's features if stored). safetensors' own API
+    copies each slice it returns; batched random reads need the whole file mapped. torch.from_file maps lazily
+    (MAP_PRIVATE) and keeps no descriptor."""
     try:
         header, start = read_header(file)
         raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
-        views = []
-        for name in ("moments", "labels"):
+        views = {}
+        for name in ("moments", "labels", "features"):
+            if name == "features" and name not in header:
+                continue
             begin, end = header[name]["data_offsets"]
-            views.append(
+            views[name] = (
                 raw[start + begin : start + end]
                 .view(NUMPY_DTYPES[header[name]["dtype"]])
                 .reshape(header[name]["shape"])
             )
     except (ValueError, KeyError, TypeError, RuntimeError) as e:  # a damaged header: before any checksum
         raise UserError(f"{file} is damaged (its header cannot be read: {e}). {REPAIR}.") from None
-    return views[0], views[1]
+    return views
 
 
 class LatentStoreDataset(Dataset):
@@ -41,9 +44,11 @@ class LatentStoreDataset(Dataset):
     flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly
     flip-equivariant). Randomness comes from torch's global RNG, which DataLoader reseeds per worker.
     Shards are memory-mapped lazily in each process; ``__getitems__`` serves a whole batch in one pass.
+    With ``features`` (REPA), items are (latent, label, the encoder's patch features as float32 (tokens, width)),
+    the features of the same view as the latent: the flipped image's own when the latent is flipped.
     """
 
-    def __init__(self, path: str, flip: bool = True, sample_posterior: bool = True):
+    def __init__(self, path: str, flip: bool = True, sample_posterior: bool = True, features: bool = False):
         manifest = read_manifest(path)
         if not manifest["complete"]:
             raise UserError(
@@ -57,8 +62,17 @@ class LatentStoreDataset(Dataset):
                     f"latent store {path}: {shard['file']} is missing or truncated. Rerun extract_features.py with "
                     "the same arguments to redo it (`extract_features.py --verify` checks every shard)."
                 )
+        if features and manifest.get("features") is None:
+            raise UserError(
+                f"latent store {path} holds no encoder features for REPA: re-extract it with extract_features.py "
+                "--repa-encoder NAME."
+            )
+        if features and flip and not manifest["flips_stored"]:  # a mirrored latent has no stored features
+            raise UserError(
+                f"latent store {path} has features but no flipped views: re-extract it without --no-flip."
+            )
         self.path, self.manifest = path, manifest
-        self.flip, self.sample_posterior = flip, sample_posterior
+        self.flip, self.sample_posterior, self.features = flip, sample_posterior, features
         self.scale = float(manifest["scaling_factor"])
         self.shift = float(manifest.get("shift_factor", 0.0))
         self.latent_shape = tuple(manifest["latent_shape"])
@@ -66,12 +80,12 @@ class LatentStoreDataset(Dataset):
         self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
         self._shards = None  # per process: memory maps do not survive pickling to spawned workers
         self.labels = np.concatenate(
-            [_map_shard(os.path.join(path, s["file"]))[1].copy() for s in manifest["shards"]]
+            [_map_shard(os.path.join(path, s["file"]))["labels"].copy() for s in manifest["shards"]]
             or [np.zeros(0, np.int64)]
         )
 
-    def _shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(moments, labels) views of shard ``index``, memory-mapped once per process; its bytes are checked
+    def _shard(self, index: int) -> dict[str, np.ndarray]:
+        """The tensors of shard ``index``, memory-mapped once per process; its bytes are checked
         against the manifest's sha256 the first time this process maps it, so a corrupted byte is caught
         without a --verify pass (each process reads each shard it uses once more, at page-cache speed)."""
         if self._shards is None or self._shards[0] != os.getpid():
@@ -128,7 +142,7 @@ class LatentStoreDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.__getitems__([index])[0]
 
-    def __getitems__(self, indices) -> list[tuple[torch.Tensor, int]]:
+    def __getitems__(self, indices) -> list[tuple]:
         """A batch in one pass: gather stored moments, then sample and flip all of them with a few tensor ops."""
         index = np.asarray(indices, dtype=np.int64)
         if index.size and (index.min() < 0 or index.max() >= len(self)):
@@ -138,9 +152,16 @@ class LatentStoreDataset(Dataset):
         stored_flip = self.flip_mode == "stored"
         view = torch.randint(0, 2, (len(index),)).numpy() if stored_flip else np.zeros(len(index), np.int64)
         c, h, w = self.latent_shape
-        moments = np.empty((len(index), 2, c, h, w), dtype=NUMPY_DTYPES[_TAGS[self.manifest["storage_dtype"]]])
+        dtype = NUMPY_DTYPES[_TAGS[self.manifest["storage_dtype"]]]
+        moments = np.empty((len(index), 2, c, h, w), dtype=dtype)
+        if self.features:
+            f = self.manifest["features"]
+            features = np.empty((len(index), f["tokens"], f["dim"]), dtype=dtype)
         for row, (s, j, v) in enumerate(zip(shard.tolist(), local.tolist(), view.tolist())):
-            moments[row] = self._shard(s)[0][j, v]
+            tensors = self._shard(s)
+            moments[row] = tensors["moments"][j, v]
+            if self.features:
+                features[row] = tensors["features"][j, v]  # the same view as the latent
         moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
         if self.sample_posterior:
@@ -150,4 +171,9 @@ class LatentStoreDataset(Dataset):
         if self.flip_mode == "latent":
             mirror = torch.rand(len(index)) < 0.5
             latents[mirror] = latents[mirror].flip(-1)
-        return list(zip(latents.unbind(0), self.labels[index].tolist()))
+        items = [latents.unbind(0), self.labels[index].tolist()]
+        if self.features:
+            items.append(
+                torch.from_numpy(features).view(STORAGE_DTYPES[self.manifest["storage_dtype"]]).float().unbind(0)
+            )
+        return list(zip(*items))

@@ -2,7 +2,8 @@
 
 A store folder holds
   manifest.json                    what made the store and what it holds (docs/latent_store.md)
-  shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata
+  shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata,
+                                   and with REPA ``features`` [n, views, tokens, width] (a frozen encoder's)
   shard-00000.safetensors.sha256   a ``sha256sum -c`` line, written after its shard: the shard's completion mark
 
 Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
@@ -100,6 +101,9 @@ class StoreSpec:
     moments: str = "mean,std"
     shift_factor: float = 0.0  # latents are (z - shift) x scale (SD3/FLUX VAEs); 0 for the SD VAEs
     vae_config: dict | None = None  # the AutoencoderKL config, for the cost of encoding (its hash is above)
+    # REPA: the encoder whose patch features of every view the shards carry (name, input size, weights, tokens,
+    # width, forward FLOPs per view), or None: latents only
+    features: dict | None = None
 
     @property
     def num_shards(self) -> int:
@@ -183,6 +187,13 @@ def validate_manifest(manifest: dict, path: str) -> None:
             problems.append("shard_size or image_size is out of range")
         if not isinstance(manifest.get("shift_factor", 0.0), (int, float)):
             problems.append(f"shift_factor {manifest['shift_factor']!r} is not a number")
+        feats = manifest.get("features")
+        if feats is not None and not (
+            isinstance(feats, dict)
+            and isinstance(feats.get("encoder"), str)
+            and all(isinstance(feats.get(k), int) for k in ("input_size", "tokens", "dim"))
+        ):
+            problems.append("features is not an encoder record (encoder, input_size, tokens, dim)")
         if manifest.get("complete"):
             shards = manifest["shards"]
             keys = {"file", "num_images", "bytes", "sha256"}
@@ -243,17 +254,29 @@ def write_shard(
     labels: torch.Tensor,
     files: list[str],
     skipped: list[tuple[str, str]],
+    features: torch.Tensor | None = None,
 ) -> None:
-    """Write shard ``index`` (moments [n, views, 2, C, H, W]) atomically, then its checksum file."""
-    stored = moments.to(STORAGE_DTYPES[spec.storage_dtype]).contiguous()
+    """Write shard ``index`` (moments [n, views, 2, C, H, W]; REPA's features [n, views, tokens, width] when the
+    spec has them) atomically, then its checksum file."""
+    dtype = STORAGE_DTYPES[spec.storage_dtype]
+    stored = moments.to(dtype).contiguous()
     if not torch.isfinite(stored).all():
         raise UserError(
             f"shard {index}: posterior moments are not finite in {spec.storage_dtype}. "
             "Use --storage-dtype bf16 or fp32 (wider range), or check the VAE."
         )
+    if (features is None) != (spec.features is None):
+        raise ValueError(f"shard {index}: the spec {'has' if spec.features else 'has no'} encoder features")
+    tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
+    if features is not None:
+        tensors["features"] = features.to(dtype).contiguous()
+        if not torch.isfinite(tensors["features"]).all():
+            raise UserError(
+                f"shard {index}: the encoder's features are not finite in {spec.storage_dtype}. Use --storage-dtype "
+                "bf16 or fp32 (wider range)."
+            )
     # One metadata key: safetensors orders several keys by a randomly seeded hash map, which breaks byte-identity.
     info = json.dumps({"format": FORMAT, "shard": index, "files": files, "skipped": skipped}, sort_keys=True)
-    tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
     data = safetensors.torch.save(tensors, metadata={"dit_ledger": info})
     name = shard_file(index)
     atomic_write_bytes(os.path.join(folder, name), data)
@@ -302,11 +325,14 @@ def write_moments_store(
     shard_size: int = 2048,
     source: str = "in-memory moments",
     vae_config: dict | None = None,
+    features: torch.Tensor | None = None,
+    encoder: dict | None = None,
 ) -> dict:
     """A store from moments computed elsewhere ([N, views, 2, C, H, W]); for benchmarks, tests and imports.
 
     Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store;
     ``vae_config``, if the VAE that made the moments is known, lets a run report what encoding them cost.
+    ``features`` ([N, views, tokens, width]) are REPA's, made by ``encoder`` (``dit.encoder.Encoder.identity``).
     """
     n, views, _, c, h, w = moments.shape
     names = [f"{source}/{i}" for i in range(n)]
@@ -326,12 +352,14 @@ def write_moments_store(
         num_sources=n,
         crop="n/a",
         vae_config=vae_config,
+        features=encoder if features is not None else None,
     )
     check_existing_store(folder, spec)
     begin_store(folder, spec)
     for k in range(spec.num_shards):
         part = slice(k * shard_size, (k + 1) * shard_size)
-        write_shard(folder, k, spec, moments[part], labels[part], names[part], [])
+        part_features = features[part] if features is not None else None
+        write_shard(folder, k, spec, moments[part], labels[part], names[part], [], part_features)
     return finalize_store(folder, spec, [])
 
 

@@ -18,9 +18,9 @@ from collections import deque
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from dit.diffusion.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
+from dit.progress import progress as progress_bar
 
 
 class ModelMeanType(enum.Enum):
@@ -338,13 +338,14 @@ class GaussianDiffusion:
         if device is None:
             device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else "cpu"
         img = noise if noise is not None else torch.randn(*shape, device=device)
-        steps = range(self.num_timesteps - 1, -1, -1)
-        for i in tqdm(steps, disable=not progress, leave=False, desc="sampling"):
-            t = torch.full((shape[0],), i, dtype=torch.long, device=device)
-            with torch.no_grad():
-                out = step(model, img, t, **kwargs)
-            yield out
-            img = out["sample"]
+        with progress_bar(self.num_timesteps, "sampling", unit="step", enabled=progress) as bar:
+            for i in range(self.num_timesteps - 1, -1, -1):
+                t = torch.full((shape[0],), i, dtype=torch.long, device=device)
+                with torch.no_grad():
+                    out = step(model, img, t, **kwargs)
+                yield out
+                img = out["sample"]
+                bar.update(1)
 
     def p_sample_loop_progressive(self, model, shape, noise=None, *, device=None, progress=False, **step_kwargs):
         """Each step's output of ``p_sample_loop`` (keywords: clip_denoised, denoised_fn, model_kwargs, noise_fn)."""

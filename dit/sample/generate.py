@@ -18,12 +18,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from dit.config import FieldError
 from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
+from dit.progress import progress as progress_bar
 from dit.runtime import Precision, Stream, mix_seed
 from dit.sample.schedulers import make_scheduler, scheduler_sample
 from dit.sampling_plan import (
@@ -309,7 +309,7 @@ class Sampler:
     def _flow(self, fn: GuidedModel, x, kwargs, noise, progress) -> torch.Tensor:
         field, grid = FlowField(self.transport, fn, kwargs), self.plan.grid
         ticks = None if self.method == "dopri5" else len(grid) - 1
-        bar = tqdm(total=ticks, disable=not progress, leave=False, desc=self.describe())
+        bar = progress_bar(ticks, self.describe(), unit="step", enabled=progress)
         if self.kind == "ode":
             x = ode_sample(field, x, grid, self.method, atol=self.atol, rtol=self.rtol, progress=bar)
         else:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from tqdm import tqdm
 
 from dit.diffusion import ModelMeanType, SpacedDiffusion
 from dit.errors import require
+from dit.progress import progress as progress_bar
 from dit.sampling_plan import SamplingPlan
 
 # sampler name -> (diffusers class, its settings beyond the schedule)
@@ -72,9 +72,13 @@ def scheduler_sample(
     channels = x.shape[1]
     stochastic = scheduler.config.get("algorithm_type", "").startswith("sde")
     x = x * scheduler.init_noise_sigma
-    for i, k in enumerate(tqdm(scheduler.timesteps, disable=not progress, leave=False, desc=plan.sampler)):
-        model_in = scheduler.scale_model_input(x, k)  # sigma-space schedulers: back to the variance-preserving x_t
-        out = model(model_in, model_t[i].expand(len(x)), **model_kwargs)[:, :channels]
-        extra = {"variance_noise": noise_fn(x)} if stochastic else {}
-        x = scheduler.step(out, k, x, **extra).prev_sample
+    with progress_bar(len(scheduler.timesteps), plan.sampler, unit="step", enabled=progress) as bar:
+        for i, k in enumerate(scheduler.timesteps):
+            model_in = scheduler.scale_model_input(
+                x, k
+            )  # sigma-space schedulers: back to the variance-preserving x_t
+            out = model(model_in, model_t[i].expand(len(x)), **model_kwargs)[:, :channels]
+            extra = {"variance_noise": noise_fn(x)} if stochastic else {}
+            x = scheduler.step(out, k, x, **extra).prev_sample
+            bar.update(1)
     return x

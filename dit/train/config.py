@@ -20,6 +20,7 @@ from dit.errors import UserError
 from dit.eval.inloop import EvalSamplingSection, EvalSection
 from dit.model_config import DiTConfig, ModelSection
 from dit.objective import ObjectiveSection
+from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.runtime import DeviceSection
 from dit.train.data import DataSection
 from dit.train.ledger import LedgerSection
@@ -31,7 +32,8 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
     "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size", "objective",
     "path_type", "prediction", "loss_weight", "time_sampling", "logit_mean", "logit_std", "train_eps",
-    "min_snr_gamma", "norm", "mlp", "rope", "qk_norm",
+    "min_snr_gamma", "norm", "mlp", "rope", "qk_norm", "repa_encoder", "repa_input_size", "repa_depth",
+    "repa_projector_dim",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
@@ -76,6 +78,8 @@ class TrainConfig:
     ledger: LedgerSection = field(default_factory=LedgerSection)
     eval: EvalSection = field(default_factory=EvalSection)
     eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
+    repa_encoder: RepaEncoderSection = field(default_factory=RepaEncoderSection)
+    repa: RepaSection = field(default_factory=RepaSection)
 
     def __post_init__(self):
         if self.objective.flow and self.model.learn_sigma:
@@ -158,6 +162,8 @@ TRAIN_FACE = Face(
         "ledger": LedgerSection,
         "eval": (EvalSection, "eval_"),
         "eval_sampling": (EvalSamplingSection, "eval_"),
+        "repa_encoder": (RepaEncoderSection, "repa_"),
+        "repa": (RepaSection, "repa_"),
     },
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
 )

@@ -148,17 +148,23 @@ class TrainData:
 
 
 def build_data(
-    data: DataSection, image_size: int, num_classes: int, dataset: Dataset | None, device: torch.device
+    data: DataSection,
+    image_size: int,
+    num_classes: int,
+    dataset: Dataset | None,
+    device: torch.device,
+    features: bool = False,
 ) -> TrainData:
     """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder,
-    checked against the model's ``image_size`` and ``num_classes``."""
+    checked against the model's ``image_size`` and ``num_classes``; ``features``: a store also yields its
+    encoder features (REPA)."""
     if dataset is not None:
         x, _ = dataset[0]
         return TrainData(dataset, x.shape[0], x.shape[-1])
     if data.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        ds = LatentStoreDataset(data.feature_path)
+        ds = LatentStoreDataset(data.feature_path, features=features)  # REPA: and the encoder's features
         c, h, _ = ds.latent_shape
         ds.check_compatible(in_channels=c, input_size=image_size // ds.downsample, num_classes=num_classes or None)
         m = ds.manifest

@@ -40,16 +40,20 @@ class LedgerSection(Section):
 
 
 class StepCounters:
-    """Loss and non-finite counts kept on the device between log steps, read there in one sync."""
+    """Loss and non-finite counts kept on the device between log steps, read there in one sync; with
+    ``alignment`` (REPA) also the alignment loss, minus the cosine similarity."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, alignment: bool = False):
         zero = torch.zeros((), dtype=torch.long, device=device)
         self.loss_sum = torch.zeros((), device=device)
+        self.align_sum = torch.zeros((), device=device) if alignment else None
         self.loss_count, self.nonfinite_total, self.nonfinite_streak = zero.clone(), zero.clone(), zero.clone()
         self.longest_streak = zero.clone()  # in this window: a streak that ended between two logs still counts
 
-    def add(self, loss: torch.Tensor, bad: torch.Tensor) -> None:
-        """``loss`` of a step and ``bad`` (it was non-finite and skipped), both device scalars."""
+    def add(self, loss: torch.Tensor, bad: torch.Tensor, align: torch.Tensor | None = None) -> None:
+        """``loss`` of a step and ``bad`` (it was non-finite and skipped), both device scalars; ``align``: REPA's."""
+        if self.align_sum is not None:
+            self.align_sum += torch.where(bad, torch.zeros_like(align), align)
         bad = bad.long()
         self.nonfinite_total += bad
         self.nonfinite_streak = (self.nonfinite_streak + 1) * bad
@@ -60,14 +64,19 @@ class StepCounters:
     def read(self, runtime: Runtime) -> dict:
         """Mean loss over the window (all ranks), non-finite steps so far and in a row; opens a new window."""
         stats = [self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak, self.longest_streak]
-        total, count, nonfinite, streak, longest = runtime.all_reduce(
+        stats += [self.align_sum] if self.align_sum is not None else []
+        total, count, nonfinite, streak, longest, *align = runtime.all_reduce(
             torch.stack(stats).float()
         ).tolist()  # the sync
         self.loss_sum.zero_()
+        if self.align_sum is not None:
+            self.align_sum.zero_()
         self.loss_count.zero_()
         self.longest_streak.copy_(self.nonfinite_streak)  # a streak still running carries into the next window
         world = runtime.world  # every rank counts the same skipped steps (the skip is all-reduced)
+        repa = {"repa_loss": align[0] / count if count else float("nan")} if align else {}  # as the loss
         return {
+            **repa,
             "loss": total / count if count else float("nan"),
             "nonfinite_steps": round(nonfinite / world),
             "nonfinite_streak": round(streak / world),
@@ -98,10 +107,12 @@ class Ledger:
         image_size: int,
         total_steps: int,
         local_images_done: int = 0,
+        repa=None,
     ):
         """``local_images_done``: this rank's images in the steps before a resume, so that the run's total
-        FLOPs (``total_model_pflops``, the x axis of quality against compute) count them too."""
-        self.section, self.device, self.runtime, self.data = section, device, runtime, data
+        FLOPs (``total_model_pflops``, the x axis of quality against compute) count them too. ``repa``
+        (``dit.train.repa.Repa``): its projector and encoder are auxiliary FLOPs, counted apart from the DiT's."""
+        self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
         self.fused_attention = attention not in ("explicit", "math")  # the T x T matrix is recomputed
@@ -123,6 +134,7 @@ class Ledger:
             self.peak,
             world_size=runtime.world,
             vae_flops_per_image=self.vae.encode if on_the_fly else 0.0,
+            aux_flops_per_image=repa.flops.per_step_image(repa.cached) if repa is not None else 0.0,
         )
         self.meter.total_images = local_images_done
         self.projected = False
@@ -157,6 +169,8 @@ class Ledger:
             f"({gap:+.3%} vs the analytic count of the same ops: backward skips the input gradients)"
         )
         s.info(self._vae_line())
+        for line in self.repa.describe(self.flops.model, self.data.store_manifest) if self.repa else ():
+            s.info(line)
         s.info(
             f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({precision}, {self.checkpointed} blocks "
             f"checkpointed, {self.attention} attention)"
@@ -219,6 +233,7 @@ class Ledger:
             "step": step,
             "epoch": epoch,
             "loss": counters["loss"],
+            **({"repa_loss": counters["repa_loss"]} if "repa_loss" in counters else {}),  # minus the cosine
             "grad_norm": grad_norm,
             "lr": lr,
             **window,
@@ -230,7 +245,7 @@ class Ledger:
             "nonfinite_steps": counters["nonfinite_steps"],
             "in_warmup": in_warmup,
         }
-        self.sinks.log(record)
+        self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:
             self._project(step, window)
         return record
@@ -242,8 +257,11 @@ class Ledger:
             "kind": "eval",
             "step": step,
             "total_model_pflops": meter.total_images * meter.world_size * meter.model_flops_per_image / 1e15,
+            "total_aux_pflops": meter.total_images * meter.world_size * meter.aux_flops_per_image / 1e15,
             **scores,
         }
+        if self.repa is not None:  # REPA: what its encoder cost before this run (training it, extracting features)
+            record.update(self.repa.upstream_record())
         keys = ("step", "fid", "sfid", "inception_score", "precision", "recall", "class_accuracy",
                 "total_model_pflops", "eval_seconds")  # fmt: skip
         self.sinks.log(record, console_keys=keys)

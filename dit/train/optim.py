@@ -15,7 +15,7 @@ from dit.config import Section, option
 # What a resume may change only when --allow-changes names it (the rest of this section fixes the data order).
 RECIPE_FIELDS = (
     "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
-    "grad_accum_steps",
+    "grad_accum_steps", "repa_coeff",
 )  # fmt: skip
 
 

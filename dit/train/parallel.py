@@ -56,10 +56,11 @@ def data_parallel(model: nn.Module, device: torch.device, world: int) -> nn.Modu
 
 
 def shard(model: nn.Module) -> nn.Module:
-    """Shard each DiT block, then the rest of the model, over the default process group."""
+    """Shard each DiT block, then the rest of the model (or a module without blocks whole: REPA's projector),
+    over the default process group."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.blocks:
+    for block in getattr(model, "blocks", ()):
         fully_shard(block)
     fully_shard(model)
     return model
@@ -104,7 +105,10 @@ def full_model_state(model: nn.Module, sharded: bool) -> dict:
 def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str = "checkpoint") -> None:
     """A full state dict into ``model``: strict with every differing key named, or scattered into the shards."""
     if not sharded:
-        model.load_weights(state, source=source)
+        if hasattr(model, "load_weights"):  # the DiT names every differing key
+            model.load_weights(state, source=source)
+        else:
+            model.load_state_dict(state, strict=True)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 

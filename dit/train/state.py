@@ -1,6 +1,7 @@
 """``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``.
 
-Model, EMA, optimizer, loss scaler, step, every rank's RNG, and the data position. ``state_dict`` gathers
+Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, and REPA's projector when the
+run has one (sampling, export and ``--init-from`` read the model and EMA keys only). ``state_dict`` gathers
 full (unsharded) tensors, with the optimizer keyed by parameter name, so a checkpoint resumes with or
 without FSDP on any number of devices; under FSDP it is collective (every rank calls it, rank 0 keeps it).
 """
@@ -8,6 +9,7 @@ without FSDP on any number of devices; under FSDP it is collective (every rank c
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from dit.errors import UserError
 from dit.models import DiT
@@ -26,9 +28,13 @@ class TrainState:
         sharded: bool,
         dataset_len: int,
         steps_per_epoch: int,
+        trained: nn.Module | None = None,
     ):
+        """``trained``: what the optimizer steps, when more than the model (``dit.repa.RepaModel``)."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
+        self.trained = model if trained is None else trained
+        self.projector = getattr(self.trained, "projector", None)
         self.step = 0
 
     @property
@@ -42,16 +48,19 @@ class TrainState:
                 "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
             }
         )
-        return {
+        state = {
             "step": self.step,
             "model": full_model_state(self.model, self.sharded),
             "ema": full_model_state(self.ema.model, self.sharded),
             "ema_updates": self.ema.num_updates,
-            "optimizer": full_optimizer_state(self.model, self.optimizer, self.sharded),
+            "optimizer": full_optimizer_state(self.trained, self.optimizer, self.sharded),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {str(r): s for r, s in enumerate(rng)},
             "data_position": {"step": self.step, "epoch": self.epoch, "dataset_len": self.dataset_len},
         }
+        if self.projector is not None:
+            state["repa_projector"] = full_model_state(self.projector, self.sharded)
+        return state
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> None:
         saved_len = state.get("data_position", {}).get("dataset_len")
@@ -63,7 +72,11 @@ class TrainState:
         load_model_state(self.model, state["model"], self.sharded, source)
         load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
         self.ema.num_updates = int(state["ema_updates"])
-        load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.sharded)
+        if self.projector is not None:
+            if "repa_projector" not in state:
+                raise UserError(f"{source} holds no REPA projector: resume it without --repa-encoder.")
+            load_model_state(self.projector, state["repa_projector"], self.sharded, f"{source} (REPA projector)")
+        load_optimizer_state(self.trained, self.optimizer, state["optimizer"], self.sharded)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])

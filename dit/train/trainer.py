@@ -24,12 +24,14 @@ from dit.errors import UserError, unwrap_worker_error
 from dit.model_config import parse_activation_checkpointing
 from dit.models import DiT, attention_kernel
 from dit.progress import progress
+from dit.repa import RepaModel, repa_loss
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
 from dit.train.parallel import data_parallel, shard
+from dit.train.repa import Repa
 from dit.train.state import TrainState
 
 
@@ -56,7 +58,10 @@ class Trainer:
         device, world = runtime.device, runtime.world
         optim, batch = cfg.optim, cfg.optim.global_batch_size
         self.micro = micro_batch(batch, world, optim.grad_accum_steps)  # before any building
-        self.data = build_data(cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, device)
+        self.data = build_data(
+            cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, device,
+            features=cfg.repa_encoder.encoder is not None,
+        )  # fmt: skip
         n = len(self.data.dataset)
         self.total_steps = cfg.budget.steps(n, batch)
         if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
@@ -76,6 +81,12 @@ class Trainer:
 
         torch.manual_seed(optim.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.parallel.attention)
+        # REPA: the projector trains with the DiT (one module for DDP and the optimizer); the encoder is frozen
+        self.repa = None
+        if cfg.repa_encoder.encoder:
+            self.repa = Repa(cfg.repa_encoder, cfg.repa, model_cfg, self.data.store_manifest, device)
+        projector = self.repa.projector(model_cfg).to(device) if self.repa else None
+        trained = RepaModel(model, projector, cfg.repa.depth) if self.repa else model
         start = cfg.checkpoint
         if (
             start.init_from and ckpt is None
@@ -91,9 +102,12 @@ class Trainer:
         if sharded:  # every rank built the same weights; the checkpoint, if any, is scattered into the shards
             shard(model)
             shard(ema.model)
+            if projector is not None:
+                shard(projector)
         self.state = TrainState(
-            model, ema, optim.optimizer(model), runtime.precision.grad_scaler(), sharded, n, max(1, n // batch)
-        )
+            model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), sharded, n, max(1, n // batch),
+            trained,
+        )  # fmt: skip
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
             self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
@@ -101,17 +115,18 @@ class Trainer:
         if cfg.parallel.compile:
             for block in model.blocks:
                 block.compile()
-        self.ddp_model = model if sharded else data_parallel(model, device, world)
+        self.ddp_model = trained if sharded else data_parallel(trained, device, world)
         self.objective = cfg.objective.build(model_cfg.learn_sigma)
         if not cfg.objective.flow:
             self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
-        self.counters = StepCounters(device)
+        self.counters = StepCounters(device, alignment=self.repa is not None)
         done = self.state.step * self.micro * optim.grad_accum_steps
         self.ledger = Ledger(
             cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=runtime,
             out=self.out, image_size=cfg.model.image_size, total_steps=self.total_steps, local_images_done=done,
+            repa=self.repa,
         )  # fmt: skip
         self.ledger.report(self.micro, sharded, yaml.safe_dump(self.record, sort_keys=False))
         for note in notes + self.data.notes:
@@ -190,9 +205,13 @@ class Trainer:
         return t, noise, drop, eps
 
     def _model_fn(self, x, t, **kwargs):
-        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32."""
+        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32; with
+        REPA, the projected tokens of the same forward are kept for the alignment loss."""
         with self.runtime.precision.autocast():
-            return self.ddp_model(x, t, **kwargs).float()
+            out = self.ddp_model(x, t, **kwargs)
+        if self.repa is not None:
+            out, self._projected = out
+        return out.float()
 
     def train_step(self, batches, log_step: bool = False):
         """One optimizer step over this rank's micro-batches ``batches``; advances ``state.step``.
@@ -208,11 +227,14 @@ class Trainer:
         mc = model.config
         shape = (mc.in_channels, mc.input_size, mc.input_size)
         t_all, noise_all, drop_all, eps_all = self._randomness(state.step, shape)
-        total = None
-        for m, (x, y) in enumerate(batches):
+        total = align_total = None
+        for m, (x, y, *stored) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
             sl = slice(lo, lo + self.micro)
+            if self.repa is not None:  # the encoder sees the image the DiT's input comes from, before any VAE
+                with self.runtime.precision.autocast():
+                    target = self.repa.targets(x, stored[0].to(device, non_blocking=True) if stored else None)
             if self.data.vae is not None:
                 from dit.vae import encode
 
@@ -222,19 +244,26 @@ class Trainer:
             last = m == len(batches) - 1
             if state.sharded:
                 model.set_requires_gradient_sync(last)
-            no_sync = not last and not state.sharded and self.ddp_model is not model
+                if state.projector is not None:
+                    state.projector.set_requires_gradient_sync(last)
+            no_sync = not last and not state.sharded and self.ddp_model is not state.trained
             with self.ddp_model.no_sync() if no_sync else contextlib.nullcontext():
                 terms = self.objective.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
-                loss = terms["loss"].mean() / cfg.grad_accum_steps
+                loss = objective = terms["loss"].mean() / cfg.grad_accum_steps
+                if self.repa is not None:  # REPA: + coeff x (minus the cosine similarity, mean over tokens)
+                    align = repa_loss(self._projected, target).mean() / cfg.grad_accum_steps
+                    self._projected = None  # the graph holds it until backward; nothing else should
+                    loss = objective + self.repa.coeff * align
+                    align_total = align.detach() if align_total is None else align_total + align.detach()
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        bad = ~torch.isfinite(total)
+            total = objective.detach() if total is None else total + objective.detach()
+        bad = ~torch.isfinite(total if align_total is None else total + align_total)
         if self.runtime.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
             bad = self.runtime.all_reduce(bad.int(), op="max").bool()
         grad_norm = None
         if scaler is not None and (cfg.grad_clip > 0 or log_step):
             scaler.unscale_(opt)
-        params = [p for p in model.parameters() if p.grad is not None]
+        params = [p for p in state.trained.parameters() if p.grad is not None]
         if cfg.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
         elif scaler is None or log_step:
@@ -252,7 +281,7 @@ class Trainer:
             opt.step()
         opt.zero_grad(set_to_none=True)
         state.ema.update(model, apply=(~bad).float())
-        self.counters.add(total, bad)
+        self.counters.add(total, bad, align_total)
         state.step += 1
         return grad_norm
 
