@@ -17,6 +17,7 @@ from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArg
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, describe
 from dit.progress import duration
+from dit.repa_config import RepaEncoderSection, RepaSection
 
 # ---- output ---------------------------------------------------------------------------------------------
 
@@ -147,26 +148,26 @@ def cmd_flops(a: FlopsArgs) -> None:
         _print_pairs(pairs)
 
 
-def _repa_flops(a: TrainArgs, cfg):
+def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
     """REPA's auxiliary FLOPs for --repa-encoder (torch and timm imported only then), or None."""
-    if not a.repa_encoder:
+    if not encoder.encoder:
         return None
     from dit.encoder import encoder_shape, resolve_input_size
 
-    size = resolve_input_size(a.repa_encoder, a.repa_input_size, round(cfg.tokens**0.5))
-    return analytic.repa_flops(encoder_shape(a.repa_encoder, size), cfg, a.repa_projector_dim), size
+    size = resolve_input_size(encoder.encoder, encoder.input_size, round(cfg.tokens**0.5))
+    return analytic.repa_flops(encoder_shape(encoder.encoder, size), cfg, repa.projector_dim), size
 
 
-def cmd_train(a: TrainArgs) -> None:
+def cmd_train(a: TrainArgs, repa_encoder: RepaEncoderSection, repa_section: RepaSection) -> None:
     cfg = a.config()
-    repa, repa_size = _repa_flops(a, cfg) or (None, None)
+    repa, repa_size = _repa_flops(repa_encoder, repa_section, cfg) or (None, None)
     result = plan.plan_training(
         cfg, a.image_size, a.global_batch_size, a.max_steps, a.num_gpus, **a.budget(),
         checkpointed_blocks=a.checkpointed(cfg, a.activation_checkpointing), vae_config=plan.vae_config_for(a.vae),
         repa=repa, repa_cached=a.repa_cached_features,
     )  # fmt: skip
     if repa is not None:
-        result.update(repa_encoder=a.repa_encoder, repa_input_size=repa_size)
+        result.update(repa_encoder=repa_encoder.encoder, repa_input_size=repa_size)
 
     def pairs(r):
         out = [
@@ -412,17 +413,21 @@ COMMANDS = {
 }
 
 
+# The sections a command takes beside its own: dit-cost train plans a REPA run with train.py's REPA flags.
+EXTRA_SECTIONS = {"train": {"repa_encoder": (RepaEncoderSection, "repa_"), "repa_section": (RepaSection, "repa_")}}
 FACE = Face(
     "dit-cost",
     __doc__.split("\n")[0],
-    commands={name: Face(f"dit-cost {name}", (cls.__doc__ or "").strip(), sections={"args": cls})
+    commands={name: Face(f"dit-cost {name}", (cls.__doc__ or "").strip(),
+                         sections={"args": cls, **EXTRA_SECTIONS.get(name, {})})
               for name, (cls, _) in COMMANDS.items()},
 )  # fmt: skip
 
 
 def _main(argv: list[str] | None) -> int:
     parsed = FACE.parse(argv)
-    COMMANDS[parsed.command][1](parsed.sections["args"])
+    sections = dict(parsed.sections)
+    COMMANDS[parsed.command][1](sections.pop("args"), **sections)
     return 0
 
 

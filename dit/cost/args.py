@@ -108,12 +108,8 @@ class TrainArgs(CostModelSection, HardwareSection):
     max_steps: int = option(400_000, "optimizer steps to train for", ge=1)
     activation_checkpointing: str = option("none", CKPT_HELP + " (memory and hardware FLOPs)")
     json: bool = option(False, "print JSON")
-    # ---- REPA: auxiliary FLOPs (the encoder's shape from timm's config on the meta device: no download) ----
-    repa_encoder: str | None = option(None, "REPA: its encoder (a timm ViT name, or digits-mae): adds its FLOPs")
-    repa_input_size: int | None = option(
-        None, "REPA: the encoder's input pixels (default: the DiT's grid x patch)"
-    )
-    repa_projector_dim: int = option(2048, "REPA: hidden width of the projector")
+    # REPA's flags are train.py's (dit.repa_config's sections); the encoder's shape comes from timm's config on
+    # the meta device, with no download. Whether its features come from a store is this plan's own question:
     repa_cached_features: bool = option(
         False, "REPA: features from a latent store (the encoder paid once per image view, at extraction)"
     )
