@@ -229,6 +229,23 @@ class Face:
     def flag(self, flat: str) -> str:
         return "--" + flat.replace("_", "-")
 
+    def spelled(self, flat: str) -> str:
+        """A flag as an error names it: with its first alias, the official spelling users may have typed."""
+        if flat not in self.fields:
+            return flat
+        attr, f = self.fields[flat]
+        prefix = self.sections[attr][1].replace("_", "-")
+        aliases = [a.replace("--", "--" + prefix, 1) for a in f.metadata["aliases"]]
+        return f"{self.flag(flat)} ({aliases[0]})" if aliases else self.flag(flat)
+
+    def of(self, **flat) -> dict:
+        """The sections from flat options (``max_steps=10``), for library callers; an unknown name is a
+        TypeError, a bad value one line naming its flag."""
+        unknown = sorted(set(flat) - set(self.fields))
+        if unknown:
+            raise TypeError(f"{self.prog}: unknown options {', '.join(unknown)}")
+        return self.build(flat)
+
     def parser(self) -> argparse.ArgumentParser:
         parser = _Parser(prog=self.prog, description=self.description, formatter_class=HelpFormatter)
         if self.commands:
@@ -315,13 +332,13 @@ class Face:
         def spell(flat: str) -> str:
             if flat in preset and flat not in flags:
                 return f"{known.config}: {flat}"
-            return self.flag(flat) if flat in self.fields else flat
+            return self.spelled(flat)
 
         return Parsed(self.build(ns, spell), frozenset(explicit))
 
     def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
         """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
-        spell = spell or self.flag
+        spell = spell or self.spelled
         out = {}
         for attr, (cls, prefix) in self.sections.items():
             kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}

@@ -132,13 +132,13 @@ def extract_features(cfg: ExtractConfig, repa: RepaEncoderSection | None = None)
 
     "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
     repa = repa or RepaEncoderSection()
-    if not cfg.data_path:
-        raise UserError("--data-path is required to extract (only --verify works without it).")
     if repa.encoder and not cfg.flip:
         raise UserError(
             "--repa-encoder stores the features of both flips (training flips each image, and a mirrored "
             "latent has no features of its own): drop --no-flip."
         )
+    if not cfg.data_path:
+        raise UserError("--data-path is required to extract (only --verify works without it).")
     # Long timeout: after a resume, ranks can wait at the final barrier for a slower rank's last shard.
     with Runtime(cfg.device, cfg.precision, deterministic=True, timeout=timedelta(hours=6)) as runtime:
         return _extract(cfg, repa, runtime)

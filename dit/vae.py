@@ -114,7 +114,7 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tens
     return posterior.mean, posterior.std
 
 
-def sample_latents(
+def sample_posterior(
     mean: torch.Tensor,
     std: torch.Tensor,
     scale: float,
@@ -140,7 +140,7 @@ def encode(
     eps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Images in [-1, 1] to scaled latents, as DiT trains on them (a posterior sample, not the mean)."""
-    return sample_latents(*encode_moments(vae, images), scaling_factor(vae), generator, shift_factor(vae), eps)
+    return sample_posterior(*encode_moments(vae, images), scaling_factor(vae), generator, shift_factor(vae), eps)
 
 
 @torch.no_grad()

@@ -25,9 +25,7 @@ def test_train_rows_and_calibration(tmp_path):
     rows_file, cal_file = tmp_path / "rows.json", tmp_path / "cal.json"
     common = ["--model", "DiT-S/8", "--image-size", "64", "--global-batch-size", "4", "--timed-steps", "2"]
     common += ["--untimed-steps", "1"]
-    bench(
-        "train", *common, "--precision", "fp32", "bf16", "--json", str(rows_file), "--calibration", str(cal_file)
-    )
+    bench("train", *common, "--precision", "fp32", "bf16", "--out", str(rows_file), "--calibration", str(cal_file))
     data = json.loads(rows_file.read_text())
     assert {(r["precision"], r["attention"]) for r in data["rows"]} == {("fp32", "sdpa"), ("bf16", "explicit")}
     for r in data["rows"]:
@@ -47,7 +45,7 @@ def test_train_rows_and_calibration(tmp_path):
 
 def test_reader_and_accounting_modes(tmp_path):
     out = bench(
-        "reader", "--images", "600", "--seconds", "0.3", "--repeats", "1", "--json", str(tmp_path / "r.json")
+        "reader", "--images", "600", "--seconds", "0.3", "--repeats", "1", "--out", str(tmp_path / "r.json")
     )
     row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
     assert row["items"] == 600 and row["best_samples_per_sec"] > 0
@@ -60,7 +58,7 @@ def test_reader_and_accounting_modes(tmp_path):
         "64",
         "--global-batch-size",
         "4",
-        "--json",
+        "--out",
         str(tmp_path / "a.json"),
     )
     acc = json.loads((tmp_path / "a.json").read_text())["rows"][0]
@@ -89,7 +87,7 @@ def test_profile_and_attention_modes(tmp_path):
     table = bench("profile", *common, "--rows", "5").stdout
     assert "aten::addmm" in table or "aten::mm" in table
     rows_file = tmp_path / "attn.json"
-    bench("attention", *common, "--precision", "bf16", "--attention", "auto", "flash", "--json", str(rows_file))
+    bench("attention", *common, "--precision", "bf16", "--attention", "auto", "flash", "--out", str(rows_file))
     rows = json.loads(rows_file.read_text())["rows"]
     assert [r["attention"] for r in rows] == ["explicit", "flash"]  # auto resolves to explicit for bf16 on CPU
     assert all(0 < r["p10_s"] <= r["median_s"] <= r["p90_s"] for r in rows)
@@ -97,7 +95,7 @@ def test_profile_and_attention_modes(tmp_path):
 
 def test_precision_mode_scores_each_run(tmp_path):
     rows_file = tmp_path / "p.json"
-    bench("precision", "--max-steps", "2", "--seeds", "0", "--eval-samples", "70", "--json", str(rows_file))
+    bench("precision", "--max-steps", "2", "--seeds", "0", "--eval-samples", "70", "--out", str(rows_file))
     rows = json.loads(rows_file.read_text())["rows"]
     assert [(r["precision"], r["seed"]) for r in rows] == [("fp32", 0), ("bf16", 0)]
     assert all(r["fid"] > 0 and 0 <= r["class_accuracy"] <= 1 and r["steps"] == 2 for r in rows)
@@ -106,6 +104,6 @@ def test_precision_mode_scores_each_run(tmp_path):
 @pytest.mark.slow
 def test_repeat_mode_runs_the_quick_start_with_in_loop_evaluations(tmp_path):
     bench("repeat", "--runs", "1", "--max-steps", "20", "--peak", "cached", "--eval-every", "10",
-          "--json", str(tmp_path / "r.json"))  # fmt: skip
+          "--out", str(tmp_path / "r.json"))  # fmt: skip
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert row["evaluations"] == 2 and 0 < row["mfu"] < 1.5 and row["steps"] == 20

@@ -77,7 +77,7 @@ def test_custom_pixel_model(capsys):
     "argv,needle",
     [
         (["flops", "--model", "DiT-Q/3"], "DiT-XL/2"),
-        (["flops"], "--model"),
+        (["flops", "--depth", "0"], "--depth"),
         (["flops", "--model", "DiT-S/2", "--image-size", "250"], "--image-size"),
         (["flops", "--model", "DiT-S/2", "--activation-checkpointing", "40"], "--activation-checkpointing"),
         (

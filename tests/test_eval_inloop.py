@@ -35,7 +35,7 @@ def digits(n=64):
 def eval_config(tmp_path, ref, **kw):
     base = dict(
         image_size=28, patch_size=4, num_classes=10, global_batch_size=16, max_steps=4, log_every=2,
-        mfu_warmup_steps=0, eval_every=2, eval_ref=ref, eval_num_samples=70, eval_sampling_steps=2,
+        mfu_warmup_steps=0, eval_every=2, eval_ref=ref, eval_num_samples=70, eval_num_sampling_steps=2,
         eval_batch_size=35,
     )  # fmt: skip
     return tiny_config(tmp_path, **{**base, **kw})
@@ -85,7 +85,10 @@ def test_the_same_weights_score_the_same(tmp_path, digits_ref):
     model = DiT.from_config(model_config("DiT-S/4", input_size=28, in_channels=3, num_classes=10, depth=1,
                                          hidden_size=32, num_heads=2))  # fmt: skip
     torch.nn.init.normal_(model.final_layer.linear.weight, std=0.02)  # not the zero output of a fresh DiT
-    evaluation = InLoopEval(cfg, Runtime("cpu"), model.config, None, None)
+    evaluation = InLoopEval(
+        cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size, run=cfg.flat(),
+        runtime=Runtime("cpu"), model=model, vae=None, vae_spec=None,
+    )  # fmt: skip
     first, second = evaluation.run(model), evaluation.run(model)
     assert first["fid"] == second["fid"] and first["class_accuracy"] == second["class_accuracy"]
 

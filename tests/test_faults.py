@@ -17,6 +17,7 @@ from test_train import Pixels, tiny_config
 
 from dit.atomic import FolderLock, atomic_write_bytes
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dit.config import flatten_record
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import MANIFEST, read_manifest, shard_file, verify_store, write_moments_store
 from dit.errors import UserError
@@ -34,7 +35,7 @@ def log(run: Path) -> str:
 
 def test_1_a_run_folder_is_locked_and_a_dead_runs_lock_taken_over(tmp_path):
     cfg = tiny_config(tmp_path, max_steps=2)
-    holder = FolderLock(cfg.results_dir, "training run", "wait").acquire()  # as a live run holds it
+    holder = FolderLock(cfg.checkpoint.results_dir, "training run", "wait").acquire()  # as a live run holds it
     with pytest.raises(UserError, match=rf"in use by another training run \(pid {os.getpid()}"):
         train(cfg, Pixels())
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -316,7 +317,7 @@ def test_12_a_store_run_records_the_stores_vae_and_decodes_its_grids(tmp_path, v
                       global_batch_size=4, sample_every=2)  # fmt: skip
     train(cfg)
     saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
-    assert saved["config"]["vae"] == os.path.abspath(vae_dir)  # not the --vae default
+    assert flatten_record(saved["config"])["vae"] == os.path.abspath(vae_dir)  # not the --vae default
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     (grid,) = events.Images("samples/ema")

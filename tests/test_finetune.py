@@ -14,7 +14,6 @@ from helpers import build_tiny_vae, make_image_folder, randomize, run_face
 from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
-from dit.config import parse_config
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, model_config_from_shapes
 from dit.models import DiT_models, model_config
@@ -45,7 +44,7 @@ def finetune_config(out, data, vae, weights, **kw) -> TrainConfig:
     base = dict(model="DiT-S/2", image_size=64, num_classes=4, data_path=data, vae=vae, init_from=str(weights),
                 global_batch_size=4, max_steps=2, lr=1e-4, precision="fp32", num_workers=0, log_every=1,
                 results_dir=str(out), peak_tflops=0.05, keep_last=0)  # fmt: skip
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.of(**{**base, **kw})
 
 
 def test_finetune_an_official_release_to_new_classes_trains_samples_and_resumes(
@@ -169,15 +168,22 @@ OFFICIAL = {
 
 
 def test_the_official_command_lines_parse_with_the_same_meaning():
-    from dit.sample.config import FidConfig, SampleConfig
+    from dit.sample.config import parse_fid_config, parse_sample_config
+    from dit.train import parse_train_config
 
-    t = parse_config(TrainConfig, shlex.split(OFFICIAL["train.py"]))
-    assert (t.seed, t.epochs, t.vae, t.ckpt_every) == (0, 1400, "ema", 50000)
-    s = parse_config(SampleConfig, shlex.split(OFFICIAL["sample.py"]))
-    assert (s.guidance_scale, s.seed, s.image_size, s.precision) == (4.0, 1, 512, "tf32")
-    f = parse_config(FidConfig, shlex.split(OFFICIAL["scripts/sample_ddp.py"]))
-    assert (f.global_seed, f.num_fid_samples, f.per_proc_batch_size, f.precision) == (0, 50000, 32, "fp32")
-    assert parse_config(FidConfig, ["--tf32"]).precision == "tf32"
+    t = parse_train_config(shlex.split(OFFICIAL["train.py"]))
+    assert (t.optim.seed, t.budget.epochs, t.data.vae, t.checkpoint.ckpt_every) == (0, 1400, "ema", 50000)
+    s = parse_sample_config(shlex.split(OFFICIAL["sample.py"]))
+    assert (s.sampling.guidance_scale, s.grid.seed, s.weights.image_size, s.runtime.precision) == (
+        4.0,
+        1,
+        512,
+        "tf32",
+    )
+    f = parse_fid_config(shlex.split(OFFICIAL["scripts/sample_ddp.py"]))
+    assert (f.fid.seed, f.fid.num_fid_samples, f.fid.batch_size, f.runtime.precision) == (0, 50000, 32, "fp32")
+    assert f.fid.sample_dir == "samples" and t.checkpoint.results_dir == "results"
+    assert parse_fid_config(["--tf32"]).runtime.precision == "tf32"
 
 
 def test_epochs_become_steps_and_the_conversion_is_logged(tmp_path):
@@ -227,7 +233,9 @@ def test_an_unconditional_model_trains_samples_and_is_costed(tmp_path, capsys):
             "--out", str(tmp_path / "g.png")]  # fmt: skip
     code, out, err = run_face("sample.py", [*argv, "--guidance-scale", "1"], capsys)
     assert code == 0, err
-    code, _, err = run_face("sample.py", argv, capsys)  # the default guidance 4 has nothing to guide
+    code, _, err = run_face("sample.py", argv, capsys)  # the default guidance of a model without a null class: 1
+    assert code == 0, err
+    code, _, err = run_face("sample.py", [*argv, "--guidance-scale", "4"], capsys)  # nothing to guide against
     assert code == 2 and "unconditional" in err
     assert dit_cost(["flops", "--model", "DiT-S/2", "--num-classes", "0", "--json"]) == 0
     uncond = json.loads(capsys.readouterr().out)

@@ -30,9 +30,9 @@ FACES = [
     "dit/eval/__main__.py",  # python -m dit.eval
     "dit/quickstart.py",  # python -m dit.quickstart
 ]
-# Extras the docs tell the users of a face to install for its unguarded imports (none today: every optional
-# import is guarded). A pair here must be written down: the face's name and the extra in one doc file.
-FACE_EXTRAS: dict[str, set[str]] = {}
+# Extras the docs tell the users of a face to install for its unguarded imports (every other optional import
+# is guarded). A pair here must be written down: the face's name and the extra in one doc file.
+FACE_EXTRAS: dict[str, set[str]] = {"scripts/train_digit_encoder.py": {"repa"}}  # docs/repa.md
 
 
 def _norm(dist: str) -> str:

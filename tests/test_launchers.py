@@ -53,7 +53,7 @@ def test_mixed_precision_is_honoured_or_refused(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "1 process(es)" in proc.stderr and "peak for bf16" in proc.stderr
     saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
-    assert saved["config"]["precision"] == "bf16"
+    assert saved["config"]["runtime"]["precision"] == "bf16"
     clash = accelerate(
         tmp_path / "clash", "--num_processes", "1", "--mixed_precision", "bf16", extra=["--precision", "fp32"]
     )

@@ -28,7 +28,7 @@ class Pixels(torch.utils.data.Dataset):
         return torch.full((3, 8, 8), i / 16 - 0.5), i % 2
 
 out = sys.argv[1]
-cfg = TrainConfig(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, image_size=8, num_classes=2, vae="none",
+cfg = TrainConfig.of(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, image_size=8, num_classes=2, vae="none",
                   global_batch_size=8, max_steps=2, precision="fp32", num_workers=0, results_dir=out, peak_tflops=1)
 train(cfg, Pixels())
 with Runtime("cpu") as rt:

@@ -79,7 +79,8 @@ def test_checkpoint_loads_into_the_model_it_describes(run):
     assert ckpt["step"] == STEPS
     cfg = DiTConfig(**ckpt["model_config"])
     assert (cfg.in_channels, cfg.input_size, cfg.num_classes, cfg.learn_sigma) == (1, 28, 10, False)
-    assert ckpt["config"]["noise_schedule"] == "squaredcos_cap_v2" and ckpt["config"]["predict_xstart"]
+    assert ckpt["config"]["objective"]["noise_schedule"] == "squaredcos_cap_v2"
+    assert ckpt["config"]["objective"]["predict_xstart"]
     for weights in ("ema", "model"):
         model = DiT.from_config(cfg)
         model.load_weights(ckpt[weights])  # strict: raises on any missing or mis-shaped key
@@ -120,7 +121,7 @@ def test_a_second_run_into_the_same_folder_is_refused_and_changes_nothing(run, c
     ckpt = latest_checkpoint(out / "run" / "checkpoints")
     before = (ckpt.stat().st_mtime_ns, (out / "samples.png").read_bytes())
     assert run_cli(quickstart.main, argv) == 2
-    assert "--out" in capsys.readouterr().err
+    assert "--results-dir" in capsys.readouterr().err
     assert (ckpt.stat().st_mtime_ns, (out / "samples.png").read_bytes()) == before
 
 

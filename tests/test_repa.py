@@ -24,6 +24,7 @@ from dit.data.reader import LatentStoreDataset
 from dit.data.store import read_header, shard_file
 from dit.encoder import Encoder, create_encoder_model, encoder_shape, vit_shape
 from dit.errors import UserError
+from dit.sample.loading import WeightsSection
 from dit.repa import RepaProjector, repa_loss, resample_tokens
 from dit.train import TrainConfig, train
 
@@ -204,7 +205,7 @@ def test_resume_with_repa_is_bit_identical(tmp_path, encoder_file):
 
 def test_sampling_and_init_from_ignore_the_projector(tmp_path, encoder_file):
     from dit.runtime import Runtime
-    from dit.sample.generate import Sampler, generate
+    from dit.sample.generate import Guidance, Sampler, generate
     from dit.sample.loading import load_sampling_model
 
     # an encoder grid (2x2 at 32 px) other than the DiT's (4x4): the features are resampled in the step
@@ -214,7 +215,8 @@ def test_sampling_and_init_from_ignore_the_projector(tmp_path, encoder_file):
     assert "repa_projector" in load_checkpoint(ckpt)
     sm = load_sampling_model(str(ckpt))
     with Runtime("cpu") as rt:
-        assert generate(sm, Sampler(sm, 2, "ddim"), [0, 1], [0, 1], 2.0, 3, rt.precision).shape == (2, 3, 8, 8)
+        sampler = Sampler(sm, 2, "ddim", guidance=Guidance(2.0, 3))
+        assert generate(sm, sampler, [0, 1], [0, 1], precision=rt.precision).shape == (2, 3, 8, 8)
     fine = tiny_config(tmp_path / "fine", max_steps=1, init_from=str(ckpt))  # a plain run from REPA weights
     train(fine, Pixels())
     report = json.loads((tmp_path / "fine" / "run" / "init_from.json").read_text())
@@ -279,7 +281,7 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
     common = dict(model="DiT-S/2", depth=2, hidden_size=32, num_heads=2, image_size=32, num_classes=3,
                   feature_path=store["out"], global_batch_size=4, precision="fp32", num_workers=0,
                   peak_tflops=0.05, repa_encoder=ENCODER, repa_input_size=32, repa_depth=1, repa_projector_dim=32)  # fmt: skip
-    cfg = TrainConfig(**common, max_steps=4, log_every=2, results_dir=str(tmp_path / "run"))
+    cfg = TrainConfig.of(**common, max_steps=4, log_every=2, results_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, Runtime("cpu"))
     assert trainer.repa.cached and trainer.repa.encoder is None
     extraction = trainer.repa.flops.encoder_forward * 2 * 9  # both views of 9 images
@@ -294,14 +296,14 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
     assert all(r["aux_tflops_per_image"] * 1e12 == pytest.approx(trainer.repa.flops.projector_train) for r in rows)
     # export and sampling read the model alone
     ckpt = str(latest_checkpoint(tmp_path / "run" / "checkpoints"))
-    exported = export_checkpoint(ckpt, str(tmp_path / "pipe"), vae=store["vae"])
+    exported = export_checkpoint(WeightsSection(ckpt=ckpt, vae=store["vae"]), str(tmp_path / "pipe"))
     assert (tmp_path / "pipe" / "transformer").is_dir() and exported["weights"] == "ema"
     # another encoder or input size than the store's features is refused, in one line
     for change, match in (
         ({"repa_input_size": 64}, "made by test_vit at 32 px"),
         ({"repa_encoder": "test_vit2"}, "made by"),
     ):
-        bad = TrainConfig(**{**common, **change}, max_steps=4, results_dir=str(tmp_path / "bad"))
+        bad = TrainConfig.of(**{**common, **change}, max_steps=4, results_dir=str(tmp_path / "bad"))
         with pytest.raises(UserError, match=match) as e:
             Trainer(bad, Runtime("cpu"))
         assert "\n" not in str(e.value)
@@ -309,10 +311,11 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
 
 def test_stores_without_features_or_flips_are_refused(tmp_path):
     from dit.data.store import write_moments_store
-    from dit.extract import ExtractConfig
+    from dit.extract import ExtractConfig, extract_features
+    from dit.repa_config import RepaEncoderSection
 
     with pytest.raises(UserError, match="drop --no-flip"):
-        ExtractConfig(features_path=str(tmp_path / "s"), repa_encoder=ENCODER, flip=False)
+        extract_features(ExtractConfig(feature_path=str(tmp_path / "s"), flip=False), RepaEncoderSection(ENCODER))
     moments = torch.randn(8, 2, 2, 4, 4, 4)
     write_moments_store(str(tmp_path / "plain"), moments, torch.arange(8) % 2, num_classes=2)
     with pytest.raises(UserError, match="holds no encoder features"):

@@ -80,9 +80,9 @@ def test_no_ema_samples_the_raw_weights(our_ckpt, tmp_path):
     common = dict(
         ckpt=str(our_ckpt), num_sampling_steps=int(STEPS), class_labels=[1, 2], precision="fp32", peak_tflops=1.0
     )
-    ema = run_sample(SampleConfig(**common, out=str(tmp_path / "ema.png"), progress=False), Runtime("cpu"))
+    ema = run_sample(SampleConfig.of(**common, out=str(tmp_path / "ema.png"), progress=False), Runtime("cpu"))
     raw = run_sample(
-        SampleConfig(**common, out=str(tmp_path / "raw.png"), ema=False, progress=False), Runtime("cpu")
+        SampleConfig.of(**common, out=str(tmp_path / "raw.png"), ema=False, progress=False), Runtime("cpu")
     )
     assert (ema.weights, raw.weights) == ("ema", "model")
     assert not np.array_equal(pixels(ema.path), pixels(raw.path))
@@ -204,10 +204,15 @@ def test_pixel_space_checkpoint_skips_the_vae(tmp_path, channels, capsys):
 
 def test_bare_pixel_state_dict_with_vae_none(tmp_path):
     torch.save(tiny_dit(in_channels=3, input_size=16).state_dict(), tmp_path / "pix.pt")
+    with pytest.raises(UserError, match="pass --num-heads"):  # no registry width: its head count is asked for
+        load_sampling_model(tmp_path / "pix.pt", image_size=16, num_classes=10, vae="none")
     with pytest.raises(
         UserError, match=r"--model DiT-S/2 does not match .*custom \(depth 2, hidden 32, patch 2\)"
     ):
-        load_sampling_model(tmp_path / "pix.pt", model="DiT-S/2", image_size=16, num_classes=10, vae="none")
+        load_sampling_model(tmp_path / "pix.pt", model="DiT-S/2", image_size=16, num_classes=10, num_heads=4,
+                            vae="none")  # fmt: skip
+    sm = load_sampling_model(tmp_path / "pix.pt", image_size=16, num_classes=10, num_heads=4, vae="none")
+    assert sm.config.num_heads == 4
 
 
 # ---- cost ---------------------------------------------------------------------------------------------------
@@ -216,7 +221,7 @@ def test_bare_pixel_state_dict_with_vae_none(tmp_path):
 @pytest.mark.parametrize("guidance_scale", [1.0, 2.0])
 def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, guidance_scale):
     report = run_sample(
-        SampleConfig(
+        SampleConfig.of(
             ckpt=str(our_ckpt),
             out=str(tmp_path / "g.png"),
             num_sampling_steps=int(STEPS),
@@ -258,7 +263,7 @@ def test_the_cost_line_counts_the_guided_and_unguided_evaluations_that_ran(our_c
         f"batch + {plan.unguided_nfe} unguided x 1 pass"
     ) in out
     report = run_sample(
-        SampleConfig(ckpt=str(our_ckpt), out=str(tmp_path / "h.png"), num_sampling_steps=int(STEPS), sampler="unipc",
+        SampleConfig.of(ckpt=str(our_ckpt), out=str(tmp_path / "h.png"), num_sampling_steps=int(STEPS), sampler="unipc",
                      class_labels=[1], guidance_scale=4, guidance_interval=[0.3, 0.7], precision="fp32",
                      peak_tflops=1.0, progress=False),
         Runtime("cpu", "fp32"),

@@ -58,7 +58,7 @@ def test_trains_on_images_encoded_on_the_fly(tmp_path, vae_dir):
     )
     train(cfg)
     ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
-    assert ckpt["config"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
+    assert ckpt["config"]["data"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
     # The encoder runs inside the step: its FLOPs are counted, and MFU is given with and without them.
     from dit.cost.analytic import training_flops_per_image, vae_flops
     from dit.models import DiTConfig

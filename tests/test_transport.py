@@ -169,7 +169,7 @@ def test_a_flow_run_resumes_exactly_and_records_its_objective(tmp_path):
     a = load_checkpoint(latest_checkpoint(tmp_path / "a" / "run" / "checkpoints"))
     b = load_checkpoint(latest_checkpoint(tmp_path / "b" / "run" / "checkpoints"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert a["config"]["objective"] == "flow" and a["model_config"]["learn_sigma"] is False
+    assert a["config"]["objective"]["objective"] == "flow" and a["model_config"]["learn_sigma"] is False
     assert torch.count_nonzero(a["model"]["final_layer.linear.weight"]) > 0
 
 
@@ -220,13 +220,14 @@ def test_sits_own_checkpoints_sample_as_flow_models(tmp_path):
             "train_eps": None, "image_size": 8, "vae": "none"}  # fmt: skip
     torch.save({"model": weights, "ema": weights, "args": args}, tmp_path / "sit.pt")
     torch.save(weights, tmp_path / "bare.pt")
-    sm = load_sampling_model(tmp_path / "sit.pt")
+    heads = {"num_heads": 2}  # a width no registry size has: its head count is given, as --num-heads would
+    sm = load_sampling_model(tmp_path / "sit.pt", **heads)
     assert sm.transport is not None and sm.transport.path_type == "linear" and sm.config.learn_sigma
-    assert load_sampling_model(tmp_path / "bare.pt", vae="none").transport is None  # DiT's releases
-    sm = load_sampling_model(tmp_path / "bare.pt", vae="none", objective="flow")
+    assert load_sampling_model(tmp_path / "bare.pt", vae="none", **heads).transport is None  # DiT's releases
+    sm = load_sampling_model(tmp_path / "bare.pt", vae="none", objective="flow", **heads)
     assert sm.transport is not None and sm.transport.prediction == "velocity"
     with pytest.raises(UserError, match="--objective diffusion does not match"):
-        load_sampling_model(tmp_path / "sit.pt", objective="diffusion")
+        load_sampling_model(tmp_path / "sit.pt", objective="diffusion", **heads)
 
 
 def test_a_one_step_diffusion_sampler_is_refused_in_one_line():

@@ -78,7 +78,7 @@ def timed_step(trainer: Trainer, batches) -> tuple[float, float]:
 
 def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, times, losses) -> dict:
     timing = spread(times)
-    batch = trainer.cfg.global_batch_size
+    batch = trainer.cfg.optim.global_batch_size
     rate = batch / timing["median_s"]
     flops, peak = trainer.ledger.flops, trainer.ledger.peak
     row = {

@@ -13,11 +13,26 @@ import sys
 from dit.cli import run_cli
 from dit.config import Face
 from dit.cost import analytic, peaks, plan
-from dit.cost.args import FlopsArgs, MemoryArgs, PeaksArgs, PlotArgs, QualityArgs, SampleArgs, TrainArgs
+from dit.cost.args import (
+    CostModelSection,
+    FlopsArgs,
+    HardwareSection,
+    MemoryArgs,
+    PeaksArgs,
+    PlotArgs,
+    QualityArgs,
+    SampleArgs,
+    SampleHardwareSection,
+    TrainArgs,
+    evaluations,
+    plan_of,
+    planned_guidance,
+)
 from dit.errors import UserError
 from dit.model_config import MODEL_NAMES, describe
 from dit.progress import duration
 from dit.repa_config import RepaEncoderSection, RepaSection
+from dit.sampling_plan import FidSamplingSection
 
 # ---- output ---------------------------------------------------------------------------------------------
 
@@ -71,19 +86,20 @@ def _emit(result, as_json: bool, pairs) -> None:
 # ---- commands -------------------------------------------------------------------------------------------
 
 
-def cmd_flops(a: FlopsArgs) -> None:
+def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
+    m, o = model, args
     summaries = []
-    for name in MODEL_NAMES if a.all else [a.model]:
-        cfg = a.config(name)
-        fused = a.attention == "fused"
-        summary = analytic.flops_summary(cfg, a.image_size, a.checkpointed(cfg, a.activation_checkpointing), fused)
-        if a.measure:
+    for name in MODEL_NAMES if o.all else [m.model]:
+        cfg = m.config(name)
+        fused = o.attention == "fused"
+        summary = analytic.flops_summary(cfg, m.image_size, m.checkpointed(cfg, o.activation_checkpointing), fused)
+        if o.measure:
             from dit.cost.measured import measure_flops
 
             measured = measure_flops(cfg, batch_size=1, checkpointed_blocks=summary["checkpointed_blocks"])
             summary["measured_forward_gflops"] = measured["forward_flops_per_image"] / 1e9
             summary["measured_train_gflops_per_image"] = measured["train_flops_per_image"] / 1e9
-        if a.fvcore:
+        if o.fvcore:
             from dit.cost.measured import fvcore_forward_macs
 
             handled, default = (fvcore_forward_macs(cfg, sdpa_handle=h) for h in (True, False))
@@ -91,21 +107,21 @@ def cmd_flops(a: FlopsArgs) -> None:
             summary["fvcore_layer_norm_gmacs"] = handled["layer_norm"] / 1e9
             summary["fvcore_without_sdpa_handle_gmacs"] = default["total"] / 1e9
         summaries.append(summary)
-    if a.json:
-        print(json.dumps(summaries if a.all else summaries[0], indent=2))
-    elif a.all:
+    if o.json:
+        print(json.dumps(summaries if o.all else summaries[0], indent=2))
+    elif o.all:
         _print_table(
             [
                 [s["model"], s["tokens"], _num(s["params"] / 1e6, 1), _num(s["forward_gmacs"], 3),
                  _num(s["forward_gflops"], 3), _num(s["train_gflops_per_image"], 2), _num(100 * s["attention_share"], 1),
                  f"+{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):.0f}%"]
-                + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if a.measure else [])
+                + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
                 for s in summaries
             ],
             ["model", "tokens", "params (M)", "fwd GMACs", "fwd GFLOPs", "train GFLOPs/img", "attn %", "6NT error"]
-            + (["measured/analytic"] if a.measure else []),
+            + (["measured/analytic"] if o.measure else []),
         )  # fmt: skip
-        print(f"\n{a.image_size} px; GMACs = the DiT paper's 'Gflops'; FLOPs = 2 x MACs; training = 3 x forward.")
+        print(f"\n{m.image_size} px; GMACs = the DiT paper's 'Gflops'; FLOPs = 2 x MACs; training = 3 x forward.")
     else:
         s = summaries[0]
         print(f"{s['description']}: {s['tokens']} tokens, {s['params']:,} parameters\n")
@@ -125,12 +141,12 @@ def cmd_flops(a: FlopsArgs) -> None:
              _num(s["hardware_gflops_per_image"], 3)),
             ("6*N*T estimate (wrong for DiT)", f"{_num(six, 1)} (+{100 * (six / s['train_gflops_per_image'] - 1):.1f}%)"),
         ]  # fmt: skip
-        if a.measure:
+        if o.measure:
             pairs.append(("FlopCounterMode on meta, forward GFLOPs", _num(s["measured_forward_gflops"], 4)))
             pairs.append(
                 ("FlopCounterMode on meta, fwd+bwd GFLOPs", _num(s["measured_train_gflops_per_image"], 3))
             )
-        if a.fvcore:
+        if o.fvcore:
             fv, ln, bare = s["fvcore_gmacs"], s["fvcore_layer_norm_gmacs"], s["fvcore_without_sdpa_handle_gmacs"]
             pairs.append(
                 (
@@ -158,13 +174,20 @@ def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
     return analytic.repa_flops(encoder_shape(encoder.encoder, size), cfg, repa.projector_dim), size
 
 
-def cmd_train(a: TrainArgs, repa_encoder: RepaEncoderSection, repa_section: RepaSection) -> None:
-    cfg = a.config()
+def cmd_train(
+    model: CostModelSection,
+    hardware: HardwareSection,
+    args: TrainArgs,
+    repa_encoder: RepaEncoderSection,
+    repa_section: RepaSection,
+) -> None:
+    m, h, o = model, hardware, args
+    cfg = m.config()
     repa, repa_size = _repa_flops(repa_encoder, repa_section, cfg) or (None, None)
     result = plan.plan_training(
-        cfg, a.image_size, a.global_batch_size, a.max_steps, a.num_gpus, **a.budget(),
-        checkpointed_blocks=a.checkpointed(cfg, a.activation_checkpointing), vae_config=plan.vae_config_for(a.vae),
-        repa=repa, repa_cached=a.repa_cached_features,
+        cfg, m.image_size, o.global_batch_size, o.max_steps, h.num_gpus, **h.budget(),
+        checkpointed_blocks=m.checkpointed(cfg, o.activation_checkpointing), vae_config=plan.vae_config_for(m.vae),
+        repa=repa, repa_cached=o.repa_cached_features,
     )  # fmt: skip
     if repa is not None:
         result.update(repa_encoder=repa_encoder.encoder, repa_input_size=repa_size)
@@ -201,29 +224,32 @@ def cmd_train(a: TrainArgs, repa_encoder: RepaEncoderSection, repa_section: Repa
                                            f"{r['batch_per_device']} images per device)"))  # fmt: skip
         return out
 
-    _emit(result, a.json, pairs)
+    _emit(result, o.json, pairs)
 
 
-def cmd_sample(a: SampleArgs) -> None:
-    cfg = a.config()
-    vae = plan.vae_config_for(a.vae)
-    sampling = a.plan()
-    nfe, unguided = a.evaluations(sampling)
+def cmd_sample(
+    model: CostModelSection, hardware: SampleHardwareSection, sampling: FidSamplingSection, args: SampleArgs
+) -> None:
+    m, h, o = model, hardware, args
+    cfg = m.config()
+    vae = plan.vae_config_for(m.vae)
+    schedule = plan_of(m, sampling)
+    nfe, unguided = evaluations(m, sampling, o, schedule)
     result = plan.plan_sampling(
         cfg,
-        a.image_size,
-        a.num_images,
+        m.image_size,
+        o.num_images,
         nfe,
-        a.guidance_scale_planned,
-        a.num_gpus,
-        **a.budget(),
+        planned_guidance(m, sampling),
+        h.num_gpus,
+        **h.budget(),
         vae_config=vae,
         unguided_nfe=unguided,
     )
     result.update(
-        num_sampling_steps=a.num_sampling_steps,
-        sampler=sampling.sampler,
-        guidance_interval=a.guidance_interval,
+        num_sampling_steps=sampling.num_sampling_steps,
+        sampler=schedule.sampler,
+        guidance_interval=list(sampling.guidance_interval) if sampling.guidance_interval else None,
         nfe=nfe,
         guided_nfe=nfe - unguided,
         unguided_nfe=unguided,
@@ -251,7 +277,7 @@ def cmd_sample(a: SampleArgs) -> None:
             out.append(("note", "the VAE decode is assumed to run at the DiT's MFU"))
         return out
 
-    _emit(result, a.json, pairs)
+    _emit(result, o.json, pairs)
 
 
 def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
@@ -267,31 +293,32 @@ def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
     return capacity
 
 
-def cmd_memory(a: MemoryArgs) -> None:
-    cfg = a.config()
-    if a.batch_size is None and a.global_batch_size is None:
+def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
+    m, o = model, args
+    cfg = m.config()
+    if o.batch_size is None and o.global_batch_size is None:
         raise UserError("pass --batch-per-device, or --global-batch-size with --num-gpus.")
-    if a.num_gpus < 1:
-        raise UserError(f"--num-gpus must be >= 1, got {a.num_gpus}.")
-    batch = a.batch_size
+    if o.num_gpus < 1:
+        raise UserError(f"--num-gpus must be >= 1, got {o.num_gpus}.")
+    batch = o.batch_size
     if batch is None:
-        if a.global_batch_size % a.num_gpus:
-            raise UserError(f"--global-batch-size {a.global_batch_size} does not split over {a.num_gpus} GPUs.")
-        batch = a.global_batch_size // a.num_gpus
+        if o.global_batch_size % o.num_gpus:
+            raise UserError(f"--global-batch-size {o.global_batch_size} does not split over {o.num_gpus} GPUs.")
+        batch = o.global_batch_size // o.num_gpus
     r = plan.plan_memory(
-        cfg, batch, a.precision, a.checkpointed(cfg, a.activation_checkpointing, allow_auto=True), a.ema, a.sharding,
-        a.num_gpus, _device_memory(a.gpu, a.memory_gib), a.memory_reserve_gib, a.trace,
+        cfg, batch, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True), o.ema, o.sharding,
+        o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
     )  # fmt: skip
-    if a.json:
+    if o.json:
         print(json.dumps(r, indent=2))
         return
     print(
-        f"{r['model']}, batch {batch} per device, {a.precision}, {r['checkpointed_blocks']} checkpointed blocks, "
-        f"{'EMA, ' if a.ema else ''}{a.sharding} x {a.num_gpus}\n"
+        f"{r['model']}, batch {batch} per device, {o.precision}, {r['checkpointed_blocks']} checkpointed blocks, "
+        f"{'EMA, ' if o.ema else ''}{o.sharding} x {o.num_gpus}\n"
     )
     _print_table([[k, _num(v / 2**30, 3)] for k, v in r["estimate_parts"].items()], ["part", "GiB"])
     pairs = [("analytic peak", f"{_num(r['estimate_bytes'] / 2**30, 3)} GiB (at the {r['peak_phase']})")]
-    if a.trace:
+    if o.trace:
         ratio = r["estimate_bytes"] / r["traced_bytes"]
         pairs.append(
             ("traced peak (FakeTensor)", f"{_num(r['traced_bytes'] / 2**30, 3)} GiB (analytic/traced {ratio:.3f})")
@@ -304,9 +331,10 @@ def cmd_memory(a: MemoryArgs) -> None:
     _print_pairs(pairs)
 
 
-def cmd_peaks(a: PeaksArgs) -> None:
-    if a.gpu is not None:
-        peak = peaks.resolve_peak(a.gpu, a.precision, a.peak_tflops)
+def cmd_peaks(args: PeaksArgs) -> None:
+    o = args
+    if o.gpu is not None:
+        peak = peaks.resolve_peak(o.gpu, o.precision, o.peak_tflops)
         result = {
             "device": peak.device,
             "precision": peak.precision,
@@ -317,13 +345,13 @@ def cmd_peaks(a: PeaksArgs) -> None:
             result["detail"] = peak.detail
         if peak.measured_on:
             result["measured_on"] = peak.measured_on
-        print(json.dumps(result, indent=2) if a.json else f"peak: {peak.describe()}")
+        print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
         return
     rows = [
         {"device": d.name, **{p: getattr(d, p) for p in peaks.PRECISIONS}, "memory_gib": d.memory_gib}
         for d in peaks.DEVICES
     ]
-    if a.json:
+    if o.json:
         print(json.dumps(rows, indent=2))
         return
     _print_table(
@@ -336,59 +364,61 @@ def cmd_peaks(a: PeaksArgs) -> None:
     )
 
 
-def cmd_plot(a: PlotArgs) -> None:
+def cmd_plot(model: CostModelSection, args: PlotArgs) -> None:
+    m, o = model, args
     from dit.cost import plots
 
-    if a.chart == "flops":
-        print(plots.plot_flops_vs_params(a.out, a.image_size))
+    if o.chart == "flops":
+        print(plots.plot_flops_vs_params(o.out, m.image_size))
         return
-    if a.chart == "quality":
-        if not a.runs:
+    if o.chart == "quality":
+        if not o.runs:
             raise UserError(
                 "dit-cost plot quality needs run folders: dit-cost plot quality RUN [RUN ...] --out FILE."
             )
-        if a.labels and len(a.labels) != len(a.runs):
-            raise UserError(f"--labels gives {len(a.labels)} labels for {len(a.runs)} runs: one per run.")
-        print(plots.plot_quality(a.out, a.runs, a.labels))
+        if o.labels and len(o.labels) != len(o.runs):
+            raise UserError(f"--labels gives {len(o.labels)} labels for {len(o.runs)} runs: one per run.")
+        print(plots.plot_quality(o.out, o.runs, o.labels))
         return
-    traced = tuple(int(b) for b in a.traced_batches.split(",")) if a.traced_batches else ()
+    traced = tuple(int(b) for b in o.traced_batches.split(",")) if o.traced_batches else ()
     print(
         plots.plot_memory_vs_batch(
-            a.out, a.config(), a.precision, _device_memory(a.gpu, a.memory_gib), traced_batches=traced
+            o.out, m.config(), o.precision, _device_memory(o.gpu, o.memory_gib), traced_batches=traced
         )
     )
 
 
-def cmd_quality(a: QualityArgs) -> None:
+def cmd_quality(args: QualityArgs) -> None:
+    o = args
     from dit.cost.quality import compute_to_target
 
-    if a.num_gpus < 1:
-        raise UserError(f"--num-gpus must be >= 1, got {a.num_gpus}.")
-    r = compute_to_target(a.run, a.target_fid, a.price_per_hour)
-    if a.gpu is not None or a.mfu is not None:
-        if a.gpu is None or a.mfu is None or not 0 < a.mfu <= 1:
+    if o.num_gpus < 1:
+        raise UserError(f"--num-gpus must be >= 1, got {o.num_gpus}.")
+    r = compute_to_target(o.run, o.target_fid, o.price_per_hour)
+    if o.gpu is not None or o.mfu is not None:
+        if o.gpu is None or o.mfu is None or not 0 < o.mfu <= 1:
             raise UserError("a time on another device needs --gpu and --mfu in (0, 1].")
-        peak = peaks.table_peak(a.gpu, a.precision)
+        peak = peaks.table_peak(o.gpu, o.precision)
         r["planned"] = None
         if r["reached"]:
-            seconds = r["total_model_flops"] / (a.num_gpus * peak.flops * a.mfu)
-            hours = seconds * a.num_gpus / 3600
-            r["planned"] = {"device": peak.device, "num_devices": a.num_gpus, "mfu": a.mfu, "seconds": seconds,
+            seconds = r["total_model_flops"] / (o.num_gpus * peak.flops * o.mfu)
+            hours = seconds * o.num_gpus / 3600
+            r["planned"] = {"device": peak.device, "num_devices": o.num_gpus, "mfu": o.mfu, "seconds": seconds,
                             "device_hours": hours,
-                            "cost": hours * a.price_per_hour if a.price_per_hour is not None else None}  # fmt: skip
-    if a.json:
+                            "cost": hours * o.price_per_hour if o.price_per_hour is not None else None}  # fmt: skip
+    if o.json:
         print(json.dumps(r, indent=2))
         return
     points = ", ".join(f"{e['fid']:.4g} at {e['total_model_pflops'] * 1e15:.3e}" for e in r["evaluations"])
     pairs = [("run", r["run"]), ("evaluations (FID at FLOPs)", points)]
     if not r["reached"]:
-        pairs.append(("target", f"FID {a.target_fid:g} not reached (best {r['best_fid']:.4g})"))
+        pairs.append(("target", f"FID {o.target_fid:g} not reached (best {r['best_fid']:.4g})"))
     else:
         cost = (
             f", {_money(r['cost'])} at {r['price_per_device_hour']}/device-hour" if r["cost"] is not None else ""
         )
         pairs += [
-            ("target", f"FID {a.target_fid:g} at step {r['step']:,.0f}"
+            ("target", f"FID {o.target_fid:g} at step {r['step']:,.0f}"
                        + (" (the first evaluation: an upper bound)" if r["upper_bound"] else "")),
             ("training compute", f"{r['total_model_flops']:.4e} FLOP = {r['total_model_flops'] / 2:.4e} MAC"),
             ("measured", f"{duration(r['training_seconds'])} on {r['devices']} device(s) = "
@@ -402,32 +432,29 @@ def cmd_quality(a: QualityArgs) -> None:
     _print_pairs(pairs)
 
 
+# Each command: its function and the sections it reads (train.py's, where the thing is the same).
 COMMANDS = {
-    "flops": (FlopsArgs, cmd_flops),
-    "train": (TrainArgs, cmd_train),
-    "sample": (SampleArgs, cmd_sample),
-    "memory": (MemoryArgs, cmd_memory),
-    "peaks": (PeaksArgs, cmd_peaks),
-    "plot": (PlotArgs, cmd_plot),
-    "quality": (QualityArgs, cmd_quality),
-}
-
-
-# The sections a command takes beside its own: dit-cost train plans a REPA run with train.py's REPA flags.
-EXTRA_SECTIONS = {"train": {"repa_encoder": (RepaEncoderSection, "repa_"), "repa_section": (RepaSection, "repa_")}}
+    "flops": (cmd_flops, {"model": CostModelSection, "args": FlopsArgs}),
+    "train": (cmd_train, {"model": CostModelSection, "hardware": HardwareSection, "args": TrainArgs,
+                          "repa_encoder": (RepaEncoderSection, "repa_"), "repa_section": (RepaSection, "repa_")}),
+    "sample": (cmd_sample, {"model": CostModelSection, "hardware": SampleHardwareSection,
+                            "sampling": FidSamplingSection, "args": SampleArgs}),
+    "memory": (cmd_memory, {"model": CostModelSection, "args": MemoryArgs}),
+    "peaks": (cmd_peaks, {"args": PeaksArgs}),
+    "plot": (cmd_plot, {"model": CostModelSection, "args": PlotArgs}),
+    "quality": (cmd_quality, {"args": QualityArgs}),
+}  # fmt: skip
 FACE = Face(
     "dit-cost",
     __doc__.split("\n")[0],
-    commands={name: Face(f"dit-cost {name}", (cls.__doc__ or "").strip(),
-                         sections={"args": cls, **EXTRA_SECTIONS.get(name, {})})
-              for name, (cls, _) in COMMANDS.items()},
+    commands={name: Face(f"dit-cost {name}", (sections["args"].__doc__ or "").strip(), sections=sections)
+              for name, (_, sections) in COMMANDS.items()},
 )  # fmt: skip
 
 
 def _main(argv: list[str] | None) -> int:
     parsed = FACE.parse(argv)
-    sections = dict(parsed.sections)
-    COMMANDS[parsed.command][1](sections.pop("args"), **sections)
+    COMMANDS[parsed.command][0](**parsed.sections)
     return 0
 
 

@@ -86,7 +86,7 @@ class HardwareSection(Section):
 
 
 @dataclass(frozen=True)
-class FlopsArgs(CostModelSection):
+class FlopsArgs(Section):
     """analytic FLOPs per image, by component"""
 
     all: bool = option(False, "every registry config at --image-size")
@@ -101,7 +101,7 @@ class FlopsArgs(CostModelSection):
 
 
 @dataclass(frozen=True)
-class TrainArgs(CostModelSection, HardwareSection):
+class TrainArgs(Section):
     """compute (and with a device: time and cost) of a training run"""
 
     global_batch_size: int = option(256, "images per optimizer step, all devices together", ge=1)
@@ -116,53 +116,66 @@ class TrainArgs(CostModelSection, HardwareSection):
 
 
 @dataclass(frozen=True)
-class SampleArgs(CostModelSection, HardwareSection, FidSamplingSection):
+class SampleHardwareSection(HardwareSection):
+    """The hardware section with sampling's default precision, tf32 (sample.py's and sample_ddp.py's)."""
+
+    precision: str = option("tf32", "the precision the peak is read for (the sampling faces' default: tf32)",
+                            choices=peaks.PRECISIONS)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SampleArgs(Section):
     """compute (and with a device: time and cost) of sampling N images"""
 
-    precision: str = option("tf32", "the precision the peak is read for (sample.py's default: tf32)",
-                            choices=peaks.PRECISIONS)  # fmt: skip
     num_images: int = option(50_000, "images to sample", ge=1)
     nfe: int | None = option(
         None, "network evaluations per image, for the adaptive dopri5 (read a run's log)", ge=1
     )
     json: bool = option(False, "print JSON")
 
-    @property
-    def guidance_scale_planned(self) -> float:
-        """The guidance a model of this section has by default (1.5 with a null class: an FID set's)."""
-        try:
-            return self.guidance(self.num_classes > 0 and self.class_dropout_prob > 0)
-        except FieldError as e:
-            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
 
-    def plan(self) -> SamplingPlan:
-        """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
-        flow = self.sampler in ("ode", "sde")
-        return sampling_plan(
-            self.kind(flow), self.num_sampling_steps, method=self.sampling_method, last_step=self.last_step,
-            guidance_scale=self.guidance_scale_planned, interval=self.guidance_interval,
-        )  # fmt: skip
+def planned_guidance(model: CostModelSection, sampling: FidSamplingSection) -> float:
+    """The guidance a model of this section gets by default (1.5 with a null class: an FID set's)."""
+    try:
+        return sampling.guidance(model.num_classes > 0 and model.class_dropout_prob > 0)
+    except FieldError as e:
+        raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
 
-    def evaluations(self, plan: SamplingPlan) -> tuple[int, int]:
-        """(network evaluations, unguided ones) per image: the plan's, or --nfe for the adaptive dopri5."""
-        if plan.nfe is not None:
-            if self.nfe is not None and self.nfe != plan.nfe:
-                raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
-            return plan.nfe, plan.unguided_nfe
-        if self.nfe is None:
-            raise UserError(
-                f"{self.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
-            )
-        if self.guidance_interval is not None and self.guidance_scale_planned > 1:
-            raise UserError(
-                "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
-                "after a run: read its cost line, or plan without the interval (every evaluation guided)."
-            )
-        return self.nfe, 0 if self.guidance_scale_planned > 1 else self.nfe
+
+def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPlan:
+    """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
+    flow = sampling.sampler in ("ode", "sde")
+    try:
+        kind = sampling.kind(flow)
+    except FieldError as e:
+        raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+    return sampling_plan(
+        kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
+        guidance_scale=planned_guidance(model, sampling), interval=sampling.guidance_interval,
+    )  # fmt: skip
+
+
+def evaluations(model: CostModelSection, sampling: FidSamplingSection, args: SampleArgs, plan: SamplingPlan):
+    """(network evaluations, unguided ones) per image: the plan's, or --nfe for the adaptive dopri5."""
+    if plan.nfe is not None:
+        if args.nfe is not None and args.nfe != plan.nfe:
+            raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
+        return plan.nfe, plan.unguided_nfe
+    if args.nfe is None:
+        raise UserError(
+            f"{sampling.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
+        )
+    guided = planned_guidance(model, sampling) > 1
+    if sampling.guidance_interval is not None and guided:
+        raise UserError(
+            "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
+            "after a run: read its cost line, or plan without the interval (every evaluation guided)."
+        )
+    return args.nfe, 0 if guided else args.nfe
 
 
 @dataclass(frozen=True)
-class MemoryArgs(CostModelSection):
+class MemoryArgs(Section):
     """training memory per device: analytic, traced, largest batch"""
 
     batch_size: int | None = option(None, "images per device per step", ge=1, aliases=("--batch-per-device",))
@@ -197,7 +210,7 @@ class PeaksArgs(Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlotArgs(CostModelSection):
+class PlotArgs(Section):
     """PNG charts: 'flops' (all configs), 'memory' (one config vs batch) or 'quality' (FID against training FLOPs)"""
 
     chart: str = option(help="flops, memory or quality", choices=("flops", "memory", "quality"), positional=True)

@@ -375,6 +375,21 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
     return _cpu_peak_of(new, arithmetic, kept)
 
 
+def forget_cpu_peak(precision: str) -> Path | None:
+    """Drop this machine's kept peak for ``precision`` (a run computed faster than it: it was measured while
+    another job had the cores); the next run measures again. Returns the cache file it was dropped from."""
+    path = cache_dir() / "cpu_peaks.json"
+    try:
+        cache = json.loads(path.read_text())
+        cache.pop(_cpu_key(cpu_arithmetic(precision)))
+        from dit.atomic import atomic_write_bytes
+
+        atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
+        return path
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
 def _valid_entry(entry) -> dict | None:
     try:
         datetime.date.fromisoformat(entry["date"])

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from dit.data.store import NUMPY_DTYPES, REPAIR, STORAGE_DTYPES, read_header, read_manifest, sha256_file
 from dit.errors import UserError
-from dit.vae import sample_latents
+from dit.vae import sample_posterior as draw_posterior
 
 _TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safetensors tag
 
@@ -165,7 +165,7 @@ class LatentStoreDataset(Dataset):
         moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
         if self.sample_posterior:
-            latents = sample_latents(mean, std, self.scale, shift=self.shift)
+            latents = draw_posterior(mean, std, self.scale, shift=self.shift)
         else:
             latents = (mean.float() - self.shift) * self.scale
         if self.flip_mode == "latent":

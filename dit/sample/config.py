@@ -32,7 +32,7 @@ class SamplingDeviceSection(DeviceSection):
 class GridSection(Section):
     """sample.py's own: which images, and the PNG grid they go to."""
 
-    class_labels: tuple[int, ...] | None = option(None, "one image per label (default: the official eight)", ge=0)
+    class_labels: tuple[int, ...] | None = option(None, "one image per label (default: the official eight)")
     seed: int = option(0, "image i uses the noise of (seed, i)", ge=0, aliases=("--global-seed",))
     out: str = option("sample.png", "PNG grid to write")
     nrow: int = option(4, "images per grid row", ge=1)
@@ -63,6 +63,11 @@ class SampleConfig:
     runtime: SamplingDeviceSection
     grid: GridSection
 
+    @classmethod
+    def of(cls, **flat) -> SampleConfig:
+        """From flat options (``ckpt=..., num_sampling_steps=10``), for library callers."""
+        return cls(**SAMPLE_FACE.of(**flat))
+
 
 @dataclass(frozen=True)
 class FidConfig:
@@ -71,16 +76,28 @@ class FidConfig:
     runtime: SamplingDeviceSection
     fid: FidSetSection
 
+    @classmethod
+    def of(cls, **flat) -> FidConfig:
+        return cls(**FID_FACE.of(**flat))
+
 
 SAMPLE_FACE = Face(
     "sample.py",
-    "Sample a grid of class-conditional images from a DiT checkpoint (ours or an official release).",
+    """Sample a grid of class-conditional images from a DiT checkpoint (ours or an official release).
+
+python sample.py --ckpt results/000-DiT-XL-2/checkpoints/0400000.pt --guidance-scale 4 --out sample.png
+python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   # official weights""",
     sections={"weights": WeightsSection, "sampling": SamplingSection, "runtime": SamplingDeviceSection,
               "grid": GridSection},
 )  # fmt: skip
 FID_FACE = Face(
     "scripts/sample_ddp.py",
-    "Write an FID sample set: PNGs and an .npz (arr_0 images, arr_1 labels) for the ADM evaluator.",
+    """Write an FID sample set: PNGs and an .npz (arr_0 images, arr_1 labels) for the ADM evaluator.
+
+torchrun --nproc_per_node=8 scripts/sample_ddp.py --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2
+
+Image i is seeded by (seed, i), so the set is the same on any number of devices; rerunning the same command
+after a kill finishes the set without duplicates or gaps.""",
     sections={"weights": WeightsSection, "sampling": FidSamplingSection, "runtime": SamplingDeviceSection,
               "fid": FidSetSection},
 )  # fmt: skip

@@ -94,10 +94,7 @@ class TrainConfig:
     @classmethod
     def of(cls, **flat) -> TrainConfig:
         """From flat options (``max_steps=10, lr=1e-3``): what presets and flags set, for library callers."""
-        unknown = sorted(set(flat) - set(TRAIN_FACE.fields))
-        if unknown:
-            raise TypeError(f"unknown training options: {', '.join(unknown)}")
-        return _compose(TRAIN_FACE.build(flat))
+        return _compose(TRAIN_FACE.of(**flat))
 
     def replace(self, **flat) -> TrainConfig:
         """This config with flat options changed (``cfg.replace(max_steps=20)``)."""
@@ -256,4 +253,4 @@ def _compose(sections: dict) -> TrainConfig:
     try:
         return TrainConfig(**sections)
     except FieldError as e:
-        raise UserError(e.spelled(TRAIN_FACE.flag)) from None
+        raise UserError(e.spelled(TRAIN_FACE.spelled)) from None

@@ -19,7 +19,7 @@ from dit.cost.analytic import SD_VAE_CONFIG, forward_macs, training_flops_per_im
 from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
-from dit.cost.peaks import peak_for_device
+from dit.cost.peaks import forget_cpu_peak, peak_for_device
 from dit.models import DiT, describe
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
@@ -137,7 +137,7 @@ class Ledger:
             aux_flops_per_image=repa.flops.per_step_image(repa.cached) if repa is not None else 0.0,
         )
         self.meter.total_images = local_images_done
-        self.projected = False
+        self.projected = self.peak_doubted = False
 
     # ---- the start-up report -------------------------------------------------------------------------
 
@@ -248,7 +248,21 @@ class Ledger:
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:
             self._project(step, window)
+        if not in_warmup and window["hfu"] > 1 and self.peak.measured_on and not self.peak_doubted:
+            self._doubt_peak(window["hfu"])
         return record
+
+    def _doubt_peak(self, hfu: float) -> None:
+        """The hardware cannot beat its own peak: a measured peak that this run exceeds was probed on a busy
+        machine. It is dropped from the cache (the next run measures again), and the log says so."""
+        self.peak_doubted = True
+        dropped = forget_cpu_peak(self.peak.precision)
+        where = f"removed from {dropped}, so the next run measures again" if dropped else "not kept"
+        self.sinks.info(
+            f"HFU {hfu:.0%} is above 100%: the measured peak ({self.peak.describe()}) is below what this run "
+            f"computes, so it was probed while another job shared the cores; {where}. This run's MFU and HFU "
+            "are relative to that low peak."
+        )
 
     def log_eval(self, step: int, scores: dict) -> dict:
         """An evaluation's record: the scores against the training compute so far, and its own cost."""
