@@ -25,8 +25,9 @@ from dit.cli import run_cli
 from dit.config import Face, Section, option
 from dit.cost.analytic import training_flops_per_image
 from dit.cost.plots import plot_quality
-from dit.cost.quality import compute_to_target, read_run
+from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
+from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.runtime.stop import EXIT_CODES
@@ -36,6 +37,41 @@ from dit.train.recipes import PRESETS, digits_train_config
 # (name, depth, hidden size, heads): the quick start's model in the middle, a 2.6x smaller and a 2.9x larger one
 # (in training FLOPs per image; a smaller S spent its budget in too many steps to finish on a CPU).
 SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
+# Training recipes (docs/recipes.md): options on top of the digits recipe; "a+b" combines two.
+RECIPES = {
+    "baseline": {},
+    "min-snr": {"loss_weight": "min-snr"},  # Min-SNR-5 on the MSE term (Hang et al. 2023)
+    "logit-normal": {"time_sampling": "logit-normal"},  # SD3's timesteps
+    "blocks": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True},  # LightningDiT's bundle
+    # REPA with the digit encoder (not the judge), on block 2 of 6 (REPA's third of the depth), a 256-wide
+    # projector (REPA's 2048 would cost 3.9x the DiT's own FLOPs at this width: docs/repa.md)
+    "repa": {"repa_encoder": "digits-mae", "repa_depth": 2, "repa_projector_dim": 256, "repa_coeff": 0.5},
+}
+
+
+def recipe_options(recipe: str) -> dict:
+    options = {}
+    for part in recipe.split("+"):
+        if part not in RECIPES:
+            raise UserError(f"--recipes {recipe}: {part} is not one of {', '.join(RECIPES)} (join two with +).")
+        options.update(RECIPES[part])
+    return options
+
+
+def flops_per_step(cfg, batch: int) -> tuple[float, float]:
+    """(the DiT's training FLOPs, the auxiliary ones: REPA's encoder forward and projector) per step, and the
+    upstream FLOPs paid before the run (the encoder's own training)."""
+    model = cfg.model_config(1, cfg.model.image_size)
+    dit = training_flops_per_image(model).model * batch
+    if not cfg.repa_encoder.encoder:
+        return dit, 0.0, 0.0
+    from dit.cost.analytic import repa_flops
+    from dit.encoder import encoder_shape, resolve_input_size, upstream_flops
+
+    name = cfg.repa_encoder.encoder
+    size = resolve_input_size(name, cfg.repa_encoder.input_size, round(model.tokens**0.5))
+    aux = repa_flops(encoder_shape(name, size), model, cfg.repa.projector_dim).per_step_image(False) * batch
+    return dit, aux, upstream_flops(name) or 0.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +92,12 @@ class ScalingConfig(Section):
     eval_guidance_scale: float = option(1.5, "guidance of the evaluation samples", ge=1)
     sizes: tuple[str, ...] = option(["S", "M", "L"], "which sizes to run", choices=tuple(s[0] for s in SIZES))
     objectives: tuple[str, ...] = option(["diffusion"], "training objectives", choices=("diffusion", "flow"))
+    recipes: tuple[str, ...] = option(
+        ["baseline"],
+        f"training recipes, each alone or joined with + ({', '.join(RECIPES)}), NAME:N for N seeds (0..N-1) "
+        "instead of --seeds; with any but the baseline the budget and the x axis count total FLOPs (DiT + "
+        "auxiliary + upstream)",
+    )
     seeds: tuple[int, ...] = option([0], "training seeds (one run each)", ge=0)
     targets: tuple[float, ...] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to", gt=0)
     precision: str = option("fp32", "training precision", choices=("fp32", "bf16"))
@@ -69,15 +111,16 @@ class ScalingConfig(Section):
 FACE = Face("scripts/scaling.py", __doc__, sections={"scaling": ScalingConfig})
 
 
-def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) -> tuple[Path, int]:
-    """Train (or resume, or reuse) one run; its folder and the steps of this budget."""
+def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, recipe: str = "baseline"):
+    """Train (or resume, or reuse) one run; its folder and the steps of this budget. A recipe with
+    auxiliary or upstream FLOPs gets fewer steps: the budget is of total FLOPs."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
-    folder = Path(c.results_dir) / run_name(name, objective, seed)
-    base = digits_train_config(preset, 1, folder, None)
-    per_step = training_flops_per_image(base.model_config(1, preset.image_size)).model * preset.batch_size
-    steps = max(1, round(c.budget_tflops * 1e12 / per_step))
-    every = max(1, int(c.eval_every_tflops * 1e12 / per_step))  # the same steps for any budget
+    folder = Path(c.results_dir) / run_name(name, objective, seed, recipe)
+    base = digits_train_config(preset, 1, folder, None).replace(**recipe_options(recipe))
+    dit, aux, upstream = flops_per_step(base, preset.batch_size)
+    steps = max(1, round((c.budget_tflops * 1e12 - upstream) / (dit + aux)))
+    every = max(1, int(c.eval_every_tflops * 1e12 / (dit + aux)))  # the same steps for any budget
     flow = objective == "flow"
     cfg = digits_train_config(
         preset, steps, folder, None, eval_ref=ref, eval_every=every,
@@ -87,7 +130,7 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
     cfg = cfg.replace(
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
-        objective=objective, eval_sampler="ode" if flow else "ddim",
+        objective=objective, eval_sampler="ode" if flow else "ddim", **recipe_options(recipe),
     )  # fmt: skip
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
         result = train(cfg, DigitDataset(preset.image_size))
@@ -96,9 +139,28 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str) 
     return folder, steps
 
 
-def run_name(size: str, objective: str, seed: int) -> str:
-    """One folder per run, so two studies in one --out share the runs they have in common."""
-    return f"{size}-{objective}-s{seed}"
+def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> str:
+    """One folder per run, so two studies in one --results-dir share the runs they have in common."""
+    return f"{size}-{objective}-s{seed}" if recipe == "baseline" else f"{size}-{objective}-{recipe}-s{seed}"
+
+
+def recipe_summary(runs: dict, targets) -> dict:
+    """Per recipe, over its seeds: the FLOPs to each target FID and the FID at the budget, with their ranges
+    (a claim holds only where the ranges do not overlap)."""
+    out = {}
+    for recipe in dict.fromkeys(r["recipe"] for r in runs.values()):
+        mine = [r for r in runs.values() if r["recipe"] == recipe]
+        final = [r["evaluations"][-1]["fid"] for r in mine]
+        row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
+        for t in targets:
+            reached = [r["to_target"][str(t)] for r in mine]
+            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            row[f"pflops_to_fid_{t:g}"] = (
+                flops if len(flops) == len(mine) else None
+            )  # None: a seed never got there
+            row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
+        out[recipe] = row
+    return out
 
 
 def finished(folder: Path, steps: int) -> bool:
@@ -114,41 +176,56 @@ def main(argv: list[str] | None = None) -> int:
     Path(c.results_dir).mkdir(parents=True, exist_ok=True)
     ref = str(Path(c.results_dir) / "digits_ref.npz")
     save_stats(ref, digits_reference(load_digit_classifier()))
-    runs, labels = {}, []
+    runs, labels, recipe_of = {}, [], {}
+    count = "model" if c.recipes == ("baseline",) else "total"
     for size in SIZES:
         if size[0] not in c.sizes:
             continue
         for objective in c.objectives:
-            for seed in c.seeds:
-                key = run_name(size[0], objective, seed)
-                runs[key] = run_one(c, size, objective, seed, ref)
-                labels.append(f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}, seed {seed}")
-                print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
+            for spec in c.recipes:
+                recipe, _, n = spec.partition(":")
+                recipe_options(recipe)  # an unknown name fails before any training
+                for seed in range(int(n)) if n else c.seeds:
+                    key = run_name(size[0], objective, seed, recipe)
+                    runs[key] = run_one(c, size, objective, seed, ref, recipe)
+                    recipe_of[key] = recipe
+                    what = "" if recipe == "baseline" else f" {recipe}"
+                    labels.append(
+                        f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}{what}, seed {seed}"
+                    )
+                    print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
     summary = {
         "command": "python scripts/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "flops_counted": count,
         "runs": {},
     }
     for name, (folder, steps) in runs.items():
         train_rows, evals = read_run(str(folder), steps)  # a run trained past this budget is read up to it
+        keys = ("step", "total_model_pflops", "total_aux_pflops", "upstream_pflops", "fid", "class_accuracy",
+                "precision", "recall")  # fmt: skip
         summary["runs"][name] = {
             "folder": str(folder),
+            "recipe": recipe_of[name],
             "steps": evals[-1]["step"],
-            "evaluations": [
-                {k: e[k] for k in ("step", "total_model_pflops", "fid", "class_accuracy", "precision", "recall")}
-                for e in evals
-            ],  # fmt: skip
+            "evaluations": [{**{k: e.get(k) for k in keys}, "total_pflops": pflops_of(e, "total")} for e in evals],
             "mean_mfu": sum(r["mfu"] for r in train_rows if not r["in_warmup"])
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
-            "to_target": {str(t): compute_to_target(str(folder), t, up_to_step=steps) for t in c.targets},
+            "to_target": {
+                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count) for t in c.targets
+            },  # fmt: skip
         }
         for t in c.targets:
             r = summary["runs"][name]["to_target"][str(t)]
             r.pop("evaluations")
+    if len(set(recipe_of.values())) > 1:
+        summary["recipes"] = recipe_summary(summary["runs"], c.targets)
     if c.plot:
         title = "Digit FID against training FLOPs" + (
-            f", {len(c.sizes)} sizes" if len(c.sizes) > 1 else f": {' vs '.join(c.objectives)}"
-        )
-        plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()])
+            f": {len(set(recipe_of.values()))} recipes" if len(set(recipe_of.values())) > 1
+            else f", {len(c.sizes)} sizes" if len(c.sizes) > 1 else f": {' vs '.join(c.objectives)}"
+        )  # fmt: skip
+        plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()],
+                     count=count)  # fmt: skip
     text = json.dumps(summary, indent=1)
     if c.out:
         atomic_write_bytes(c.out, (text + "\n").encode())

@@ -24,8 +24,8 @@ from dit.data.reader import LatentStoreDataset
 from dit.data.store import read_header, shard_file
 from dit.encoder import Encoder, create_encoder_model, encoder_shape, vit_shape
 from dit.errors import UserError
-from dit.sample.loading import WeightsSection
 from dit.repa import RepaProjector, repa_loss, resample_tokens
+from dit.sample.loading import WeightsSection
 from dit.train import TrainConfig, train
 
 ENCODER = "test_vit"  # timm's 306k-parameter ViT: patch 16, width 64, depth 6

@@ -14,7 +14,7 @@ from dit.vae import (
     encode_moments,
     load_vae,
     resolve_vae_spec,
-    sample_latents,
+    sample_posterior,
     scaling_factor,
     vae_id_and_config_hash,
     weights_sha256,
@@ -68,7 +68,7 @@ def test_encode_is_a_scaled_posterior_sample(vae_dir):
 def test_sample_latents_has_the_posterior_statistics():
     mean = torch.tensor([[-2.0, 0.5], [3.0, 0.0]])
     std = torch.tensor([[0.1, 1.0], [2.0, 0.5]])
-    draws = torch.stack([sample_latents(mean, std, 0.5) for _ in range(20000)])
+    draws = torch.stack([sample_posterior(mean, std, 0.5) for _ in range(20000)])
     torch.testing.assert_close(draws.mean(0), mean * 0.5, atol=0.03, rtol=0)
     torch.testing.assert_close(draws.std(0), std * 0.5, atol=0.03, rtol=0.03)
 

@@ -96,10 +96,12 @@ def plot_quality(
     labels: list[str] | None = None,
     title: str | None = None,
     up_to_steps: list[int] | None = None,
+    count: str = "model",
 ) -> str:
     """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
-    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget."""
-    from dit.cost.quality import read_run
+    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
+    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``)."""
+    from dit.cost.quality import pflops_of, read_run
 
     plt = _pyplot()
     limits = up_to_steps or [None] * len(runs)
@@ -108,7 +110,7 @@ def plot_quality(
     fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(12 if has_pr else 7, 4.5), squeeze=False)
     for i, (run, evals) in enumerate(zip(runs, series)):
         name = labels[i] if labels else run
-        x = [e["total_model_pflops"] * 1e15 for e in evals]
+        x = [pflops_of(e, count) * 1e15 for e in evals]
         (line,) = axes[0][0].plot(x, [e["fid"] for e in evals], marker="o", label=name)
         if has_pr:
             ax = axes[0][1]
@@ -129,7 +131,12 @@ def plot_quality(
             )
     network = series[0][-1].get("feature_network", "")
     axes[0][0].set(
-        xscale="log", yscale="log", xlabel="training FLOPs (model, cumulative)", ylabel=f"FID ({network})"
+        xscale="log",
+        yscale="log",
+        ylabel=f"FID ({network})",
+        xlabel="training FLOPs (model, cumulative)"
+        if count == "model"
+        else "training FLOPs (total: DiT + auxiliary + upstream, cumulative)",
     )
     axes[0][0].set_title(title or "Quality against training compute")
     if has_pr:

@@ -48,6 +48,20 @@ def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], l
     return [r for r in ordered if r.get("kind") != "eval"], evals
 
 
+COUNTS = ("model", "total")
+
+
+def pflops_of(evaluation: dict, count: str = "model") -> float:
+    """An evaluation's training compute so far: the DiT's (``model``), or ``total``: with the auxiliary
+    FLOPs of its steps (REPA's encoder and projector) and the upstream ones paid before it (training the
+    encoder, extracting its features): what a recipe cost, not just its DiT."""
+    pflops = evaluation["total_model_pflops"]
+    if count == "total":
+        pflops += sum(evaluation.get(k) or 0.0 for k in ("total_aux_pflops", "upstream_pflops",
+                                                          "feature_extraction_pflops"))  # fmt: skip
+    return pflops
+
+
 def training_seconds_at(train: list[dict], step: float) -> float:
     """Training time up to ``step``: the MFU windows (pauses and warm-up left out), the last one pro rata."""
     seconds, last = 0.0, 0
@@ -68,14 +82,19 @@ def _world(train: list[dict]) -> int:
 
 
 def compute_to_target(
-    run_dir: str, target_fid: float, price_per_hour: float | None = None, up_to_step: int | None = None
+    run_dir: str,
+    target_fid: float,
+    price_per_hour: float | None = None,
+    up_to_step: int | None = None,
+    count: str = "model",
 ) -> dict:
-    """The training compute, time and cost at which a run's FID first reached ``target_fid``.
+    """The training compute (``count``: the DiT's, or the ``total`` a recipe spent), time and cost at which a
+    run's FID first reached ``target_fid``.
 
     Reached at the first evaluation, the figures are that evaluation's: an upper bound (``upper_bound``).
     """
     train, evals = read_run(run_dir, up_to_step)
-    points = [(e["step"], e["total_model_pflops"], e["fid"]) for e in evals if e.get("fid") is not None]
+    points = [(e["step"], pflops_of(e, count), e["fid"]) for e in evals if e.get("fid") is not None]
     if not points:
         raise UserError(f"{run_dir}'s evaluations have no FID (its reference or sample count left it out).")
     result = {
@@ -83,7 +102,11 @@ def compute_to_target(
         "target_fid": target_fid,
         "reached": False,
         "best_fid": min(f for _, _, f in points),
-        "evaluations": [{"step": s, "total_model_pflops": p, "fid": f} for s, p, f in points],
+        "count": count,
+        "evaluations": [
+            {"step": s, "total_model_pflops" if count == "model" else "total_pflops": p, "fid": f}
+            for s, p, f in points
+        ],  # fmt: skip
     }
     hit = next((i for i, (_, _, f) in enumerate(points) if f <= target_fid), None)
     if hit is None:
@@ -101,8 +124,11 @@ def compute_to_target(
         reached=True,
         upper_bound=hit == 0,
         step=step,
-        total_model_pflops=pflops,
-        total_model_flops=pflops * 1e15,
+        **(
+            {"total_model_pflops": pflops, "total_model_flops": pflops * 1e15}
+            if count == "model"
+            else {"total_pflops": pflops, "total_flops": pflops * 1e15}
+        ),  # fmt: skip
         training_seconds=seconds,
         devices=world,
         device_hours=hours,
