@@ -19,14 +19,9 @@ if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sample
     from diffusers import AutoencoderKL
 
 from dit.errors import UserError, require
+from dit.vae_facts import VAE_ALIASES, latent_downsample_of
 
-VAE_ALIASES = {"ema": "stabilityai/sd-vae-ft-ema", "mse": "stabilityai/sd-vae-ft-mse"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def is_sd_vae(spec: str | None) -> bool:
-    """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space."""
-    return spec in (*VAE_ALIASES, *VAE_ALIASES.values())
 
 
 def resolve_vae_spec(spec: str) -> str:
@@ -103,8 +98,8 @@ def shift_factor(vae: AutoencoderKL) -> float:
 
 
 def latent_downsample(vae: AutoencoderKL) -> int:
-    """Image pixels per latent pixel along one side: each encoder block but the last halves the resolution."""
-    return 2 ** (len(vae.config.block_out_channels) - 1)
+    """Image pixels per latent pixel along one side (``dit.vae_facts``, the rule the planner uses too)."""
+    return latent_downsample_of(vae.config)
 
 
 @torch.no_grad()

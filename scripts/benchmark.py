@@ -9,7 +9,7 @@
   python scripts/benchmark.py loss --max-steps 400 --plot curves.png   # bf16 vs fp32 training curves
   python scripts/benchmark.py profile --model DiT-S/2 --precision fp32     # one step's op table
   python scripts/benchmark.py attention --model DiT-B/2 --precision bf16   # attention kernels, one block
-  python scripts/benchmark.py repeat --runs 3                              # MFU over repeated runs
+  python scripts/benchmark.py repeat --repeats 3                              # MFU over repeated runs
 
 Each run prints a table and, with --json FILE, writes every row (the machine's measured matmul peaks too).
 """

@@ -17,7 +17,9 @@ from dit.sample.loading import WeightsSection
 @dataclass(frozen=True)
 class ExportConfig(Section):
     out: str = option(help="folder to create (must not exist or be empty)")
-    labels: str | None = option(None, "class names: a text file with one per line, or a JSON list/object")
+    class_names: str | None = option(
+        None, "class names: a text file with one per line, or a JSON list/object", aliases=("--labels",)
+    )
 
 
 FACE = Face("scripts/export_diffusers.py", __doc__, sections={"weights": WeightsSection, "export": ExportConfig})
@@ -26,7 +28,7 @@ FACE = Face("scripts/export_diffusers.py", __doc__, sections={"weights": Weights
 def main(argv: list[str] | None = None) -> int:
     parsed = FACE.parse(argv).sections
     w, a = parsed["weights"], parsed["export"]
-    r = export_checkpoint(w, a.out, a.labels)
+    r = export_checkpoint(w, a.out, a.class_names)
     gap = timestep_embedding_gap()
     print(f"wrote DiTPipeline to {r['out']} ({r['weights']} weights, VAE {r['vae']})")
     print(

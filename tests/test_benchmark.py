@@ -45,7 +45,7 @@ def test_train_rows_and_calibration(tmp_path):
 
 def test_reader_and_accounting_modes(tmp_path):
     out = bench(
-        "reader", "--images", "600", "--seconds", "0.3", "--repeats", "1", "--out", str(tmp_path / "r.json")
+        "reader", "--num-images", "600", "--seconds", "0.3", "--repeats", "1", "--out", str(tmp_path / "r.json")
     )
     row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
     assert row["items"] == 600 and row["best_samples_per_sec"] > 0
@@ -103,7 +103,7 @@ def test_precision_mode_scores_each_run(tmp_path):
 
 @pytest.mark.slow
 def test_repeat_mode_runs_the_quick_start_with_in_loop_evaluations(tmp_path):
-    bench("repeat", "--runs", "1", "--max-steps", "20", "--peak", "cached", "--eval-every", "10",
+    bench("repeat", "--repeats", "1", "--max-steps", "20", "--peak", "cached", "--eval-every", "10",
           "--out", str(tmp_path / "r.json"))  # fmt: skip
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert row["evaluations"] == 2 and 0 < row["mfu"] < 1.5 and row["steps"] == 20

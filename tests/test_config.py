@@ -3,9 +3,12 @@ read back by a resume that is given nothing else."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib
 import pkgutil
+import shutil
+import typing
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,127 @@ def test_the_trainer_flags_are_the_sections_fields():
     flags = {a.dest for a in TRAIN_FACE.parser()._actions} - {"help", "config"}
     assert flags == set(TRAIN_FACE.fields)
     assert "eval_num_sampling_steps" in flags and "eval_every" in flags
+
+
+# ---- one vocabulary ------------------------------------------------------------------------------------
+
+
+def face_options(name: str, face) -> list[tuple[str, str, str, str]]:
+    """(command, flag, type, default) of every option of a face and its subcommands, as the docs write them."""
+    from dit.config import _REQUIRED, _unwrap
+
+    def tname(hint) -> str:
+        return tname(typing.get_args(hint)[0]) + "..." if typing.get_origin(hint) is tuple else hint.__name__
+
+    def dname(d) -> str:
+        if d is _REQUIRED:
+            return "required"
+        if isinstance(d, bool):
+            return "on" if d else "off"
+        return "none" if d is None else " ".join(map(str, d)) if isinstance(d, tuple) else str(d)
+
+    out = []
+    for sub, f in face.commands.items():
+        out += face_options(f"{name} {sub}", f)
+    for flat, (attr, field) in face.fields.items():
+        cls = face.sections[attr][0]
+        hint, _ = _unwrap(typing.get_type_hints(cls)[field.name])
+        out.append(
+            (name.replace("scripts/", "").replace(".py", ""), face.flag(flat), tname(hint), dname(field.default))
+        )
+    return out
+
+
+def vocabulary_table() -> dict[str, list[str]]:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    head = "| flag | type | default | commands with this default | other defaults, and why |"
+    assert head in text, "docs/architecture.md lost its vocabulary table"
+    rows = {}
+    for line in text.split(head, 1)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1:]
+    return rows
+
+
+def vocabulary_problems(options, rows) -> list[str]:
+    """What a vocabulary table gets wrong about the faces' options: a flag of two or more commands without a
+    row, a row whose type and default no command has, a command with another type or default that the row's
+    reasons do not name (its first word and its default), or a row for a flag that fewer than two take."""
+    by_flag = collections.defaultdict(lambda: collections.defaultdict(list))
+    for command, flag, tp, default in options:
+        by_flag[flag][(tp, default)].append(command)
+    shared = {flag: groups for flag, groups in by_flag.items() if sum(map(len, groups.values())) > 1}
+    problems = [f"{flag}: a row for a flag fewer than two commands take" for flag in set(rows) - set(shared)]
+    for flag, groups in sorted(shared.items()):
+        if flag not in rows:
+            problems.append(f"{flag}: taken by {sorted(c for g in groups.values() for c in g)}, no row")
+            continue
+        tp, default, _, why = rows[flag]
+        if (tp, default) not in groups:
+            problems.append(f"{flag}: the row says {tp} {default}; the commands have {sorted(groups)}")
+            continue
+        for (other_tp, other_default), commands in groups.items():
+            if (other_tp, other_default) == (tp, default):
+                continue
+            for command in commands:
+                if command.split()[0] not in why or other_default not in why:
+                    problems.append(f"{flag}: {command} has {other_tp} {other_default}, not explained")
+    return problems
+
+
+def test_vocabulary():
+    from helpers import faces
+
+    options = [o for name, face in faces().items() if name != "dit.cost" for o in face_options(name, face)]
+    assert len({o[1] for o in options}) > 100
+    assert vocabulary_problems(options, vocabulary_table()) == []
+
+
+def test_vocabulary_check_catches_a_second_default():
+    """The test of the test: a command with an unexplained default, a new shared flag and a stale row."""
+    rows = {"--seed": ["int", "0", "train", ""], "--gone": ["int", "1", "train", ""]}
+    options = [("train", "--seed", "int", "0"), ("sample", "--seed", "int", "7"),
+               ("train", "--lr", "float", "1e-4"), ("sample", "--lr", "float", "1e-4")]  # fmt: skip
+    problems = vocabulary_problems(options, rows)
+    assert any(p.startswith("--seed: sample has int 7") for p in problems)
+    assert any(p.startswith("--lr:") and "no row" in p for p in problems)
+    assert any(p.startswith("--gone:") for p in problems)
+    rows["--seed"][3] = "sample: 7, because"
+    assert not any(p.startswith("--seed") for p in vocabulary_problems(options, rows))
+
+
+def test_a_store_run_resumes_and_samples_from_its_folder_alone(tmp_path, vae_dir, capsys, monkeypatch):
+    """The run remembers: `train.py --results-dir R --resume auto` (nothing else) continues a latent-store
+    run to the weights an uninterrupted run reaches, bit for bit, and `sample.py --ckpt R/checkpoints/LAST.pt`
+    samples it with no other flag (the VAE, the model and its classes from the record)."""
+    from helpers import make_image_folder, run_face
+
+    from dit.extract import ExtractConfig, extract_features
+
+    images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
+    store = tmp_path / "store"
+    extract_features(
+        ExtractConfig(feature_path=str(store), data_path=images, image_size=32, vae=vae_dir, num_workers=0)
+    )
+    full = tmp_path / "full"
+    argv = ["--feature-path", str(store), "--depth", "2", "--hidden-size", "32", "--num-heads", "2",
+            "--global-batch-size", "4", "--max-steps", "4", "--ckpt-every", "2", "--keep-last", "0",
+            "--precision", "fp32", "--num-workers", "0", "--log-every", "1", "--peak-tflops", "0.05",
+            "--device", "cpu", "--results-dir", str(full)]  # fmt: skip
+    code, _, err = run_face("train.py", argv, capsys)
+    assert code == 0, err
+    run = tmp_path / "R"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(full / "checkpoints" / "0000002.pt", run / "checkpoints")  # a run stopped at step 2
+    code, _, err = run_face("train.py", ["--results-dir", str(run), "--resume", "auto"], capsys)
+    assert code == 0, err
+    reached, expected = (load_checkpoint(r / "checkpoints" / "0000004.pt") for r in (run, full))
+    for kind in ("model", "ema"):
+        for name, tensor in expected[kind].items():
+            assert torch.equal(reached[kind][name], tensor), f"{kind}.{name}"
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_face("sample.py", ["--ckpt", str(run / "checkpoints" / "0000004.pt")], capsys)
+    assert code == 0, err
+    assert (tmp_path / "sample.png").exists() and "wrote" in out

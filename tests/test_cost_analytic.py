@@ -7,7 +7,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import (
     COMPONENTS,
-    SD_VAE_CONFIG,
     forward_macs,
     param_counts,
     sampling_flops_per_image,
@@ -17,6 +16,7 @@ from dit.cost.analytic import (
 )
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig, model_config
+from dit.vae_facts import SD_VAE_CONFIG
 
 # tests/data/dit_configs.csv: the official code's GMACs and parameter counts, and the paper's "Gflops".
 ROWS = [

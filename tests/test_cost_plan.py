@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dit.cost.__main__ import main
-from dit.cost.analytic import SD_VAE_CONFIG, forward_macs, vae_flops
+from dit.cost.analytic import forward_macs, vae_flops
 from dit.cost.plan import (
     Calibration,
     load_calibration,
@@ -16,6 +16,7 @@ from dit.cost.plan import (
 )
 from dit.errors import UserError
 from dit.models import model_config
+from dit.vae_facts import SD_VAE_CONFIG
 
 ISSUE_COMMAND = (
     "train --model DiT-XL/2 --image-size 256 --global-batch-size 256 --max-steps 400000 --gpu H100-SXM "

@@ -34,7 +34,7 @@ def exported(our_ckpt, tmp_path_factory) -> dict:  # noqa: F811
     out = tmp_path_factory.mktemp("export") / "pipe"
     labels = tmp_path_factory.mktemp("labels") / "classes.txt"
     labels.write_text("\n".join(f"class {i}, alias {i}" for i in range(10)))
-    argv = ["--ckpt", str(our_ckpt), "--out", str(out), "--labels", str(labels)]
+    argv = ["--ckpt", str(our_ckpt), "--out", str(out), "--class-names", str(labels)]
     assert run_cli(face("scripts/export_diffusers.py").main, argv) == 0
     return {"dir": out}
 

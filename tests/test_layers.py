@@ -22,6 +22,7 @@ LAYERS = [  # module prefixes, top layer first
             "dit.launcher",
             "dit.objective",
             "dit.repa_config",
+            "dit.vae_facts",
         ),
     ),
     ("cost", ("dit.cost",)),
@@ -80,4 +81,25 @@ def test_no_code_reads_the_shared_folder():
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if needle in node.value and node.value.lstrip().startswith(("..", "/", needle)):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_only_the_runtime_sets_the_matmul_mode():
+    """TF32 and the matmul precision are set in dit/runtime/ alone (cost measures peaks inside its flags)."""
+    flags = {
+        "fp32_precision",
+        "allow_tf32",
+        "set_float32_matmul_precision",
+        "allow_bf16_reduced_precision_reduction",
+    }
+    offenders = []
+    for path in [*ROOT.glob("*.py"), *(p for d in ("dit", "scripts") for p in (ROOT / d).rglob("*.py"))]:
+        if "runtime" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            sets = any(isinstance(t, ast.Attribute) and t.attr in flags for t in targets)
+            calls = isinstance(node, ast.Call) and getattr(node.func, "attr", None) in flags
+            if sets or calls:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, offenders

@@ -95,7 +95,8 @@ def test_an_unreadable_image_names_the_file_and_keeps_the_work(tmp_path, vae_dir
 
 
 def test_a_store_reports_the_encode_it_paid_once(tmp_path):
-    from dit.cost.analytic import SD_VAE_CONFIG, vae_flops
+    from dit.cost.analytic import vae_flops
+    from dit.vae_facts import SD_VAE_CONFIG
 
     g = torch.Generator().manual_seed(0)
     moments = torch.randn(16, 2, 2, 4, 4, 4, generator=g).abs()

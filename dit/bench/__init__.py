@@ -127,7 +127,7 @@ def _reader(a: c.ReaderBench) -> Result:
 
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        store = a.store or synthetic_store(tmp, a.images)
+        store = a.store or synthetic_store(tmp, a.num_images)
         row = bench_reader(store, a.global_batch_size, a.seconds, a.repeats)
     return Result(
         [row], ["items", "storage_dtype", "batch", "threads", "best_samples_per_sec", "median_samples_per_sec"]
@@ -146,12 +146,12 @@ def _attention(a: c.AttentionBench) -> Result:
 
 
 def _repeat(a: c.RepeatBench) -> Result:
-    rows = bench_repeat(a.runs, a.max_steps, fresh_peak=a.peak == "fresh", eval_every=a.eval_every)
+    rows = bench_repeat(a.repeats, a.max_steps, fresh_peak=a.peak == "fresh", eval_every=a.eval_every)
     mfus = [row["mfu"] for row in rows]
     r = Result(rows, ["run", "steps", "mfu", "steps_per_sec", "peak_tflops", "fresh_peak", "evaluations"])
     r.extra["max_over_min_mfu"] = max(mfus) / min(mfus)
     r.notes.append(
-        f"MFU over {a.runs} runs: {min(mfus):.2%} to {max(mfus):.2%} (max/min {max(mfus) / min(mfus):.3f})"
+        f"MFU over {a.repeats} runs: {min(mfus):.2%} to {max(mfus):.2%} (max/min {max(mfus) / min(mfus):.3f})"
     )
     return r
 

@@ -71,7 +71,7 @@ class ReaderBench(Section):
     """Latent-store samples/s in one process (default: a synthetic 4x32x32 fp16 store with flips)."""
 
     store: str | None = option(None, "an existing store (default: a synthetic one in a temp folder)")
-    images: int = option(10_000, "images in the synthetic store")
+    num_images: int = option(10_000, "images in the synthetic store", ge=1, aliases=("--images",))
     global_batch_size: int = option(256, "images per loader batch")
     seconds: float = option(3.0, "seconds per timed run")
     repeats: int = option(5, "timed runs")
@@ -118,7 +118,7 @@ class AttentionBench(Section):
 class RepeatBench(Section):
     """The quick start's training run repeated in fresh processes: does MFU agree from run to run?"""
 
-    runs: int = option(3, "training runs, one process each")
+    repeats: int = option(3, "training runs, one process each", ge=1, aliases=("--runs",))
     max_steps: int = option(300, "steps per run")
     peak: str = option(
         "fresh",

@@ -13,12 +13,16 @@ from dit.bench.steps import spread
 from dit.cost.analytic import sampling_flops_per_image
 from dit.cost.peaks import device_name, measure_matmul_peak, peak_for_device
 from dit.models import Attention, DiT_models, attention_kernel, model_config
-from dit.runtime import Runtime
+from dit.runtime import Precision, Runtime
 
 
 def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
     """This machine's measured matmul ceiling per precision, for ratios within one benchmark run."""
-    return {p: measure_matmul_peak(p, seconds, device) / 1e12 for p in precisions}
+    out = {}
+    for p in precisions:
+        with Precision(p, "cuda").flags():  # the runtime sets the matmul mode; fp32 means IEEE here too
+            out[p] = measure_matmul_peak(p, seconds, device) / 1e12
+    return out
 
 
 def bench_sample(

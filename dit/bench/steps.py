@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dit.cost.peaks import device_name, measure_matmul_peak
-from dit.runtime import Runtime
+from dit.runtime import Precision, Runtime
 from dit.train import TrainConfig, Trainer, train
 
 
@@ -154,7 +154,8 @@ def bench_train(
                 losses.append(loss)
             if peak_probe_s and i >= warmup:
                 for p in probes:
-                    probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
+                    with Precision(p, "cuda").flags():  # the runtime's matmul mode for p, not the run's
+                        probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
         rows = []
         for trainer, _, times, losses in runs:
             row = _train_row(trainer, model, image_size, compile, times, losses)
@@ -187,7 +188,14 @@ def bench_accounting(
         logs = 200
         start = time.perf_counter()
         for i in range(logs):
-            ledger.log(i, 0, {"loss": 0.1, "nonfinite_steps": 0}, None, 1e-4, False, None)
+            ledger.log(
+                step=i,
+                epoch=0,
+                counters={"loss": 0.1, "nonfinite_steps": 0},
+                grad_norm=None,
+                lr=1e-4,
+                in_warmup=False,
+            )
         per_log = (time.perf_counter() - start) / logs
         ledger.close()
     overhead = per_step + per_log / log_every

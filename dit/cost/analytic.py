@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dit.errors import UserError
 from dit.model_config import DiTConfig, describe, registry_name
+from dit.vae_facts import AUTOENCODER_KL_DEFAULTS
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
 # conditioning vector, not once per token; that is why 6*N*T overcounts DiT by ~46%.
@@ -229,34 +230,6 @@ def flops_summary(
 # --------------------------------------------------------------------------------------------------------
 # VAE (diffusers AutoencoderKL): frozen, so reported beside the model's FLOPs and never inside them.
 # --------------------------------------------------------------------------------------------------------
-
-# The config of the SD VAE that DiT uses (stabilityai/sd-vae-ft-ema and -mse share it).
-SD_VAE_CONFIG = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "latent_channels": 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "norm_num_groups": 32,
-    "act_fn": "silu",
-}
-
-
-# diffusers' own AutoencoderKL defaults, for keys a config leaves out.
-AUTOENCODER_KL_DEFAULTS = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "latent_channels": 4,
-    "block_out_channels": [64],
-    "layers_per_block": 1,
-    "down_block_types": ["DownEncoderBlock2D"],
-    "up_block_types": ["UpDecoderBlock2D"],
-    "use_quant_conv": True,
-    "use_post_quant_conv": True,
-    "mid_block_add_attention": True,
-}
 
 
 @dataclass(frozen=True)

@@ -259,26 +259,25 @@ def measure_matmul_peak(
     on_gpu = device.type == "cuda"
     n = 8192 if on_gpu else 1024
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
-    try:
-        a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
-        b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
-        a @ b  # warm-up: kernel selection, thread pools
-        sync()
-        bests = []
-        for _ in range(probes):
-            best, deadline = 0.0, time.perf_counter() + seconds / probes
-            while time.perf_counter() < deadline:
-                start = time.perf_counter()
-                a @ b
-                sync()
-                best = max(best, 2 * n**3 / (time.perf_counter() - start))
-            bests.append(best)
-        return bests[0] if probes == 1 else bests
-    finally:
-        matmul.fp32_precision = before
+    if on_gpu and precision in ("fp32", "tf32") and (_cuda_matmul_mode() == "tf32") != (precision == "tf32"):
+        raise ValueError(  # dit.runtime is the one place that sets the mode; a caller measures inside it
+            f"a {precision} peak measured in CUDA's {_cuda_matmul_mode()} matmul mode: measure inside "
+            f"dit.runtime.Precision({precision!r}, 'cuda').flags()"
+        )
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
+    b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
+    a @ b  # warm-up: kernel selection, thread pools
+    sync()
+    bests = []
+    for _ in range(probes):
+        best, deadline = 0.0, time.perf_counter() + seconds / probes
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            a @ b
+            sync()
+            best = max(best, 2 * n**3 / (time.perf_counter() - start))
+        bests.append(best)
+    return bests[0] if probes == 1 else bests
 
 
 # --------------------------------------------------------------------------------------------------------

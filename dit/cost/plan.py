@@ -12,8 +12,6 @@ from pathlib import Path
 
 from dit.atomic import atomic_write_bytes
 from dit.cost.analytic import (
-    AUTOENCODER_KL_DEFAULTS,
-    SD_VAE_CONFIG,
     RepaFlops,
     forward_macs,
     sampling_flops_per_image,
@@ -31,6 +29,7 @@ from dit.cost.memory import (
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
 from dit.errors import UserError
 from dit.model_config import DiTConfig, describe, model_config, registry_name
+from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
 
 
 def vae_config_for(spec: str | None) -> dict | None:
@@ -38,7 +37,7 @@ def vae_config_for(spec: str | None) -> dict | None:
     folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
     if spec is None or str(spec).lower() == "none":
         return None
-    if spec in ("ema", "mse", "stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse"):
+    if is_sd_vae(spec):
         return SD_VAE_CONFIG
     path = Path(spec).expanduser() / "config.json"
     if not path.is_file():
@@ -67,8 +66,7 @@ def model_for_image(
         raise UserError(f"--image-size must be a positive number of pixels, got {image_size}.")
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
     if vae_config is not None:
-        full = {**AUTOENCODER_KL_DEFAULTS, **vae_config}
-        down, channels = 2 ** (len(full["block_out_channels"]) - 1), full["latent_channels"]
+        down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
     else:
         down, channels = 1, 3
     if latent_size is None:

@@ -13,7 +13,8 @@ from dit.errors import UserError
 from dit.model_config import model_config_from_shapes
 from dit.models import DiT, DiTConfig, describe, registry_name
 from dit.sample.generate import SamplingModel
-from dit.vae import is_sd_vae, latent_downsample, load_vae
+from dit.vae import latent_downsample, load_vae
+from dit.vae_facts import is_sd_vae
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
         from dit.data.store import read_manifest
 
         manifest = read_manifest(store)
-        found = {"image_size": manifest["image_size"], "num_classes": len(manifest["classes"])}
+        found = {"image_size": manifest["image_size"], "num_classes": len(manifest["class_to_index"])}
         return _compose(TRAIN_FACE.parse(argv, record={k: found[k] for k in taken}).sections)
     return cfg
 
@@ -242,7 +242,7 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
 def latent_space(vae_spec: str | None) -> str | None:
     """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own;
     pixel space (None, "none") is none."""
-    from dit.vae import is_sd_vae
+    from dit.vae_facts import is_sd_vae
 
     if vae_spec in (None, "none"):
         return None

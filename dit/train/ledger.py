@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dit.config import Section, option
-from dit.cost.analytic import SD_VAE_CONFIG, forward_macs, training_flops_per_image, vae_flops
+from dit.cost.analytic import forward_macs, training_flops_per_image, vae_flops
 from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
@@ -24,7 +24,7 @@ from dit.models import DiT, describe
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
 from dit.train.sinks import MetricSinks
-from dit.vae import is_sd_vae
+from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae
 
 
 @dataclass(frozen=True)
