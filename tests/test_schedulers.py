@@ -184,3 +184,18 @@ def test_an_adaptive_sampler_has_no_plan_to_split_at_an_interval(capsys):
     assert "known only after a run" in capsys.readouterr().err
     assert main(flags + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["guided_nfe"] == 80
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULER_SAMPLERS))
+def test_few_steps_of_the_cosine_schedule_stay_finite(name):
+    """At 5 of the cosine schedule's 1000 steps the last respaced beta is 1 - 1.7e-8: in diffusers' float32
+    it rounded to 1 (alpha-bar 0, sigma inf) and every image of dpmpp-2m and unipc was NaN."""
+    diffusion = create_diffusion("5", noise_schedule="squaredcos_cap_v2")
+    scheduler = make_scheduler(name, diffusion)
+    scheduler.set_timesteps(diffusion.num_timesteps)
+    assert float(scheduler.alphas_cumprod[-1]) > 0
+    x = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+    for k in scheduler.timesteps:  # a model that predicts the noise exactly: the data is zero
+        eps = x / float(torch.sqrt(1 - scheduler.alphas_cumprod[int(k)])) if k == scheduler.timesteps[0] else eps
+        x = scheduler.step(eps, k, scheduler.scale_model_input(x, k)).prev_sample
+    assert torch.isfinite(x).all()
