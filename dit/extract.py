@@ -32,6 +32,7 @@ from dit.errors import UserError
 from dit.progress import progress
 from dit.repa_config import RepaEncoderSection
 from dit.runtime import Runtime, default_workers
+from dit.runtime.stop import ignore_stop_signals
 from dit.vae import (
     encode_moments,
     latent_downsample,
@@ -225,6 +226,7 @@ def _fill_store(
         num_workers=cfg.num_workers,
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
+        worker_init_fn=ignore_stop_signals,
     )
     desc = f"encoding (rank 0 of {world}; all ranks about {world}x its rate)" if world > 1 else "encoding"
     bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=rank == 0)

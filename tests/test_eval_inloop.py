@@ -139,3 +139,29 @@ def test_two_processes_score_as_one(tmp_path, digits_ref):
     assert len(a) == len(b) == 1
     for key in ("fid", "inception_score", "precision", "recall", "class_accuracy"):
         assert a[0][key] == pytest.approx(b[0][key], rel=1e-3, abs=1e-4), key
+
+
+def test_a_stop_during_an_evaluation_drops_it_and_saves(tmp_path, digits_ref, monkeypatch):
+    """SIGTERM while the evaluation samples: the flag is asked between batches, the partial evaluation is
+    dropped, the step is saved, the run reports the stop (the whole evaluation used to run first)."""
+    import os
+    import signal
+
+    import dit.eval.inloop as inloop
+    from dit.checkpoint import latest_checkpoint, load_checkpoint
+
+    calls, real = [], inloop.generate
+
+    def generate_then_signal(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the flag
+        return real(*a, **kw)
+
+    monkeypatch.setattr(inloop, "generate", generate_then_signal)
+    result = train(eval_config(tmp_path, digits_ref, max_steps=4), digits())
+    assert result["signal"] == "SIGTERM" and result["step"] == 2
+    assert len(calls) == 1, "the second of the two batches was not sampled"
+    assert not [r for r in records(tmp_path / "run") if r["kind"] == "eval"]
+    assert load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["step"] == 2
+    assert "evaluation at step 2 dropped: SIGTERM" in (tmp_path / "run" / "log.txt").read_text()

@@ -194,8 +194,8 @@ def test_few_steps_of_the_cosine_schedule_stay_finite(name):
     scheduler = make_scheduler(name, diffusion)
     scheduler.set_timesteps(diffusion.num_timesteps)
     assert float(scheduler.alphas_cumprod[-1]) > 0
-    x = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0))
-    for k in scheduler.timesteps:  # a model that predicts the noise exactly: the data is zero
-        eps = x / float(torch.sqrt(1 - scheduler.alphas_cumprod[int(k)])) if k == scheduler.timesteps[0] else eps
+    eps = torch.randn(2, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+    x = eps * scheduler.init_noise_sigma
+    for k in scheduler.timesteps:  # a model that predicts the noise exactly, for data that is zero
         x = scheduler.step(eps, k, scheduler.scale_model_input(x, k)).prev_sample
     assert torch.isfinite(x).all()

@@ -1,6 +1,7 @@
 """train.py as users run it: torchrun with two processes, preemption by SIGTERM, bad input."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -182,3 +183,22 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(image_folder, tmp_pa
     assert a["step"] == b["step"] == 3
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_process_group_with_loader_workers_is_a_stop(image_folder, tmp_path, sig, code):
+    """SLURM, `timeout` and Ctrl-C signal every process of the group: the loader workers ignore it and the
+    main process saves and exits as for a signal to it alone (a worker's death was a traceback, exit 1)."""
+    out = tmp_path / "run"
+    args = train_args(image_folder, out, 100000, "--num-workers", "2")
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and f"stopped by {sig.name}" in err
+    assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] >= 3

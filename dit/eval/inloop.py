@@ -21,6 +21,7 @@ from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
 from dit.runtime import Runtime, Stream, mix_seed
+from dit.runtime.stop import EvalStopped
 from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed
 from dit.sampling_plan import SamplingSection
 
@@ -125,8 +126,10 @@ class InLoopEval:
     def cost_flops(self) -> float:
         return self.section.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
 
-    def run(self, ema: DiT) -> dict:
-        """Score the (unsharded) EMA model: the metrics, and what the evaluation itself cost."""
+    def run(self, ema: DiT, stop=None) -> dict:
+        """Score the (unsharded) EMA model: the metrics, and what the evaluation itself cost. ``stop`` (a
+        ``StopFlag``) is asked between batches: a stop drops the partial evaluation (``EvalStopped``), so a
+        preempted run saves within one batch instead of after the whole evaluation."""
         c, rt = self.section, self.runtime
         start = time.perf_counter()
         sm = self._sampling_model(ema)
@@ -135,8 +138,14 @@ class InLoopEval:
         was_training = ema.training
         ema.eval()
 
+        # every rank asks the (collective) flag equally often: at each of the fewest batches any rank holds
+        checks = min(len(my_batches(c.num_samples, c.batch_size, r, rt.world)) for r in range(rt.world))
+
         def batches():
-            for batch in mine:
+            for i, batch in enumerate(mine):
+                if stop is not None and i < checks and stop.should_stop():
+                    ema.train(was_training)
+                    raise EvalStopped(stop.raised)
                 labels = [self.labels[i] for i in batch]
                 seeds = [self.seeds[i] for i in batch]
                 images = generate(sm, sampler, labels, seeds, precision=rt.precision)

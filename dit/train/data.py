@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dit.config import Section, option
 from dit.errors import UserError
 from dit.runtime import Runtime, Stream, default_workers, mix_seed
+from dit.runtime.stop import ignore_stop_signals
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class TrainData:
             num_workers=workers,
             pin_memory=runtime.device.type == "cuda",
             persistent_workers=workers > 0,
+            worker_init_fn=ignore_stop_signals,
         )
         return order, loader
 

@@ -26,6 +26,7 @@ from dit.models import DiT, attention_kernel
 from dit.progress import progress
 from dit.repa import RepaModel, repa_loss
 from dit.runtime import Runtime, Stream, mix_seed
+from dit.runtime.stop import EvalStopped
 from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
@@ -303,7 +304,10 @@ class Trainer:
                 ledger.start_window()
                 while state.step < max_steps:
                     start = time.perf_counter()
-                    batches = self._next_batches(it)
+                    batches = self._next_batches(it, stop)
+                    if batches is None:  # a loader worker died of the stop signal: a stop, not a crash
+                        status, stopped_by = f"stopped by {stop.raised}", stop.raised
+                        break
                     wait = time.perf_counter() - start
                     log_step = (state.step + 1) % log_every == 0 or state.step + 1 == max_steps
                     grad_norm = self.train_step(batches, log_step)
@@ -321,7 +325,12 @@ class Trainer:
                             self.sample_grid()
                     if eval_every and (state.step % eval_every == 0 or state.step == max_steps):
                         with ledger.paused():
-                            ledger.log_eval(state.step, self.evaluation.run(self._whole(state.ema.model)))
+                            try:
+                                scores = self.evaluation.run(self._whole(state.ema.model), stop)
+                            except EvalStopped:
+                                ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
+                            else:
+                                ledger.log_eval(state.step, scores)
                     if stop.should_stop():
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
@@ -333,9 +342,15 @@ class Trainer:
         ledger.close()
         return {"status": status, "signal": stopped_by, "step": state.step, "results_dir": str(self.out)}
 
-    def _next_batches(self, it) -> list:
+    def _next_batches(self, it, stop) -> list | None:
         try:
             return [next(it) for _ in range(self.cfg.optim.grad_accum_steps)]
+        except RuntimeError as e:
+            # Workers ignore SIGTERM/SIGINT (worker_init), but one signalled before its init ran dies of it:
+            # after the flag is set that is the stop the signal asked for (None), otherwise a real failure.
+            if "DataLoader worker" in str(e) and stop.raised:
+                return None
+            raise
         except UserError as e:  # an unreadable image: keep the work done so far, then say which file
             # With several processes the others are mid-step: no collective save. Before step 1 there is
             # nothing to keep, and a step-0 checkpoint would only make the rerun need --resume.
