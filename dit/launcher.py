@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from dit.errors import UserError
@@ -67,3 +68,55 @@ def check_process_count(world: int, script: str = "train.py") -> None:
             "CPU processes only through mpirun, and dit-ledger joins process groups from torchrun's environment): "
             f"launch with `{shlex.join(['torchrun', f'--nproc_per_node={asked}', script])} ...` instead."
         )
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    """This process's place in the job, from torchrun's variables, checked before anything waits on them."""
+
+    world: int
+    rank: int
+    local_rank: int
+    under_torchrun: bool  # torchrun's agents met before starting us: the group forms at once
+
+
+def process_env(script: str = "train.py") -> ProcessEnv:
+    """WORLD_SIZE, RANK, LOCAL_RANK (and MASTER_ADDR/PORT for several processes), as torchrun sets them. A
+    hand-set or half-set environment (``WORLD_SIZE=2`` alone, ``abc``, ``0``, a RANK outside the world) was
+    a traceback or a silent wait of minutes: one line here, naming torchrun."""
+    launch = f"launch with `torchrun --nproc_per_node=N {script} ...`, or unset it for one process"
+
+    def number(name: str, default: int, low: int) -> int:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        if not raw.strip().isdigit() or int(raw) < low:
+            raise UserError(f"{name}={raw!r} in the environment is not a whole number >= {low}: {launch}.")
+        return int(raw)
+
+    world = number("WORLD_SIZE", 1, 1)
+    local_rank = number("LOCAL_RANK", 0, 0)
+    if world == 1:
+        return ProcessEnv(1, 0, local_rank, False)
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise UserError(
+            f"WORLD_SIZE={world} is set but {', '.join(missing)} not (torchrun sets all four): {launch}."
+        )
+    rank = number("RANK", 0, 0)
+    if rank >= world:
+        raise UserError(f"RANK={rank} is outside WORLD_SIZE={world} (ranks are 0..{world - 1}): {launch}.")
+    number("MASTER_PORT", 0, 1)
+    return ProcessEnv(world, rank, local_rank, "TORCHELASTIC_RUN_ID" in os.environ)
+
+
+def rendezvous_seconds() -> float:
+    """How long a process group started by hand waits for its other ranks (``DIT_RENDEZVOUS_TIMEOUT_S``)."""
+    raw = os.environ.get("DIT_RENDEZVOUS_TIMEOUT_S", "300")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"DIT_RENDEZVOUS_TIMEOUT_S={raw!r} is not a positive number of seconds.")
+    return seconds

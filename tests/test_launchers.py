@@ -1,5 +1,6 @@
 """Launchers other than torchrun: accelerate launch runs what it was asked for, or says in one line why not."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 from helpers import make_image_folder
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
+from dit.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_RUN = ["--model", "DiT-S/8", "--depth", "2", "--hidden-size", "64", "--num-heads", "2", "--patch-size", "4",
@@ -59,3 +61,53 @@ def test_mixed_precision_is_honoured_or_refused(tmp_path):
     )
     ours = [line for line in clash.stderr.splitlines() if line.startswith("error:")]
     assert clash.returncode != 0 and len(ours) == 1 and "--precision fp32" in ours[0] and "bf16" in ours[0]
+
+
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"WORLD_SIZE": "2"}, "RANK, MASTER_ADDR, MASTER_PORT not"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment is not a whole number"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, "outside WORLD_SIZE=2"),
+        ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1'"),
+    ],
+)
+def test_a_bad_process_environment_is_one_line_naming_torchrun(monkeypatch, env, match):
+    from dit.runtime import Runtime
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=match) as e:
+        Runtime("cpu")
+    assert "torchrun" in str(e.value)
+
+
+def _hand_started(rank: int, port: int, timeout_s: str) -> subprocess.Popen:
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "DIT_RENDEZVOUS_TIMEOUT_S": timeout_s}  # fmt: skip
+    code = (  # a face: run_cli prints a UserError as one line
+        "from dit.cli import run_cli\nfrom dit.runtime import Runtime\ndef main(argv):\n"
+        "    with Runtime('cpu') as rt:\n        print(rt.rank, rt.world)\n    return 0\n"
+        "raise SystemExit(run_cli(main, []))"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_ranks_started_by_hand_form_a_group_and_a_missing_rank_is_a_bounded_wait():
+    """Without torchrun (srun, a hand-set environment) the group still forms; a rank that never comes is one
+    line after DIT_RENDEZVOUS_TIMEOUT_S, not torch's silent 30 minutes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [_hand_started(r, port, "60") for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted(o.strip() for o, _ in outs) == ["0 2", "1 2"]
+    alone = _hand_started(0, port + 1 if port < 65535 else port - 1, "3")
+    out, err = alone.communicate(timeout=120)
+    assert alone.returncode != 0 and "Traceback" not in err
+    assert "did not meet the others" in err and "within 3 s" in err

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from dit.atomic import FolderLock
 from dit.config import Section, option
 from dit.errors import UserError
-from dit.launcher import check_process_count
+from dit.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
 from dit.runtime.stop import StopFlag
@@ -84,16 +84,32 @@ def default_workers() -> int:
     return max(1, min(4, cores))
 
 
-def _device(requested: str | None, local_rank: int) -> torch.device:
+def _device(requested: str | None, local_rank: int, world: int) -> torch.device:
     if requested is not None and requested.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(
             f"--device {requested} was asked for but no CUDA device is visible: drop --device or use cpu."
         )
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
-    if requested not in (None, "cuda") and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if requested not in (None, "cuda") and world == 1:
         return torch.device(requested)  # "cuda:1" on one process
     return torch.device("cuda", local_rank)
+
+
+def _rendezvous(env) -> dist.TCPStore:
+    """The group's store, waiting at most ``rendezvous_seconds()`` for every rank (torch waits 30 minutes,
+    silently, for a rank that was never started)."""
+    seconds = rendezvous_seconds()
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    try:
+        return dist.TCPStore(host, port, env.world, is_master=env.rank == 0, timeout=timedelta(seconds=seconds),
+                             wait_for_workers=True)  # fmt: skip
+    except (RuntimeError, OSError) as e:  # DistStoreError and DistNetworkError are RuntimeErrors
+        raise UserError(
+            f"rank {env.rank} of WORLD_SIZE={env.world} did not meet the others at {host}:{port} within "
+            f"{seconds:g} s ({str(e).strip().splitlines()[0][:120]}): start every rank (torchrun does), or unset "
+            "WORLD_SIZE for one process; DIT_RENDEZVOUS_TIMEOUT_S sets the wait."
+        ) from None
 
 
 class Runtime:
@@ -115,11 +131,11 @@ class Runtime:
         deterministic: bool = False,
         timeout: timedelta | None = None,
     ):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        check_process_count(self.world, Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "train.py")
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.rank = int(os.environ.get("RANK", "0")) if self.world > 1 else 0
-        self.device = _device(device, self.local_rank)
+        script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "train.py"
+        self.env = process_env(script)
+        self.world, self.rank, self.local_rank = self.env.world, self.env.rank, self.env.local_rank
+        check_process_count(self.world, script)
+        self.device = _device(device, self.local_rank, self.world)
         self.precision = Precision(precision, self.device.type)
         self._deterministic, self._timeout = deterministic, timeout
         self._owns_group, self._flags = False, None
@@ -132,6 +148,9 @@ class Runtime:
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             kw = {"timeout": self._timeout} if self._timeout else {}
+            if not self.env.under_torchrun:  # started by hand or by srun: bound the wait for the others
+                kw["store"] = _rendezvous(self.env)
+                kw.update(rank=self.rank, world_size=self.world)
             dist.init_process_group(backend, **kw)
             self._owns_group = True
         if dist.is_initialized():
