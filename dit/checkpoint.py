@@ -13,12 +13,13 @@ import argparse
 import hashlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dit.atomic import atomic_write, stale_temp_files
+from dit.atomic import atomic_write, atomic_write_bytes, stale_temp_files
 from dit.config import FieldError, Section, option
 from dit.errors import UserError
 
@@ -65,12 +66,92 @@ class CheckpointSection(Section):
         """The checkpoint a resume continues (None: a fresh run, also for auto in an empty folder)."""
         if not self.resume:
             return None
-        return latest_checkpoint(self.folder) if self.resume == "auto" else Path(self.resume)
+        if self.resume != "auto":
+            return Path(self.resume)
+        path, bad = latest_verified_checkpoint(self.folder)
+        if bad:
+            names = ", ".join(p.name for p in bad)
+            if path is None:
+                raise UserError(
+                    f"no checkpoint in {self.folder} matches its checksum ({names} changed since they were "
+                    "saved): restore one from a copy, or start a new run in another --results-dir."
+                )
+            if names not in _TOLD:
+                _TOLD.add(names)
+                print(f"--resume auto: {names} fail their checksum (changed since saved); resuming from "
+                      f"{path.name}", file=sys.stderr, flush=True)  # fmt: skip
+        return path
+
+
+class _Hashing:
+    """A file that hashes what passes through it, and keeps the OS error that torch's writer turns into
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` (a full disk)."""
+
+    def __init__(self, f):
+        self.f, self.digest, self.error = f, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.digest.update(data)
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` that never leaves a partial file under ``path``."""
-    return atomic_write(path, lambda f: torch.save(obj, f))
+    """``torch.save`` that never leaves a partial file under ``path``, and ``path.sha256`` beside it (the
+    format of ``sha256sum``), hashed as the bytes are written: 0.9 GB/s here, about 12 s of an XL/2 training
+    checkpoint's (10.8 GB). A full disk is the ``UserError`` of any other write."""
+    hashing = None
+
+    def write(f):
+        nonlocal hashing
+        hashing = _Hashing(f)
+        try:
+            torch.save(obj, hashing)
+        except RuntimeError:
+            if hashing.error is not None:
+                raise hashing.error from None
+            raise
+
+    path = atomic_write(path, write)
+    atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    return path
+
+
+def checksum_path(path: str | os.PathLike) -> Path:
+    return Path(f"{path}.sha256")
+
+
+def verify_checkpoint(path: str | os.PathLike) -> bool | None:
+    """Whether ``path`` still has the content its save hashed: None when there is no ``.sha256`` (a file
+    from before checksums, or an official one), False for a changed, truncated or empty file."""
+    sums = checksum_path(path)
+    if not sums.is_file():
+        return None
+    try:
+        stat = os.stat(path)
+        key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, sums.stat().st_mtime_ns)
+        if key in _VERIFIED:  # a resume reads the record, then the state: the file is hashed once
+            return _VERIFIED[key]
+        expected = sums.read_text().split()[0]
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    except (OSError, IndexError):
+        return False
+    _VERIFIED[key] = digest.hexdigest() == expected
+    return _VERIFIED[key]
+
+
+_VERIFIED: dict[tuple, bool] = {}
+_TOLD: set[str] = set()  # fallbacks already reported
 
 
 # The official releases (bare EMA state dicts), where the official scripts download them from. DiT publishes
@@ -117,13 +198,23 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = Fa
     path = find_checkpoint(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass the path of a .pt file (--ckpt).")
+    if path.stat().st_size == 0:
+        raise UserError(f"checkpoint {path} is empty (0 bytes): pass another checkpoint.")
+    if verify_checkpoint(path) is False:
+        raise UserError(
+            f"checkpoint {path} does not match its checksum ({checksum_path(path).name}): it changed after it "
+            "was saved (a flipped byte, a truncated copy); use another checkpoint of the run."
+        )
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # a truncated file, or a pickle holding something other than tensors
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if len(reason) > 200:  # whole words, marked as cut
+            reason = reason[:200].rsplit(" ", 1)[0] + " ..."
         raise UserError(
-            f"cannot read checkpoint {path} safely ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-            "Only tensor checkpoints are loaded (weights_only=True); re-save it as a state dict."
+            f"cannot read checkpoint {path} safely ({type(e).__name__}: {reason}). It may be truncated or not "
+            "a torch file; only tensor checkpoints are loaded (weights_only=True): re-save it as a state dict."
         ) from None
     if not isinstance(ckpt, dict):
         raise UserError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a dict of weights.")
@@ -166,6 +257,17 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def latest_verified_checkpoint(folder: str | os.PathLike) -> tuple[Path | None, list[Path]]:
+    """The newest checkpoint that matches its checksum (or has none), and the newer ones that did not: a
+    flipped byte in the newest file used to resume silently into NaN losses."""
+    bad = []
+    for _, path in reversed(list_checkpoints(folder)):
+        if verify_checkpoint(path) is not False:
+            return path, bad
+        bad.append(path)
+    return None, bad
+
+
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
     ckpt = load_checkpoint(path, mmap=mmap)
@@ -199,5 +301,6 @@ def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict
         others = [p for _, p in list_checkpoints(folder) if p != path]  # what it just wrote is always kept,
         for old in others[: len(others) - (keep_last - 1)]:  # also when a run resumed from an older file
             old.unlink(missing_ok=True)
+            checksum_path(old).unlink(missing_ok=True)
     remove_partial_checkpoints(folder)
     return path

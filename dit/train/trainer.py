@@ -35,6 +35,10 @@ from dit.train.parallel import data_parallel, shard
 from dit.train.repa import Repa
 from dit.train.state import TrainState
 
+# A loss that turns non-finite this soon after a resume names the checkpoint as the suspect: a 6e31 weight
+# (one flipped exponent bit) kept the loss finite for 3 steps in the tests, then NaN.
+SUSPECT_STEPS = 100
+
 
 class Trainer:
     """The parts of a run (data, model, EMA, optimizer, parallelism, ledger), then the loop over them.
@@ -132,6 +136,7 @@ class Trainer:
         self.ledger.report(self.micro, sharded, yaml.safe_dump(self.record, sort_keys=False))
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
+        self.resumed_from, self.resumed_step = resume_from, self.state.step
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
         # Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail).
@@ -377,11 +382,19 @@ class Trainer:
         if (
             counters["longest_nonfinite_streak"] >= self.cfg.optim.max_nonfinite
         ):  # skipped steps left the weights alone
+            streak = counters["longest_nonfinite_streak"]
             with self.ledger.paused():
-                self.save()
+                self.save()  # the skipped steps left the weights as they were before the first non-finite one
+            began = state.step - streak + 1
+            if self.resumed_from is not None and began - self.resumed_step <= SUSPECT_STEPS:
+                # soon after a resume: the weights it resumed from are the suspect, not the recipe
+                raise UserError(
+                    f"the loss turned non-finite {began - self.resumed_step} steps after resuming from "
+                    f"{self.resumed_from}: that checkpoint is the suspect (`sha256sum -c "
+                    f"{self.resumed_from}.sha256` where it has one); resume from an older one with --resume PATH."
+                )
             raise UserError(
-                f"the loss was non-finite for {counters['longest_nonfinite_streak']} steps in a row (by step "
-                f"{state.step}); "
+                f"the loss was non-finite for {streak} steps in a row (by step {state.step}); "
                 "the last good state is saved. Lower --lr, set --grad-clip, or use --precision bf16/fp32."
             )
 
