@@ -74,9 +74,11 @@ def _user_error(path: Path, e: OSError) -> UserError:
         fix = "make the folder writable or write elsewhere"
     else:
         fix = "check the path"
-    return UserError(
-        f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; an earlier file there is intact."
-    )
+    kept = "the earlier file there is intact" if path.exists() else "nothing partial was left there"
+    if path.suffix == ".pt" and path.parent.is_dir():  # a run's checkpoint: which one is the newest kept
+        older = sorted(p.name for p in path.parent.glob("*.pt") if p != path)
+        kept = f"the newest checkpoint kept is {older[-1]}" if older else "no checkpoint was kept"
+    return UserError(f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; {kept}.")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -24,7 +24,7 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         ck.save_training_checkpoint(folder, 20, {"model": {"w": torch.zeros(3)}})
     monkeypatch.setattr(torch, "save", real_save)
     assert ck.latest_checkpoint(folder) == first
-    assert sorted(os.listdir(folder)) == ["0000010.pt"]  # no temp file left behind
+    assert sorted(os.listdir(folder)) == ["0000010.pt", "0000010.pt.sha256"]  # no temp file left behind
     assert torch.equal(ck.load_checkpoint(first)["model"]["w"], torch.ones(3))
 
 

@@ -193,6 +193,34 @@ def test_7_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(tm
     assert latest_checkpoint(latest.parent) == latest and not list(latest.parent.glob("*.tmp-*"))
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 400 KiB file system (a tmpfs; mounting one needs root): torch.save meets ENOSPC as the C++
+    writer's `unexpected pos`, not as the OSError a mock raises."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()[:80]}); the mocked test covers it")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_7_a_real_full_disk_during_a_checkpoint_is_one_line(small_disk, capsys):
+    images = make_image_folder(small_disk.parent / "images", {"a": 4, "b": 4})
+    argv = ["--data-path", images, "--vae", "none", "--depth", "2", "--hidden-size", "32", "--num-heads", "2",
+            "--image-size", "8", "--num-classes", "3", "--global-batch-size", "4", "--max-steps", "4",
+            "--precision", "fp32", "--num-workers", "0", "--peak-tflops", "0.05", "--device", "cpu",
+            "--results-dir", str(small_disk / "run")]  # fmt: skip
+    code, _, err = run_face("train.py", argv, capsys)
+    assert code == 2 and "Traceback" not in err and "unexpected pos" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "No space left on device" in line and "no checkpoint was kept" in line
+    assert not list((small_disk / "run" / "checkpoints").iterdir())  # no partial file, no stray checksum
+
+
 def test_7_sample_out_that_is_a_folder_fails_before_sampling(our_ckpt, tmp_path, capsys):
     code, _, err = run_face("sample.py", ["--ckpt", str(our_ckpt), "--out", str(tmp_path)], capsys)
     assert code == 2 and err.startswith("error: --out") and "is a folder" in err
