@@ -63,7 +63,10 @@ def quality(metrics_path: Path) -> str:
     last = [r for r in rows if r.get("kind") == "eval"][-1]
     return (
         f"quality: MNIST FID {last['fid']:.1f} and class accuracy {last['class_accuracy']:.1%} over "
-        f"{last['num_images']} EMA samples, scored by the digit classifier against the 4,000 training digits "
+        f"{last['num_images']} EMA samples ({last['eval_sampler']}, guidance {last['eval_guidance_scale']:g}"
+        f"{' for t/1000 in [{:g}, {:g}]'.format(*interval) if (interval := last.get('eval_guidance_interval')) else ''}: the "
+        "sampling study's best FID within 25 evaluations, docs/sampling.md), scored by the digit classifier "
+        "against the 4,000 training digits "
         f"(real held-out digits: FID 16.4, accuracy 97.5%; docs/evaluation.md); the evaluation took "
         f"{last['eval_seconds']:.0f} s, outside the MFU"
     )
@@ -91,7 +94,9 @@ class QuickstartConfig(Section):
     max_steps: int | None = option(None, "training steps (default: the preset's)", ge=1)
     results_dir: str = option("results/quickstart", "output folder", aliases=("--out",))
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
-    num_sampling_steps: int | None = option(None, "DDIM steps for the grid (default: the preset's)", ge=1)
+    num_sampling_steps: int | None = option(
+        None, "sampling steps of the grid (DDIM) and of the evaluation (default: the preset's)", ge=1
+    )
     per_class: int | None = option(None, "samples per class: grid columns (default: the preset's)", ge=1)
     eval_num_samples: int | None = option(
         None,

@@ -130,7 +130,8 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
     cfg = cfg.replace(
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
-        objective=objective, eval_sampler="ode" if flow else "ddim", **recipe_options(recipe),
+        objective=objective, eval_sampler="ode" if flow else "ddim", eval_guidance_interval=None,
+        **recipe_options(recipe),
     )  # fmt: skip
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
         result = train(cfg, DigitDataset(preset.image_size))

@@ -333,7 +333,8 @@ def bench_precision_quality(
             for seed in seeds:
                 out = Path(tmp) / f"{precision}-{seed}"
                 cfg = digits_train_config(preset, steps, out, device, eval_ref=ref, eval_samples=eval_samples)
-                train(cfg.replace(precision=precision, seed=seed, progress=False), DigitDataset(28))
+                cfg = cfg.replace(precision=precision, seed=seed, progress=False, **preset.ddim_evaluation())
+                train(cfg, DigitDataset(28))
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]

@@ -163,6 +163,7 @@ class InLoopEval:
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
             "eval_guidance_scale": self.guidance_scale,
+            "eval_guidance_interval": list(self.sampling.guidance_interval or ()) or None,
             "eval_sampler": f"{sampler.describe()} {steps} steps, {sampler.planned_nfe} evaluations",
             "eval_sampling_pflops": sampling_flops / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
