@@ -98,9 +98,9 @@ def test_evaluation_time_stays_out_of_the_mfu_window(tmp_path, digits_ref, monke
 
     real = InLoopEval.run
 
-    def slow(self, ema):
+    def slow(self, ema, stop=None):
         time.sleep(1.0)
-        return real(self, ema)
+        return real(self, ema, stop)
 
     monkeypatch.setattr(InLoopEval, "run", slow)
     train(eval_config(tmp_path, digits_ref, max_steps=4), digits())
