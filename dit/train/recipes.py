@@ -31,12 +31,12 @@ class Preset:
     guidance_scale: float = 3.0
     per_class: int = 10  # grid columns (one row per class)
     eval_samples: int = 500  # EMA samples the digit FID and class accuracy score (the FID needs 65 or more)
-    # The quality line: the sampling study's best digit FID within 25 NFE on this recipe's checkpoint
-    # (docs/sampling.md): UniPC 10 steps, guidance 1.5 inside EDM2's interval (t/1000 in [0.167, 0.881] for
-    # the cosine schedule): FID 58.9 at 2.0 TFLOP per 1,000 images, DDPM-250's 57.7 at 31.2.
+    # The quality line: from the sampling study on this recipe's checkpoint (docs/sampling.md), UniPC 15 steps
+    # at guidance 1.25 inside EDM2's interval (t/1000 in [0.167, 0.881] for the cosine schedule): digit FID
+    # 55.4 at 3.12 TFLOP per 1,000 images, 10% of DDPM-250's (57.7 at 31.2); 20 steps gave 54.4 at 4.12.
     eval_sampler: str = "unipc"
-    eval_steps: int = 10
-    eval_guidance_scale: float = 1.5
+    eval_steps: int = 15
+    eval_guidance_scale: float = 1.25
     eval_guidance_interval: tuple[float, float] | None = (0.167, 0.881)
 
     def ddim_evaluation(self, steps: int | None = None) -> dict:
