@@ -248,6 +248,25 @@ def test_8_sixteen_bit_pngs_are_scaled_not_clipped(tmp_path):
     assert x.shape == (3, 4, 4) and x[0, 0].tolist() == [0, 128, 255, 4]  # 65535 -> 255, not 0/255 only
 
 
+def test_8_32_bit_integer_images_are_scaled_by_their_range(tmp_path):
+    from dit.data.images import read_image
+
+    deep = np.array([[0, 2**30, 2**31 - 1, 70000]], dtype=np.int32).repeat(4, 0)
+    Image.fromarray(deep, mode="I").save(tmp_path / "deep.tif")
+    assert Image.open(tmp_path / "deep.tif").mode == "I"
+    x = read_image(str(tmp_path / "deep.tif"), 4)
+    assert x[0, 0].tolist() == [0, 128, 255, 0]  # above 65535: 31 bits (they were clipped to 255)
+
+
+def test_8_a_float_image_is_refused_in_one_line(tmp_path):
+    """A 32-bit float TIFF decoded all black and counted as a good image."""
+    from dit.data.images import read_image
+
+    Image.fromarray(np.full((8, 8), 0.7, dtype=np.float32), mode="F").save(tmp_path / "float.tif")
+    with pytest.raises(UserError, match="holds 32-bit floats, whose range .* convert it to 8 or 16 bits"):
+        read_image(str(tmp_path / "float.tif"), 8)
+
+
 # ---- 9. FID sample sets -------------------------------------------------------------------------------------
 
 

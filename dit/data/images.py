@@ -54,12 +54,21 @@ def _random_flip(image: torch.Tensor) -> torch.Tensor:
     return image.flip(-1) if torch.rand(()) < 0.5 else image
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
+def to_rgb(image: Image.Image, path: str = "") -> Image.Image:
     """8-bit RGB. PIL's ``convert("RGB")`` clips 16- and 32-bit integer images (a 16-bit PNG's 0..65535
-    becomes 0 or 255); those are scaled to 8 bits first."""
+    becomes 0 or 255); those are scaled to 8 bits first, by the smallest of 8, 16 or 31 bits that holds
+    their largest value. A float image (mode F, a 32-bit float TIFF) decoded all black; its range (0-1 or
+    0-255) cannot be told from the file, so it is refused."""
+    if image.mode == "F" or image.mode.startswith("F;"):
+        raise UserError(
+            f"image {path} holds 32-bit floats, whose range (0-1 or 0-255) the file does not say: convert it "
+            "to 8 or 16 bits per channel (PNG or JPEG), or remove it."
+        )
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         wide = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") or wide.max() > 255 else 255.0
+        top = 65535.0 if image.mode.startswith("I;16") else next(
+            t for t in (255.0, 65535.0, 2.0**31 - 1) if wide.max() <= t
+        )  # fmt: skip
         image = Image.fromarray(np.clip(np.round(wide * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
     return image.convert("RGB")
 
@@ -77,7 +86,7 @@ def read_image(path: str, image_size: int) -> torch.Tensor:
     """Decode, convert to RGB and centre-crop one file to a uint8 CHW tensor; UserError if it cannot be decoded."""
     try:
         with Image.open(path) as image:
-            image = center_crop_arr(to_rgb(image), image_size)
+            image = center_crop_arr(to_rgb(image, path), image_size)
     except DECODE_ERRORS as e:
         raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)

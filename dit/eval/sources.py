@@ -107,7 +107,7 @@ class FolderImages:
     def _decode(self, path: str) -> np.ndarray:
         try:
             with Image.open(path) as image:
-                image = to_rgb(image)
+                image = to_rgb(image, path)
                 if self.image_size:
                     image = center_crop_arr(image, self.image_size)
                 return np.asarray(image)
