@@ -32,7 +32,7 @@ from dit.errors import UserError
 from dit.progress import progress
 from dit.repa_config import RepaEncoderSection
 from dit.runtime import Runtime, default_workers
-from dit.runtime.stop import ignore_stop_signals
+from dit.runtime.stop import close_workers, ignore_stop_signals
 from dit.vae import (
     encode_moments,
     latent_downsample,
@@ -231,30 +231,38 @@ def _fill_store(
     desc = f"encoding (rank 0 of {world}; all ranks about {world}x its rate)" if world > 1 else "encoding"
     bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=rank == 0)
     parts, feature_parts, labels, files, skipped, encoded = [], [], [], [], [], 0
-    for batch, (good, uint8, bad) in zip(batches, loader):
-        skipped += [(images.samples[i][0], error) for i, error in bad]
-        if bad and cfg.strict:
-            raise UserError(f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict.")
-        if good:
-            moments, features = _encode_views(vae, uint8, runtime, spec.flips_stored, encoder)
-            parts.append(moments.cpu())
-            feature_parts += [features.cpu()] if features is not None else []
-            labels += [images.samples[i][1] for i in good]
-            files += [images.samples[i][0] for i in good]
-            encoded += len(good)
-        k = batch[0] // cfg.shard_size
-        if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
-            views = 2 if spec.flips_stored else 1
-            moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
-            features = None
-            if encoder is not None:
-                f = spec.features
-                features = (
-                    torch.cat(feature_parts) if feature_parts else torch.zeros(0, views, f["tokens"], f["dim"])
+    loaded = iter(loader)
+    try:
+        for batch, (good, uint8, bad) in zip(batches, loaded):
+            skipped += [(images.samples[i][0], error) for i, error in bad]
+            if bad and cfg.strict:
+                raise UserError(
+                    f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict."
                 )
-            write_shard(out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped, features)
-            parts, feature_parts, labels, files, skipped = [], [], [], [], []
-        bar.update(len(batch))
+            if good:
+                moments, features = _encode_views(vae, uint8, runtime, spec.flips_stored, encoder)
+                parts.append(moments.cpu())
+                feature_parts += [features.cpu()] if features is not None else []
+                labels += [images.samples[i][1] for i in good]
+                files += [images.samples[i][0] for i in good]
+                encoded += len(good)
+            k = batch[0] // cfg.shard_size
+            if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
+                views = 2 if spec.flips_stored else 1
+                moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
+                features = None
+                if encoder is not None:
+                    f = spec.features
+                    features = (
+                        torch.cat(feature_parts) if feature_parts else torch.zeros(0, views, f["tokens"], f["dim"])
+                    )
+                write_shard(
+                    out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped, features
+                )
+                parts, feature_parts, labels, files, skipped = [], [], [], [], []
+            bar.update(len(batch))
+    finally:
+        close_workers(loaded)  # workers ignore SIGTERM: tell them to exit (dit.runtime.stop)
     bar.close()
 
     runtime.barrier()

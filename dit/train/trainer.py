@@ -26,7 +26,7 @@ from dit.models import DiT, attention_kernel
 from dit.progress import progress
 from dit.repa import RepaModel, repa_loss
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.runtime.stop import EvalStopped
+from dit.runtime.stop import EvalStopped, close_workers
 from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
@@ -341,6 +341,7 @@ class Trainer:
                         break
                 self.save()
         finally:
+            close_workers(it)
             if self.lock is not None:
                 self.lock.release()
         ledger.sinks.info(f"{status} at step {state.step}; results in {self.out}")
