@@ -39,7 +39,7 @@ def test_train_rows_and_calibration(tmp_path):
     assert bf16["speedup_vs_fp32"] == pytest.approx(fp32["median_s"] / bf16["median_s"])
     assert set(data["matmul_peak_tflops"]) == {"fp32", "bf16"}
     cal = load_calibration(str(cal_file))
-    best = max(data["rows"], key=lambda r: r["mfu"])
+    best = max((r for r in data["rows"] if r["mfu"] <= 1), key=lambda r: r["mfu"])  # above 1: the peak is wrong
     assert (cal.model, cal.precision, cal.mfu) == ("DiT-S/8", best["precision"], best["mfu"])
 
 

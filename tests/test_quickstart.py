@@ -167,11 +167,11 @@ def test_a_stopped_quick_start_exits_143_and_continues_with_resume(tmp_path):
     assert "Traceback" not in stderr and "quality:" not in stdout
     (line,) = [x for x in stderr.splitlines() if x.startswith("quick start stopped by SIGTERM")]
     ckpt = latest_checkpoint(out / "run" / "checkpoints")
-    assert str(ckpt) in line and "bash scripts/quickstart.sh" in line and line.endswith("--resume`")
+    assert str(ckpt) in line and "bash scripts/quickstart.sh" in line and line.endswith("--resume auto`")
     step = load_checkpoint(ckpt)["step"]
     assert 0 < step < 50
     again = line[line.index("`") + 1 : -1].split()[2:]  # the printed command, run as the module it calls
-    assert again[-1] == "--resume"
+    assert again[-2:] == ["--resume", "auto"]
     resumed = subprocess.run(
         [sys.executable, "-m", "dit.quickstart", *again, "--max-steps", str(step + 2), "--num-sampling-steps", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -438,13 +438,11 @@ def test_digits_mae_loads_by_name_with_its_report():
 
 @pytest.mark.slow
 def test_the_quick_start_model_trains_with_digits_mae(tmp_path):
-    from dataclasses import replace
-
     from dit.data.digits import DigitDataset
     from dit.train.recipes import PRESETS, digits_train_config
 
     cfg = digits_train_config(PRESETS["default"], 4, tmp_path / "run", "cpu")
-    cfg = replace(cfg, repa_encoder="digits-mae", repa_depth=2, log_every=2, progress=False, peak_tflops=0.05)
+    cfg = cfg.replace(repa_encoder="digits-mae", repa_depth=2, log_every=2, progress=False, peak_tflops=0.05)
     train(cfg, DigitDataset(28))
     log = (tmp_path / "run" / "log.txt").read_text()
     assert "REPA encoder digits-mae at 28 px (7x7 patches, 128 wide)" in log and "was itself trained with" in log

@@ -23,6 +23,7 @@ from dit.bench.steps import (
     bench_train,
     profile_train_step,
 )
+from dit.errors import UserError
 
 MODES = {
     "train": (c.TrainBench, "training-step throughput and MFU, precisions paired"),
@@ -83,7 +84,12 @@ def _train(a: c.TrainBench) -> Result:
     if a.calibration:
         from dit.cost.plan import Calibration, save_calibration
 
-        best = max(r.rows, key=lambda row: row["mfu"])
+        # an MFU above 1 divides by a peak below what the step reached (a CPU's bf16 probe runs slower than
+        # autocast's mixed fp32/bf16 step: 2.04 measured here once): such a row cannot calibrate anything
+        usable = [row for row in r.rows if 0 < row["mfu"] <= 1]
+        if not usable:
+            raise UserError("--calibration: every row's MFU is above 1 (its peak is too low): pass --peak-tflops.")
+        best = max(usable, key=lambda row: row["mfu"])
         cal = Calibration(best["model"], best["image_size"], best["precision"], best["device"], best["mfu"])
         save_calibration(cal, a.calibration, benchmark=best)
         r.notes.append(f"calibration (best MFU {best['mfu']:.1%}) written to {a.calibration}")

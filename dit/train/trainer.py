@@ -26,7 +26,7 @@ from dit.models import DiT, attention_kernel
 from dit.progress import progress
 from dit.repa import RepaModel, repa_loss
 from dit.runtime import Runtime, Stream, mix_seed
-from dit.runtime.stop import EvalStopped, close_workers
+from dit.runtime.stop import EvalStopped, StopFlag, close_workers
 from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
@@ -293,7 +293,7 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, stop: StopFlag | None = None) -> dict:
         cfg, state, ledger = self.cfg, self.state, self.ledger
         max_steps, log_every, grid_every, eval_every = (
             self.total_steps,
@@ -304,7 +304,8 @@ class Trainer:
         warmup_until = state.step + cfg.ledger.mfu_warmup_steps
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
-            with self.runtime.stop_flag() as stop, self._progress() as bar:
+            flag = contextlib.nullcontext(stop) if stop is not None else self.runtime.stop_flag()
+            with flag as stop, self._progress() as bar:
                 state.model.train()
                 ledger.start_window()
                 while state.step < max_steps:
@@ -454,5 +455,5 @@ class Trainer:
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
-    with Runtime.of(cfg.runtime) as runtime:
-        return Trainer(cfg, runtime, dataset).run()
+    with Runtime.of(cfg.runtime) as runtime, runtime.stop_flag() as stop:  # a stop during set-up stops at step 1
+        return Trainer(cfg, runtime, dataset).run(stop)
