@@ -160,11 +160,11 @@ def test_inception_end_to_end_offline(inception_weights, tmp_path, capsys):
 
 
 def test_adm_reference_batch(inception_weights, tmp_path, capsys, monkeypatch):
-    """An ADM-style file (mu, sigma, mu_s, sigma_s, arr_0); the random weights stand in for the TF ones."""
+    """An ADM-style file (mu, sigma, arr_0); the random weights stand in for the TF ones."""
     monkeypatch.setattr(features_module, "INCEPTION_SHA256_PREFIX", sha256_file(inception_weights)[:8])
     rng = np.random.default_rng(1)
     arr_0 = rng.integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
-    np.savez(tmp_path / "adm.npz", arr_0=arr_0, mu=np.zeros(2048), sigma=np.eye(2048), mu_s=np.zeros(2023))
+    np.savez(tmp_path / "adm.npz", arr_0=arr_0, mu=np.zeros(2048), sigma=np.eye(2048))
     np.savez(tmp_path / "samples.npz", rng.integers(0, 256, (5, 16, 16, 3), dtype=np.uint8))
     weights = ["--inception-weights", inception_weights]
     base = ["--samples", tmp_path / "samples.npz", *weights, "--json", "--metrics", "pr"]

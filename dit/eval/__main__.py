@@ -28,7 +28,7 @@ from dit.eval.features import (
     feature_net_for,
     load_feature_net,
 )
-from dit.eval.metrics import min_images_for_covariance
+from dit.eval.metrics import PR_DISTANCES, min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
 from dit.runtime import Runtime
@@ -48,6 +48,10 @@ class EvalConfig(Section):
     metrics: str | None = option(None, f"comma-separated subset of {','.join(METRICS)} (default: all that apply)")
     image_size: int | None = option(None, "centre-crop a folder's images to this size")
     pr_batch_size: int = option(10_000, "rows per distance block of precision/recall (ADM: 10,000)", ge=1)
+    pr_distances: str = option(
+        "float32", "precision/recall distances: float32, or float16 as ADM's evaluator computes them (to match "
+        "published numbers; docs/evaluation.md gives the difference)", choices=PR_DISTANCES,
+    )  # fmt: skip
     inception_weights: str | None = option(None, WEIGHTS_HELP)
     batch_size: int | None = option(None, BATCH_HELP, ge=1)
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
@@ -127,6 +131,7 @@ def evaluate_main(argv: list[str]) -> int:
             if args.batch_size is not None
             else DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"],
             pr_batch_size=args.pr_batch_size,
+            pr_distances=args.pr_distances,
             runtime=runtime,
         )
         evaluator.check_count(len(samples))

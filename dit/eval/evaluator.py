@@ -119,6 +119,25 @@ def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torc
     return features, seconds
 
 
+def _check_dimensions(net: FeatureNet, ref: ReferenceStats) -> None:
+    """The reference's feature sizes are the network's, checked at start-up (a short sigma_s was a shape
+    error after every sample had been embedded)."""
+    wrong = [
+        f"{name} {array.shape[-1]} (the network's: {dim})"
+        for name, array, dim in (
+            ("mu", ref.mu, net.pool_dim),
+            ("features", ref.features, net.pool_dim),
+            ("mu_s", ref.mu_s, net.spatial_dim),
+        )
+        if array is not None and dim is not None and array.shape[-1] != dim
+    ]
+    if wrong:
+        raise UserError(
+            f"the reference's features do not have {net.name}'s sizes: {', '.join(wrong)}. Use the reference "
+            "written with this network, or write one with python -m dit.eval ref."
+        )
+
+
 class Evaluator:
     """Scores image sets against one reference with one feature network (the reference's).
 
@@ -134,6 +153,7 @@ class Evaluator:
         batch_size: int = 64,
         pr_batch_size: int = PR_BATCH_SIZE,
         runtime: Runtime | None = None,
+        pr_distances: str = "float32",
     ):
         if reference.feature_network != feature_net.name:
             raise UserError(
@@ -141,8 +161,9 @@ class Evaluator:
                 f"embedded with {feature_net.name}: statistics of two networks cannot be compared. Use the weights "
                 "that made the reference, or write new statistics with python -m dit.eval ref."
             )
+        _check_dimensions(feature_net, reference)
         self.net, self.reference, self.runtime = feature_net, reference, runtime
-        self.batch_size, self.pr_batch_size = batch_size, pr_batch_size
+        self.batch_size, self.pr_batch_size, self.pr_distances = batch_size, pr_batch_size, pr_distances
         self.metrics = self._resolve(metrics)
         self.flops_per_image = feature_net.flops_per_image()
         self._ref_pr: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -195,7 +216,7 @@ class Evaluator:
             )
             features = gather_features(local, self.runtime)["pool"]
             embedded = len(features)
-        radii = knn_radii(features, PR_NEIGHBOURS, self.pr_batch_size)
+        radii = knn_radii(features, PR_NEIGHBOURS, self.pr_batch_size, self.pr_distances)
         self._ref_pr = features, radii
         return features, radii, embedded, pairwise_flops(len(features), len(features), features.shape[1])
 
@@ -228,8 +249,10 @@ class Evaluator:
         if "pr" in self.metrics:
             ref, ref_radii, embedded, ref_flops = self._reference_for_pr()
             samples = feats["pool"].float()
-            radii = knn_radii(samples, PR_NEIGHBOURS, self.pr_batch_size)
-            out["precision"], out["recall"] = precision_recall(ref, ref_radii, samples, radii, self.pr_batch_size)
+            radii = knn_radii(samples, PR_NEIGHBOURS, self.pr_batch_size, self.pr_distances)
+            out["precision"], out["recall"] = precision_recall(
+                ref, ref_radii, samples, radii, self.pr_batch_size, self.pr_distances
+            )
             flops["network"] += self.flops_per_image * embedded
             flops["precision_recall"] = (
                 ref_flops + pairwise_flops(n, n, samples.shape[1]) + pairwise_flops(len(ref), n, samples.shape[1])

@@ -14,6 +14,7 @@ quality metric for the quick start's digits.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 
@@ -44,6 +45,27 @@ def _check_nchw(images: torch.Tensor, size: int | None, net: str) -> None:
         raise UserError(f"{net} takes {size}x{size} images, got {images.shape[2]}x{images.shape[3]}.")
 
 
+FLOAT_SLACK = 0.5  # a VAE's decode overshoots [-1, 1] a little (the clamp handles it); [0, 255] is far beyond
+
+
+def _check_float_range(images: torch.Tensor) -> None:
+    """Float images must be in [-1, 1]: floats in [0, 255] became all white and floats in [0, 1] a grey
+    image set, scored without a word. Generated images reach here as uint8 (the in-loop evaluation quantises
+    them as saved samples are), so the test is for images a caller brings; one host sync a batch."""
+    low, high = torch.aminmax(images.detach())
+    low, high = low.item(), high.item()
+    if not (math.isfinite(low) and math.isfinite(high)) or high > 1 + FLOAT_SLACK or low < -1 - FLOAT_SLACK:
+        raise UserError(
+            f"float images must be in [-1, 1], got values in [{low:g}, {high:g}]: pass uint8 images in [0, 255], "
+            "or x / 127.5 - 1."
+        )
+    if low >= 0 and images.numel() > 1:
+        raise UserError(
+            f"float images must be in [-1, 1], and this batch has none below 0 ([{low:g}, {high:g}]): images in "
+            "[0, 1]? Pass 2 x - 1, or uint8 images in [0, 255]."
+        )
+
+
 class FeatureNet(nn.Module):
     """The interface the evaluator relies on; subclasses set the attributes and implement ``features``."""
 
@@ -58,6 +80,8 @@ class FeatureNet(nn.Module):
         raise NotImplementedError
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        if images.is_floating_point():
+            _check_float_range(images)
         return {k: v.float() for k, v in self.features(to_uint8(images)).items()}
 
     def flops_per_image(self) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dit.config import FieldError, Section, option
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
+from dit.data.images import to_uint8
 from dit.errors import UserError
 from dit.eval.evaluator import SCORES, Evaluator, my_batches
 from dit.eval.features import feature_net_for
@@ -148,7 +149,7 @@ class InLoopEval:
                     raise EvalStopped(stop.raised)
                 labels = [self.labels[i] for i in batch]
                 seeds = [self.seeds[i] for i in batch]
-                images = generate(sm, sampler, labels, seeds, precision=rt.precision)
+                images = to_uint8(generate(sm, sampler, labels, seeds, precision=rt.precision))
                 yield (images, labels) if self.conditional else images  # no labels: no class accuracy
 
         result = self.evaluator.evaluate(batches())

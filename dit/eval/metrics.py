@@ -108,18 +108,29 @@ def inception_score(logits: torch.Tensor, split_size: int = IS_SPLIT_SIZE) -> fl
     return float(np.mean(scores))
 
 
-def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """‖a_i‖² − 2 a_i·b_j + ‖b_j‖², clamped at 0: one matmul per block, as ADM computes them."""
+PR_DISTANCES = ("float32", "float16")  # float16: ADM's, for matching published numbers
+
+
+def _squared_distances(a: torch.Tensor, b: torch.Tensor, distances: str = "float32") -> torch.Tensor:
+    """‖a_i‖² − 2 a_i·b_j + ‖b_j‖², clamped at 0: one matmul per block, as ADM computes them. ``float16``
+    computes the block in half precision as ADM's evaluator does, and in float32 where that block is not
+    finite, as ADM falls back (docs/evaluation.md gives the size of the difference)."""
+    if distances == "float16":
+        h = _squared_distances(a.half(), b.half())
+        if torch.isfinite(h).all():
+            return h.float()
     return (a.square().sum(1, keepdim=True) - 2.0 * a @ b.T + b.square().sum(1)).clamp_(min=0)
 
 
-def knn_radii(features: torch.Tensor, k: int = PR_NEIGHBOURS, batch_size: int = PR_BATCH_SIZE) -> torch.Tensor:
+def knn_radii(
+    features: torch.Tensor, k: int = PR_NEIGHBOURS, batch_size: int = PR_BATCH_SIZE, distances: str = "float32"
+) -> torch.Tensor:
     """Squared distance from every point to its k-th nearest neighbour within its own set (itself excluded)."""
     if len(features) <= k:
         raise UserError(f"precision and recall need more than k={k} images per set, got {len(features)}.")
     radii = []
     for rows in features.split(batch_size):
-        d = torch.cat([_squared_distances(rows, cols) for cols in features.split(batch_size)], dim=1)
+        d = torch.cat([_squared_distances(rows, cols, distances) for cols in features.split(batch_size)], dim=1)
         radii.append(d.kthvalue(k + 1, dim=1).values)  # the point itself is the 1st, at distance 0
     return torch.cat(radii)
 
@@ -130,6 +141,7 @@ def precision_recall(
     samples: torch.Tensor,
     sample_radii: torch.Tensor,
     batch_size: int = PR_BATCH_SIZE,
+    distances: str = "float32",
 ) -> tuple[float, float]:
     """Precision: share of samples inside at least one reference ball; recall: share of reference points inside
     at least one sample ball. Balls are the k-NN radii; distances are squared (same ranking as Euclidean)."""
@@ -137,7 +149,7 @@ def precision_recall(
     ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)
     for i in range(0, len(ref), batch_size):
         for j in range(0, len(samples), batch_size):
-            d = _squared_distances(ref[i : i + batch_size], samples[j : j + batch_size])
+            d = _squared_distances(ref[i : i + batch_size], samples[j : j + batch_size], distances)
             sample_in[j : j + batch_size] |= (d <= ref_radii[i : i + batch_size, None]).any(dim=0)
             ref_in[i : i + batch_size] |= (d <= sample_radii[None, j : j + batch_size]).any(dim=1)
     return sample_in.float().mean().item(), ref_in.float().mean().item()

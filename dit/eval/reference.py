@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,46 +85,109 @@ def save_stats(path: str, stats: ReferenceStats) -> None:
     atomic_write(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **arrays))
 
 
+_READ_ERRORS = (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError)  # what a damaged .npz raises
+_META_KEYS = {"format": str, "feature_network": str, "num_images": (int, type(None)), "source": str, "sha256": str}
+
+
 def load_reference(path: str) -> ReferenceStats:
-    """Our statistics (checksum verified) or an ADM reference batch; anything else is refused with the fix."""
-    try:
-        f = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UserError(f"reference {path}: no such file.") from None
-    except (ValueError, OSError) as e:
-        raise UserError(f"reference {path} is not a readable .npz file: {e}.") from None
-    with f:
-        keys = set(f.files)
-        if "meta" in keys:
-            return _ours(path, f)
-        if {"mu", "sigma"} <= keys:
-            return ReferenceStats(
-                INCEPTION_NAME,
-                f["mu"],
-                f["sigma"],
-                None,
-                mu_s=f["mu_s"] if "mu_s" in keys else None,
-                sigma_s=f["sigma_s"] if "sigma_s" in keys else None,
-                source=f"ADM reference batch {path}",
-                images=NpzImages(path) if "arr_0" in keys else None,
-            )
-    raise UserError(
-        f"{path} holds neither statistics (mu, sigma) nor our meta record (it has {sorted(keys)}). For a set of "
-        f"images, write statistics first: python -m dit.eval ref --npz {path} --feature-net NET --out REF.npz."
+    """Our statistics (checksum verified) or an ADM reference batch, checked completely on opening: every
+    array read (a damaged member fails its CRC here, not after the samples were embedded), the shapes
+    consistent and the values finite. Anything else is one line with the fix."""
+    if not os.path.isfile(path):
+        raise UserError(f"reference {path}: no such file.")
+    damaged = (
+        f"reference {path} is damaged or not an .npz file ({{e}}): copy it again, or write it again with "
+        "python -m dit.eval ref."
     )
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+            if "meta" in keys:
+                stats = _ours(path, f)
+            elif {"mu", "sigma"} <= keys:
+                stats = ReferenceStats(
+                    INCEPTION_NAME,
+                    f["mu"],
+                    f["sigma"],
+                    None,
+                    mu_s=f["mu_s"] if "mu_s" in keys else None,
+                    sigma_s=f["sigma_s"] if "sigma_s" in keys else None,
+                    source=f"ADM reference batch {path}",
+                )
+            else:
+                raise UserError(
+                    f"{path} holds neither statistics (mu, sigma) nor our meta record (it has {sorted(keys)}). For "
+                    f"a set of images, write statistics first: python -m dit.eval ref --npz {path} --feature-net "
+                    "NET --out REF.npz."
+                )
+    except UserError:
+        raise
+    except _READ_ERRORS as e:
+        raise UserError(damaged.format(e=str(e).rstrip(".") or type(e).__name__)) from None
+    _check_arrays(path, stats)
+    if stats.num_images is None and "arr_0" in keys:  # ADM's batch: its images are the P/R reference set
+        stats.images = NpzImages(path)
+        stats.images.verify()
+    return stats
 
 
 def _ours(path: str, f) -> ReferenceStats:
-    meta = json.loads(str(f["meta"]))
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{path} is statistics format {meta.get('format')!r}; this version reads {FORMAT!r}.")
+    try:
+        meta = json.loads(str(f["meta"]))
+    except json.JSONDecodeError as e:
+        raise UserError(
+            f"{path}: its meta record is not JSON ({e}): write the file again with python -m dit.eval ref."
+        ) from None
+    wrong = [
+        k for k, kind in _META_KEYS.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), kind)
+    ]
+    if wrong:
+        raise UserError(
+            f"{path}: its meta record lacks or mistypes {', '.join(wrong)}: write the file again with python -m "
+            "dit.eval ref."
+        )
+    if meta["format"] != FORMAT:
+        raise UserError(f"{path} is statistics format {meta['format']!r}; this version reads {FORMAT!r}.")
     arrays = {k: f[k] for k in _ARRAYS if k in f.files}
     if checksum(arrays) != meta["sha256"]:
         raise UserError(
             f"{path} fails its checksum: the file was changed or damaged after it was written. Write it again "
             "with python -m dit.eval ref."
         )
+    if "mu" not in arrays or "sigma" not in arrays:
+        raise UserError(
+            f"{path} has no {'mu' if 'mu' not in arrays else 'sigma'}: write it again with python -m dit.eval ref."
+        )
     return ReferenceStats(meta["feature_network"], num_images=meta["num_images"], source=meta["source"], **arrays)
+
+
+def _check_arrays(path: str, stats: ReferenceStats) -> None:
+    """Shapes that fit together and finite values: a NaN in sigma was a LinAlgError, a NaN in mu ``FID nan``."""
+    problems = []
+    for mu_key, sigma_key in (("mu", "sigma"), ("mu_s", "sigma_s")):
+        mu, sigma = getattr(stats, mu_key), getattr(stats, sigma_key)
+        if (mu is None) != (sigma is None):
+            problems.append(
+                f"{mu_key if mu is not None else sigma_key} without {sigma_key if mu is not None else mu_key}"
+            )
+            continue
+        if mu is None:
+            continue
+        if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+            problems.append(f"{mu_key} {mu.shape} and {sigma_key} {sigma.shape} do not fit (d and d x d)")
+    if stats.features is not None and (stats.features.ndim != 2 or stats.features.shape[1] != len(stats.mu)):
+        problems.append(f"features {stats.features.shape} are not N x {len(stats.mu)}")
+    if stats.num_images is not None and stats.num_images < 2:
+        problems.append(f"num_images {stats.num_images}")
+    for name, array in stats.arrays().items():
+        if not np.issubdtype(array.dtype, np.floating):
+            problems.append(f"{name} is {array.dtype}, not floating point")
+        elif not np.isfinite(array).all():
+            problems.append(f"{name} holds {np.count_nonzero(~np.isfinite(array)):,} non-finite values")
+    if problems:
+        raise UserError(
+            f"reference {path} is unusable: {'; '.join(problems)}. Write it again with python -m dit.eval ref."
+        )
 
 
 def digits_reference(net, batch_size: int = 500) -> ReferenceStats:

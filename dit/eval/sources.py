@@ -42,8 +42,12 @@ class NpzImages:
                 np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
             )
             shape, fortran, dtype = read_header(self._member)
-        except (zipfile.BadZipFile, ValueError, OSError) as e:
-            raise UserError(f"{path} is not a readable .npz file: {e}.") from None
+        except UserError:
+            raise
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise UserError(
+                f"{path} is not a readable .npz file ({e}): copy it again, or write it again."
+            ) from None
         if (
             dtype != np.uint8
             or fortran
@@ -56,13 +60,38 @@ class NpzImages:
             )
         self._shape = shape if len(shape) == 4 else (*shape, 1)
         self._offset = self._member.tell()
+        expected = self._offset + int(np.prod(self._shape))
+        if self._zip.getinfo(f"{key}.npy").file_size != expected:
+            raise UserError(
+                f"{path}: {key} holds {self._zip.getinfo(f'{key}.npy').file_size:,} bytes, but its header says "
+                f"{shape} ({expected:,} bytes): the file was cut short or damaged; write it again."
+            )
+        self.key = key
         self.labels = self._labels(names)
+
+    def verify(self) -> None:
+        """Read every byte once, so a damaged member fails its CRC now and not after the evaluation embedded
+        every image before it. Measured 1.27 GB/s from the page cache on the 2-core CPU machine (1.57 GB, 8,000
+        images at 256 px): about 8 s for ADM's 50,000, against minutes of Inception."""
+        try:
+            with self._zip.open(f"{self.key}.npy") as member:
+                while member.read(1 << 24):
+                    pass
+        except (zipfile.BadZipFile, EOFError, OSError) as e:
+            raise UserError(
+                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
+            ) from None
 
     def _labels(self, names: set[str]) -> np.ndarray | None:
         if "arr_1.npy" not in names:
             return None
-        with np.load(self.path, allow_pickle=False) as f:
-            labels = f["arr_1"]
+        try:
+            with np.load(self.path, allow_pickle=False) as f:
+                labels = f["arr_1"]
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise UserError(
+                f"{self.path}: its labels arr_1 cannot be read ({e}); write the sample set again."
+            ) from None
         if labels.shape != (len(self),) or not np.issubdtype(labels.dtype, np.integer):
             raise UserError(
                 f"{self.path}: arr_1 must hold one integer class label per image ({len(self)}), got "
@@ -75,8 +104,13 @@ class NpzImages:
 
     def read(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         row = int(np.prod(self._shape[1:]))
-        self._member.seek(self._offset + start * row)
-        data = self._member.read((stop - start) * row)
+        try:
+            self._member.seek(self._offset + start * row)
+            data = self._member.read((stop - start) * row)
+        except (zipfile.BadZipFile, EOFError, OSError) as e:  # changed after it was verified
+            raise UserError(
+                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
+            ) from None
         images = np.frombuffer(data, np.uint8).reshape(stop - start, *self._shape[1:])
         labels = None if self.labels is None else torch.from_numpy(self.labels[start:stop])
         return torch.from_numpy(images.copy()).permute(0, 3, 1, 2), labels
@@ -167,5 +201,7 @@ def open_images(path: str, image_size: int | None = None) -> NpzImages | FolderI
     if path.endswith(".npz"):
         if image_size:
             raise UserError("--image-size applies to image folders; an .npz set is evaluated as it is.")
-        return NpzImages(path)
+        images = NpzImages(path)
+        images.verify()
+        return images
     raise UserError(f"{path} is neither an .npz sample set nor a folder of images.")
