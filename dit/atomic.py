@@ -46,7 +46,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}{TEMP_MARK}", dir=path.parent)
     except OSError as e:
-        raise _user_error(path, e) from None
+        raise cannot_write(path, e) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -57,7 +57,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise _user_error(path, e) from None
+            raise cannot_write(path, e) from None
         raise
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -67,16 +67,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     return path
 
 
-def _user_error(path: Path, e: OSError) -> UserError:
+def cannot_write(path: Path, e: OSError, checkpoints: Path | None = None, kept: str | None = None) -> UserError:
+    """The one line for a write the OS refused (a full disk, a read-only folder): the path, the fix, and what
+    is kept: the newest checkpoint of ``checkpoints`` (or of a checkpoint's own folder)."""
     if e.errno == errno.ENOSPC:
         fix = "free space on that disk or write elsewhere"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "make the folder writable or write elsewhere"
     else:
         fix = "check the path"
-    kept = "the earlier file there is intact" if path.exists() else "nothing partial was left there"
-    if path.suffix == ".pt" and path.parent.is_dir():  # a run's checkpoint: which one is the newest kept
-        older = sorted(p.name for p in path.parent.glob("*.pt") if p != path)
+    if kept is None:
+        kept = "the earlier file there is intact" if path.exists() else "nothing partial was left there"
+    if checkpoints is None and path.suffix == ".pt":
+        checkpoints = path.parent
+    if checkpoints is not None:  # a run's write: which checkpoint is the newest kept
+        older = sorted(p.name for p in checkpoints.glob("*.pt") if p != path) if checkpoints.is_dir() else []
         kept = f"the newest checkpoint kept is {older[-1]}" if older else "no checkpoint was kept"
     return UserError(f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; {kept}.")
 
@@ -111,7 +116,7 @@ class FolderLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         except OSError as e:
-            raise _user_error(self.path, e) from None
+            raise cannot_write(self.path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -133,8 +138,12 @@ class FolderLock:
         record = json.dumps(
             {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode(), 0)
+        except OSError as e:  # a full disk at start-up
+            os.close(fd)
+            raise cannot_write(self.path, e, kept=f"nothing was written for this {self.purpose}") from None
         self._fd = fd
         return self
 

@@ -17,6 +17,7 @@ from test_train import Pixels, tiny_config
 
 from dit.atomic import FolderLock, atomic_write_bytes
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from dit.cli import run_cli
 from dit.config import flatten_record
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import MANIFEST, read_manifest, shard_file, verify_store, write_moments_store
@@ -219,6 +220,70 @@ def test_7_a_real_full_disk_during_a_checkpoint_is_one_line(small_disk, capsys):
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert "No space left on device" in line and "no checkpoint was kept" in line
     assert not list((small_disk / "run" / "checkpoints").iterdir())  # no partial file, no stray checksum
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` but ``leave`` bytes with one file (the disk's earlier contents removed)."""
+    import shutil
+
+    for p in disk.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    st = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"x" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def test_7_every_write_of_a_run_meets_a_full_disk_as_one_line(small_disk):
+    """A sweep of how much room is left, so that each of a run's writes in turn is the one that fails: the
+    lock, config.yaml, TensorBoard's event file, log.txt, metrics.jsonl, a checkpoint. Each is one line
+    (TensorBoard's writer thread and the lock's pwrite were tracebacks), in a process of its own, as users run
+    it (a thread's traceback prints as the process ends)."""
+    import subprocess
+    import sys
+
+    images = make_image_folder(small_disk.parent / "images", {"a": 4, "b": 4})
+    argv = ["--data-path", images, "--vae", "none", "--depth", "2", "--hidden-size", "32", "--num-heads", "2",
+            "--image-size", "8", "--num-classes", "3", "--global-batch-size", "4", "--max-steps", "4",
+            "--log-every", "1", "--precision", "fp32", "--num-workers", "0", "--peak-tflops", "0.05",
+            "--device", "cpu", "--results-dir", str(small_disk / "run")]  # fmt: skip
+    named = set()
+    for leave in (0, 4096, 8192, 12288, 16384, 24576):
+        fill(small_disk, leave)
+        done = subprocess.run(
+            [sys.executable, "train.py", *argv], cwd=REPO, capture_output=True, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+        assert done.returncode == 2 and "Traceback" not in done.stderr and len(errors) == 1, (leave, done.stderr)
+        assert "No space left on device" in errors[0] and ("kept" in errors[0] or "nothing" in errors[0])
+        named.add(errors[0].split("cannot write ", 1)[1].split(":", 1)[0].rsplit("/run", 1)[-1])
+    assert len(named) >= 4, named  # the sweep reached several different writes
+
+
+def test_7_sample_extraction_and_references_meet_a_full_disk_as_one_line(small_disk, our_ckpt, vae_dir, capsys):
+    from dit.eval.__main__ import main as eval_main
+
+    images = make_image_folder(small_disk.parent / "images", {"a": 3, "b": 3})
+    digits = small_disk.parent / "digits.npz"
+    np.savez(digits, np.random.default_rng(0).integers(0, 256, (80, 28, 28, 1), dtype=np.uint8))
+    faces = {
+        "sample.py": ("sample.py", ["--ckpt", str(our_ckpt), "--num-sampling-steps", "2", "--out",
+                                    str(small_disk / "sample.png")]),
+        "extract_features.py": ("extract_features.py", ["--data-path", images, "--feature-path",
+                                str(small_disk / "store"), "--image-size", "32", "--vae", vae_dir,
+                                "--num-workers", "0"]),
+    }  # fmt: skip
+    for name, (face_path, argv) in faces.items():
+        fill(small_disk, 0)
+        code, _, err = run_face(face_path, argv, capsys)
+        errors = [x for x in err.splitlines() if x.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and "No space left on device" in errors[0], (name, err)
+        assert "Traceback" not in err, (name, err)
+    fill(small_disk, 0)
+    code = run_cli(
+        eval_main, ["ref", "--npz", str(digits), "--feature-net", "mnist", "--out", str(small_disk / "r.npz")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err, err
 
 
 def test_7_sample_out_that_is_a_folder_fails_before_sampling(our_ckpt, tmp_path, capsys):
