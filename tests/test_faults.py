@@ -324,6 +324,30 @@ def test_10_resume_is_logged(tmp_path):
     assert "resumed from step 2 (" in log(tmp_path / "run")
 
 
+# ---- 21. a data set that lost items since the checkpoint ----------------------------------------------------
+
+
+def test_21_removing_the_bad_image_the_error_names_lets_the_run_continue(tmp_path):
+    """The bad image's error says to remove the file; the run then resumes on the smaller set, with a note."""
+    images = make_image_folder(tmp_path / "images", {"a": 12, "b": 12})  # 24 images and broken.jpg
+    cfg = tiny_config(tmp_path, data_path=images, num_classes=3, max_steps=8)
+    with pytest.raises(UserError, match=r"broken\.jpg.*Remove or replace the file"):
+        train(cfg)
+    folder = tmp_path / "run" / "checkpoints"
+    assert [s for s, _ in list_checkpoints(folder)] == [1]  # the work before the bad batch (seed 0)
+    os.remove(Path(images) / "a" / "broken.jpg")
+    assert train(cfg.replace(resume="auto"))["step"] == 8
+    assert "the data set has 24 items, 1 fewer than the 25 of" in log(tmp_path / "run")
+    assert "continuing at step 1 in the order of 24 items" in log(tmp_path / "run")
+    position = load_checkpoint(latest_checkpoint(folder))["data_position"]
+    assert position["dataset_len"] == 24 and position["changes"] == [{"step": 1, "dataset_len": 24, "was": 25}]
+    Image.new("RGB", (32, 32)).save(Path(images) / "b" / "new.png")  # an added image is another data set
+    before = latest_checkpoint(folder).read_bytes()
+    with pytest.raises(UserError, match="trained on a data set of 24 items, this one has 25: added items"):
+        train(cfg.replace(resume="auto", max_steps=10))
+    assert latest_checkpoint(folder).read_bytes() == before
+
+
 # ---- 11. file modes -----------------------------------------------------------------------------------------
 
 

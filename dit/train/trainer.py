@@ -115,7 +115,7 @@ class Trainer:
         )  # fmt: skip
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
-            self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
+            notes += self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
             self.saved_step = self.state.step
         if cfg.parallel.compile:
             for block in model.blocks:
