@@ -32,7 +32,10 @@ class CheckpointSection(Section):
     """Where a run keeps its state and what it starts from: a fresh start, a resume, or other weights."""
 
     results_dir: str = option("results/run", "this run's folder: checkpoints, config.yaml, metrics, TensorBoard")
-    resume: str | None = option(None, "auto (latest in --results-dir) or a checkpoint path")
+    resume: str | None = option(
+        None,
+        "auto (the latest of the branch that ran last in --results-dir) or a checkpoint path (another: a new branch)",
+    )
     init_from: str | None = option(
         None,
         "fine-tune: start a fresh run from these weights (an official release, an official train.py file, or ours)",
@@ -68,7 +71,9 @@ class CheckpointSection(Section):
             return None
         if self.resume != "auto":
             return Path(self.resume)
-        path, bad = latest_verified_checkpoint(self.folder)
+        from dit.train.lineage import follow
+
+        path, bad = follow(self.folder)
         if bad:
             names = ", ".join(p.name for p in bad)
             if path is None:
@@ -255,17 +260,6 @@ def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     found = list_checkpoints(folder)
     return found[-1][1] if found else None
-
-
-def latest_verified_checkpoint(folder: str | os.PathLike) -> tuple[Path | None, list[Path]]:
-    """The newest checkpoint that matches its checksum (or has none), and the newer ones that did not: a
-    flipped byte in the newest file used to resume silently into NaN losses."""
-    bad = []
-    for _, path in reversed(list_checkpoints(folder)):
-        if verify_checkpoint(path) is not False:
-            return path, bad
-        bad.append(path)
-    return None, bad
 
 
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

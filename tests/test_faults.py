@@ -389,6 +389,96 @@ def test_10_resume_is_logged(tmp_path):
     assert "resumed from step 2 (" in log(tmp_path / "run")
 
 
+# ---- 20. a rollback: a resume from an older checkpoint -----------------------------------------------------
+
+
+def rollback_run(tmp_path, **kw):
+    """Steps 1-8 on branch B, then a rollback to step 2 with another lr that stops at step 6."""
+    train(tiny_config(tmp_path, max_steps=8, ckpt_every=2, keep_last=0), Pixels())
+    folder = tmp_path / "run" / "checkpoints"
+    old = {p.name: p.read_bytes() for _, p in list_checkpoints(folder)}
+    again = tiny_config(tmp_path, max_steps=6, ckpt_every=2, keep_last=0, lr=5e-4, allow_changes=["lr"],
+                        resume=str(folder / "0000002.pt"), **kw)  # fmt: skip
+    train(again, Pixels())
+    return folder, old
+
+
+def test_20_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_path):
+    from dit.train import parse_train_config
+
+    folder, old = rollback_run(tmp_path)
+    (kept,) = folder.glob("abandoned/*/0000008.pt")
+    assert kept.read_bytes() == old["0000008.pt"] and str(kept.parent) in log(tmp_path / "run")
+    assert (kept.parent / "0000004.pt").read_bytes() == old["0000004.pt"]  # not overwritten by the rollback's 4
+    requeued = parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "8"])
+    assert requeued.optim.lr == 5e-4  # the rollback's record, not the abandoned branch's
+    assert train(requeued, Pixels())["step"] == 8
+    assert "resumed from step 6 (" in log(tmp_path / "run")
+    newest = load_checkpoint(folder / "0000008.pt")
+    branch = json.loads((folder / "branch.json").read_text())["branch"]
+    assert newest["lineage"]["branch"] == branch != load_checkpoint(kept)["lineage"]["branch"]
+    assert newest["lineage"]["parent"]["file"] == "0000006.pt"
+    parent = load_checkpoint(folder / "0000004.pt")["lineage"]["parent"]  # the rollback's first checkpoint
+    assert (parent["file"], parent["step"]) == ("0000002.pt", 2) and parent["branch"] != branch
+    assert parent["sha256"] == (folder / "0000002.pt.sha256").read_text().split()[0]
+
+
+def test_20_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
+    from dit.train import parse_train_config
+
+    folder, _ = rollback_run(tmp_path)
+    (kept,) = folder.glob("abandoned/*/0000008.pt")
+    os.link(kept, folder / "0000008.pt")  # the abandoned branch's file back in the folder, as a copy would
+    os.link(f"{kept}.sha256", folder / "0000008.pt.sha256")
+    head = (folder / "branch.json").read_bytes()
+    (folder / "branch.json").unlink()
+    argv = ["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "8"]
+    with pytest.raises(UserError, match=r"2 branches .* 0000006\.pt, 0000008\.pt: pass --resume PATH"):
+        parse_train_config(argv)
+    (folder / "branch.json").write_bytes(head)  # with the record, auto follows the rollback
+    assert train(parse_train_config(argv), Pixels())["step"] == 8
+    assert "resumed from step 6 (" in log(tmp_path / "run")
+    again = sorted(p.parent.name for p in folder.glob("abandoned/*/0000008.pt"))
+    assert again == [kept.parent.name, f"{kept.parent.name}.2"]  # kept aside again, beside the first
+
+
+def test_20_keep_last_counts_only_the_branch_followed(tmp_path):
+    train(tiny_config(tmp_path, max_steps=8, ckpt_every=2, keep_last=2), Pixels())
+    folder = tmp_path / "run" / "checkpoints"
+    old8 = (folder / "0000008.pt").read_bytes()
+    again = tiny_config(tmp_path, max_steps=9, ckpt_every=1, keep_last=2, lr=5e-4, allow_changes=["lr"],
+                        resume=str(folder / "0000006.pt"))  # fmt: skip
+    train(again, Pixels())
+    assert [s for s, _ in list_checkpoints(folder)] == [8, 9]
+    assert load_checkpoint(folder / "0000008.pt")["lineage"]["parent"]["file"] == "0000006.pt"  # the rollback's
+    (kept,) = folder.glob("abandoned/*/0000008.pt")
+    assert kept.read_bytes() == old8
+
+
+# ---- 21. a data set that lost items since the checkpoint ----------------------------------------------------
+
+
+def test_21_removing_the_bad_image_the_error_names_lets_the_run_continue(tmp_path):
+    """The bad image's error says to remove the file; the run then resumes on the smaller set, with a note."""
+    images = make_image_folder(tmp_path / "images", {"a": 12, "b": 12})  # 24 images and broken.jpg
+    cfg = tiny_config(tmp_path, data_path=images, num_classes=3, max_steps=8)
+    with pytest.raises(UserError, match=r"broken\.jpg.*Remove or replace the file"):
+        train(cfg)
+    folder = tmp_path / "run" / "checkpoints"
+    assert [s for s, _ in list_checkpoints(folder)] == [1]  # the work before the bad batch (seed 0)
+    os.remove(Path(images) / "a" / "broken.jpg")
+    assert train(cfg.replace(resume="auto"))["step"] == 8
+    assert "the data set has 24 items, 1 fewer than the 25 of" in log(tmp_path / "run")
+    assert "continuing at step 1 in the order of 24 items" in log(tmp_path / "run")
+    position = load_checkpoint(latest_checkpoint(folder))["data_position"]
+    assert position["dataset_len"] == 24 and position["changes"] == [{"step": 1, "dataset_len": 24, "was": 25}]
+    Image.new("RGB", (32, 32)).save(Path(images) / "b" / "new.png")  # an added image is another data set
+    before = latest_checkpoint(folder).read_bytes()
+    with pytest.raises(UserError, match="trained on a data set of 24 items, this one has 25: added items"):
+        train(cfg.replace(resume="auto", max_steps=10))
+    assert latest_checkpoint(folder).read_bytes() == before
+
+
 # ---- 11. file modes -----------------------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ class TrainState:
         self.trained = model if trained is None else trained
         self.projector = getattr(self.trained, "projector", None)
         self.step = 0
+        self.data_changes: list[dict] = []  # (step, new size, old size) of each resume on a smaller data set
 
     @property
     def epoch(self) -> int:
@@ -56,18 +57,39 @@ class TrainState:
             "optimizer": full_optimizer_state(self.trained, self.optimizer, self.sharded),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {str(r): s for r, s in enumerate(rng)},
-            "data_position": {"step": self.step, "epoch": self.epoch, "dataset_len": self.dataset_len},
+            "data_position": {
+                "step": self.step,
+                "epoch": self.epoch,
+                "dataset_len": self.dataset_len,
+                "changes": self.data_changes,
+            },
         }
         if self.projector is not None:
             state["repa_projector"] = full_model_state(self.projector, self.sharded)
         return state
 
-    def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> None:
-        saved_len = state.get("data_position", {}).get("dataset_len")
-        if saved_len is not None and saved_len != self.dataset_len:
+    def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
+        """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
+        continues (our error for a bad image says to remove the file); one that gained items is refused."""
+        position = state.get("data_position", {})
+        saved_len, step = position.get("dataset_len"), int(state["step"])
+        self.data_changes = list(position.get("changes", []))
+        notes = []
+        if saved_len is not None and saved_len < self.dataset_len:
             raise UserError(
-                f"{source} was trained on a data set of {saved_len} items, this one has {self.dataset_len}: the "
-                "data order would change. Resume with the same data, or start a new run."
+                f"{source} was trained on a data set of {saved_len} items, this one has {self.dataset_len}: added "
+                "items would change the run's data. Resume with the data it was trained on (items removed since, "
+                "such as a bad image, are allowed), or start a new run from its weights with --init-from."
+            )
+        if saved_len is not None and saved_len > self.dataset_len:
+            self.data_changes.append({"step": step, "dataset_len": self.dataset_len, "was": saved_len})
+            notes.append(
+                f"the data set has {self.dataset_len} items, {saved_len - self.dataset_len} fewer than the "
+                f"{saved_len} of {source} (removed since): continuing at step {step} in the order of "
+                f"{self.dataset_len} items. Each epoch's permutation is drawn for {self.dataset_len} items, "
+                f"{self.steps_per_epoch} steps per epoch, so step {step} is in epoch {step // self.steps_per_epoch} "
+                f"(was {position.get('epoch')}) and that epoch may repeat or miss a few items; the steps before "
+                "are unchanged, and a resume from here on is exact"
             )
         load_model_state(self.model, state["model"], self.sharded, source)
         load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
@@ -85,3 +107,4 @@ class TrainState:
             torch.set_rng_state(rng["cpu"])
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
+        return notes

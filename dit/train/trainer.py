@@ -31,6 +31,7 @@ from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
+from dit.train.lineage import begin_segment, plan_segment
 from dit.train.parallel import data_parallel, shard
 from dit.train.repa import Repa
 from dit.train.state import TrainState
@@ -115,8 +116,9 @@ class Trainer:
         )  # fmt: skip
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
-            self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
+            notes += self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
             self.saved_step = self.state.step
+        self.lineage, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
         if cfg.parallel.compile:
             for block in model.blocks:
                 block.compile()
@@ -154,6 +156,9 @@ class Trainer:
                 runtime=runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
+        if runtime.is_main:  # built: from here the run is this branch, and what is off its line is set aside
+            for note in begin_segment(self.ckpt_dir, self.lineage, off_line):
+                self.ledger.sinks.info(note)
 
     def _lock_run_folder(self) -> list[str]:
         """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
@@ -409,6 +414,7 @@ class Trainer:
         if self.runtime.is_main:
             payload["config"] = self.record
             payload["model_config"] = self.state.model.config.to_dict()
+            payload["lineage"] = self.lineage
             path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.checkpoint.keep_last)
             self.ledger.sinks.info(f"saved checkpoint {path}")
         self.saved_step = self.state.step
