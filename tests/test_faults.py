@@ -389,7 +389,7 @@ def test_10_resume_is_logged(tmp_path):
     assert "resumed from step 2 (" in log(tmp_path / "run")
 
 
-# ---- 20. a rollback: a resume from an older checkpoint -----------------------------------------------------
+# ---- 21. a rollback: a resume from an older checkpoint -----------------------------------------------------
 
 
 def rollback_run(tmp_path, **kw):
@@ -403,7 +403,7 @@ def rollback_run(tmp_path, **kw):
     return folder, old
 
 
-def test_20_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_path):
+def test_21_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_path):
     from dit.train import parse_train_config
 
     folder, old = rollback_run(tmp_path)
@@ -423,7 +423,7 @@ def test_20_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_
     assert parent["sha256"] == (folder / "0000002.pt.sha256").read_text().split()[0]
 
 
-def test_20_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
+def test_21_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
     from dit.train import parse_train_config
 
     folder, _ = rollback_run(tmp_path)
@@ -442,7 +442,7 @@ def test_20_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
     assert again == [kept.parent.name, f"{kept.parent.name}.2"]  # kept aside again, beside the first
 
 
-def test_20_keep_last_counts_only_the_branch_followed(tmp_path):
+def test_21_keep_last_counts_only_the_branch_followed(tmp_path):
     train(tiny_config(tmp_path, max_steps=8, ckpt_every=2, keep_last=2), Pixels())
     folder = tmp_path / "run" / "checkpoints"
     old8 = (folder / "0000008.pt").read_bytes()
@@ -455,10 +455,10 @@ def test_20_keep_last_counts_only_the_branch_followed(tmp_path):
     assert kept.read_bytes() == old8
 
 
-# ---- 21. a data set that lost items since the checkpoint ----------------------------------------------------
+# ---- 22. a data set that lost items since the checkpoint ----------------------------------------------------
 
 
-def test_21_removing_the_bad_image_the_error_names_lets_the_run_continue(tmp_path):
+def test_22_removing_the_bad_image_the_error_names_lets_the_run_continue(tmp_path):
     """The bad image's error says to remove the file; the run then resumes on the smaller set, with a note."""
     images = make_image_folder(tmp_path / "images", {"a": 12, "b": 12})  # 24 images and broken.jpg
     cfg = tiny_config(tmp_path, data_path=images, num_classes=3, max_steps=8)
