@@ -30,6 +30,7 @@ from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
 from dit.config import Face, Section, option
 from dit.cost.plots import plot_sampling_front
+from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.diffusion import create_diffusion
 from dit.errors import UserError
@@ -169,7 +170,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
             began = time.perf_counter()
             images = generate(sm, sampler, labels, [noise_seed(c.seed, i) for i in index], precision=precision)
             sampling_s += time.perf_counter() - began
-            yield images, labels
+            yield to_uint8(images), labels  # quantised as saved samples are
 
     result = evaluator.evaluate(batches())
     model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
