@@ -72,10 +72,13 @@ def _user_error(path: Path, e: OSError) -> UserError:
         fix = "free space on that disk or write elsewhere"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "make the folder writable or write elsewhere"
+    elif e.errno == errno.ENAMETOOLONG:
+        fix = "pass a shorter name"
     else:
         fix = "check the path"
-    kept = "the earlier file there is intact" if path.exists() else "nothing partial was left there"
-    if path.suffix == ".pt" and path.parent.is_dir():  # a run's checkpoint: which one is the newest kept
+    # os.path, not Path: these never raise (a name too long for Path.exists is an OSError of its own)
+    kept = "the earlier file there is intact" if os.path.exists(path) else "nothing partial was left there"
+    if path.suffix == ".pt" and os.path.isdir(path.parent):  # a run's checkpoint: which one is the newest kept
         older = sorted(p.name for p in path.parent.glob("*.pt") if p != path)
         kept = f"the newest checkpoint kept is {older[-1]}" if older else "no checkpoint was kept"
     return UserError(f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; {kept}.")

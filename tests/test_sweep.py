@@ -1,0 +1,189 @@
+"""The reliability sweep (docs/reliability.md, item 9): each class of bad input tried on every face it can reach,
+so that a new flag, face or file reader is covered the day it appears. Every case must end in one ``error:``
+line that names what is wrong, exit status 2, and no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import typing
+
+import pytest
+from helpers import faces
+
+from dit.cli import run_cli
+from dit.config import _REQUIRED, _hints, _unwrap
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+def _commands():
+    """(name, subcommand or None, its Face) of every command line; dit-cost is the same Face as dit.cost."""
+    for name, face in faces().items():
+        if name == "dit-cost":
+            continue
+        for sub, f in face.commands.items() or [(None, face)]:
+            yield name, sub, f
+
+
+def _field_type(f, flat):
+    """(element type, is a tuple, the field) of option ``flat``: ``tuple[int, ...]`` -> (int, True, field)."""
+    attr, field = f.fields[flat]
+    hint, _ = _unwrap(_hints(f.sections[attr][0])[field.name])
+    many = typing.get_origin(hint) is tuple
+    return (typing.get_args(hint)[0] if many else hint), many, field
+
+
+def _argv(f, sub, tmp_path, flat=None, value=None, extra=()):
+    """A command line with every required option filled (a harmless value), ``flat`` set to ``value``."""
+    flags, positional = [], []
+    for name in f.fields:
+        tp, _, field = _field_type(f, name)
+        given = field.default is _REQUIRED or name == flat
+        if not given:
+            continue
+        choices = field.metadata.get("choices")
+        fill = value if name == flat else choices[0] if choices else "1" if tp is float else str(tmp_path / name)
+        if field.metadata.get("positional"):
+            positional.append(fill)
+        else:
+            flags.append(f"{f.flag(name)}={fill}")  # --lr=-inf: not read as a flag of its own
+    return ([sub] if sub else []) + flags + list(extra) + positional
+
+
+def _one_error_line(capsys, face, argv) -> str:
+    code = run_cli(face.parse, argv)
+    _, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    return lines[0]
+
+
+def _every_option():
+    for name, sub, f in _commands():
+        for flat in f.fields:
+            yield pytest.param(name, sub, flat, id=f"{name}{' ' + sub if sub else ''} {f.flag(flat)}")
+
+
+# ---- a. non-finite and wrongly typed values, as flags and as preset keys ----------------------------
+
+FLAG_VALUES = {int: ["nan", "inf", "-inf", "abc", "1.5"], float: ["nan", "inf", "-inf", "abc"], bool: ["nan"]}
+PRESET_VALUES = {
+    int: [".nan", ".inf", "-.inf", "abc", "1.5", "true"],
+    float: [".nan", ".inf", "-.inf", "abc", "true"],
+    bool: [".nan", "abc", "1"],
+    str: [".nan", "1.5", "[a, b]"],
+}
+
+
+@pytest.mark.parametrize("name,sub,flat", list(_every_option()))
+def test_a_bad_flag_value_is_one_line_naming_the_flag(name, sub, flat, tmp_path, capsys):
+    face, f = _face(name, sub)
+    tp, _, field = _field_type(f, flat)
+    values = ["nan"] if tp is str and field.metadata.get("choices") else FLAG_VALUES.get(tp)
+    if not values:
+        pytest.skip("a free string (a path, a model or device name): any text is a value of the right type")
+    for value in values:
+        line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, flat, value))
+        assert f.flag(flat) in line or "invalid choice" in line and value in line, (value, line)
+
+
+@pytest.mark.parametrize("name,sub,flat", list(_every_option()))
+def test_a_bad_preset_value_is_one_line_naming_the_key(name, sub, flat, tmp_path, capsys):
+    face, f = _face(name, sub)
+    tp, many, field = _field_type(f, flat)
+    if field.default is _REQUIRED or field.metadata.get("positional"):
+        pytest.skip("a required option is asked of the command line itself (argparse), never of a preset")
+    preset = tmp_path / "preset.yaml"
+    for value in PRESET_VALUES[tp]:
+        if many and value.startswith("["):
+            continue  # a list is a tuple option's own type
+        preset.write_text(f"{flat}: {value}\n")
+        line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, extra=["--config", str(preset)]))
+        assert f"{preset}: {flat}" in line, (value, line)
+
+
+def _face(name, sub):
+    face = faces()[name]
+    return face, face.commands[sub] if sub else face
+
+
+# ---- b. output paths the OS refuses --------------------------------------------------------------------
+
+OUTPUT_NAMES = {"out", "plot", "results_dir", "sample_dir"}  # the names the faces give what they write
+
+
+def test_every_option_that_names_an_output_is_checked_as_one():
+    """A new face's --out is covered by the path checks below only once its Face lists it in ``outputs``."""
+    missing = [
+        f"{name} {sub or ''} {f.flag(flat)}"
+        for name, sub, f in _commands()
+        if not name.startswith("dit.eval")  # dit/eval is owned elsewhere for now (reported, not fixed here)
+        for flat in f.fields
+        if flat in OUTPUT_NAMES and flat not in f.outputs
+    ]
+    assert missing == []
+    assert faces()["extract_features.py"].outputs == {"feature_path": "folder"}
+
+
+def _every_output():
+    for name, sub, f in _commands():
+        for flat, kind in f.outputs.items():
+            yield pytest.param(name, sub, flat, kind, id=f"{name}{' ' + sub if sub else ''} {f.flag(flat)}")
+
+
+@pytest.fixture(scope="module")
+def read_only(tmp_path_factory):
+    """A folder nobody can write: a read-only tmpfs (root ignores a 0555 mode), or 0555 for another user."""
+    folder = tmp_path_factory.mktemp("read_only")
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"root cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip()})")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("name,sub,flat,kind", list(_every_output()))
+def test_an_output_path_the_os_refuses_is_one_line_before_any_work(
+    name, sub, flat, kind, read_only, tmp_path, capsys
+):
+    face, f = _face(name, sub)
+    leaf = "run" if kind == "folder" else "out.json"
+    line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, flat, str(read_only / "sub" / leaf)))
+    assert f.flag(flat) in line and f"{read_only}" in line and "not a writable folder" in line, line
+    line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, flat, str(tmp_path / ("n" * 300) / leaf)))
+    assert f.flag(flat) in line and "longer than the file system takes" in line, line
+    wrong = tmp_path / "wrong"
+    (wrong.mkdir() if kind == "file" else wrong.write_text("a file"))
+    line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, flat, str(wrong)))
+    assert f.flag(flat) in line and ("is a folder" if kind == "file" else "is a file") in line, line
+    assert not os.listdir(read_only)
+
+
+def test_a_write_the_os_refuses_later_is_one_line_and_leaves_nothing(read_only, tmp_path, capsys):
+    """Past the face's check (a folder made read-only meanwhile, a name built by the run): the one write
+    point, dit.atomic, and for any other open the CLI's printer, say it in one line."""
+    from dit.atomic import atomic_write_bytes
+
+    def main(argv):
+        atomic_write_bytes(argv[0], b"{}")
+
+    for path in (read_only / "a.json", tmp_path / ("n" * 300) / "a.json", tmp_path / ("n" * 300 + ".pt")):
+        code = run_cli(main, [str(path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: cannot write") and err.count("\n") == 1, err
+    assert not os.listdir(read_only) and os.listdir(tmp_path) == []
+
+    def opens(argv):
+        open(argv[0], "w")
+
+    assert run_cli(opens, [str(tmp_path / ("n" * 300))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot use") and "File name too long" in err and err.count("\n") == 1, err
+    with pytest.raises(FileNotFoundError):  # a path that does not exist is not the OS refusing: a bug's traceback
+        run_cli(lambda argv: open(tmp_path / "missing" / "x"), [])
