@@ -187,3 +187,54 @@ def test_a_write_the_os_refuses_later_is_one_line_and_leaves_nothing(read_only, 
     assert err.startswith("error: cannot use") and "File name too long" in err and err.count("\n") == 1, err
     with pytest.raises(FileNotFoundError):  # a path that does not exist is not the OS refusing: a bug's traceback
         run_cli(lambda argv: open(tmp_path / "missing" / "x"), [])
+
+
+# ---- f. the error line under a progress bar ----------------------------------------------------------
+
+
+def _on_a_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
+    """(exit status, everything written) of ``python argv`` with stdout and stderr on a pseudo-terminal, where
+    the progress bars are tqdm's, redrawn with carriage returns."""
+    import fcntl
+    import pty
+    import struct
+    import sys
+    import termios
+
+    from helpers import ROOT
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(
+        follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
+    )  # tqdm draws nothing in 0 columns
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout), b"".join(chunks).decode(errors="replace")
+
+
+def test_an_error_while_a_bar_is_drawn_starts_its_own_line(tmp_path, vae_dir):
+    """extract_features.py --strict meets the corrupt JPEG while its bar is on the terminal: the error line
+    used to be glued onto the bar's ("encoding:  0%| | 0/9 [00:00<?, ?img/s]error: ...")."""
+    from helpers import make_image_folder
+
+    images = make_image_folder(tmp_path / "images")
+    os.remove(os.path.join(images, "a_cat", "notes.txt"))  # the scan's finds, refused before the bar
+    os.rmdir(os.path.join(images, "c_empty"))
+    argv = ["extract_features.py", "--data-path", images, "--feature-path", str(tmp_path / "store"),
+            "--image-size", "32", "--vae", vae_dir, "--num-workers", "0", "--strict"]  # fmt: skip
+    code, text = _on_a_terminal(argv)
+    assert code == 2 and "broken.jpg" in text and "Traceback" not in text, text
+    assert "%|" in text, f"no bar was drawn: {text!r}"
+    (line,) = [s for s in text.replace("\r", "\n").split("\n") if "error:" in s]
+    assert line.startswith("error: "), repr(text)
