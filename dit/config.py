@@ -28,6 +28,7 @@ import yaml
 
 from dit.errors import UserError
 from dit.launcher import launcher_precision
+from dit.userfiles import read_text
 
 _REQUIRED = dataclasses.MISSING
 
@@ -400,15 +401,16 @@ def _given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
 
 
 def load_preset(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(
-            f"config file {path} does not exist: pass a YAML preset such as configs/DiT-XL-2-256.yaml."
-        )
+    text = read_text(path, "config file", "pass a YAML preset such as configs/DiT-XL-2-256.yaml")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"config file {path} is not valid YAML: {e}") from None
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:  # its own text spans lines (the offending one, a caret under it)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise UserError(
+            f"config file {path} is not valid YAML ({problem}{where}): fix it or pass another preset."
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of option names to values.")
     return data

@@ -238,3 +238,63 @@ def test_an_error_while_a_bar_is_drawn_starts_its_own_line(tmp_path, vae_dir):
     assert "%|" in text, f"no bar was drawn: {text!r}"
     (line,) = [s for s in text.replace("\r", "\n").split("\n") if "error:" in s]
     assert line.startswith("error: "), repr(text)
+
+
+# ---- c. degenerate files wherever a file a user names is read --------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10"
+DEGENERATE = {"empty": b"", "truncated": b'{"a": [1, 2', "png": PNG, "folder": None}
+# (reader, face, argv with {file}, the file's name: the readers that take a file by its content's format)
+READERS = [
+    ("preset", "train.py", ["--config", "{file}"], "preset.yaml"),
+    ("calibration", "dit.cost", ["train", "--model", "DiT-S/2", "--calibration", "{file}"], "cal.json"),
+    ("vae config", "dit.cost", ["train", "--model", "DiT-S/2", "--vae", "{folder}"], "config.json"),
+    ("store manifest", "train.py", ["--feature-path", "{folder}", "--results-dir", "{tmp}/run"], "manifest.json"),
+]
+
+
+@pytest.mark.parametrize("reader,face_name,argv,name", READERS, ids=[r[0] for r in READERS])
+@pytest.mark.parametrize("kind", list(DEGENERATE))
+def test_a_degenerate_file_is_one_line_naming_it(reader, face_name, argv, name, kind, tmp_path, capsys):
+    from helpers import face
+
+    from dit.train.config import parse_train_config
+
+    folder = tmp_path / "given"
+    folder.mkdir()
+    path = folder / name
+    if DEGENERATE[kind] is None:
+        path.mkdir()
+    else:
+        path.write_bytes(DEGENERATE[kind])
+    argv = [a.format(file=path, folder=folder, tmp=tmp_path) for a in argv]
+    main = (
+        (lambda a: parse_train_config(a) and 0) if face_name == "train.py" else face("dit/cost/__main__.py")._main
+    )
+    code = run_cli(main, argv)
+    err = capsys.readouterr().err
+    if kind == "empty" and reader == "preset":  # an empty preset sets nothing: a run of the defaults
+        assert code == 0, err
+        return
+    named = folder if kind == "folder" and name in ("config.json", "manifest.json") else path  # "no manifest.json"
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and str(named) in err, err
+
+
+@pytest.mark.parametrize("kind", list(DEGENERATE) + ["not ids"])
+def test_a_degenerate_class_names_file_is_one_line(kind, tmp_path):
+    from dit.errors import UserError
+    from dit.sample.export import read_id2label
+
+    path = tmp_path / "names.json"
+    if kind == "not ids":
+        path.write_text('{"cat": "dog"}')
+    elif DEGENERATE[kind] is None:
+        path.mkdir()
+    else:
+        path.write_bytes(DEGENERATE[kind])
+    with pytest.raises(UserError) as e:
+        read_id2label(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value), str(e.value)
+    (tmp_path / "names.txt").write_bytes(PNG)
+    with pytest.raises(UserError, match="is not a text file"):
+        read_id2label(tmp_path / "names.txt")
