@@ -298,3 +298,35 @@ def test_a_degenerate_class_names_file_is_one_line(kind, tmp_path):
     (tmp_path / "names.txt").write_bytes(PNG)
     with pytest.raises(UserError, match="is not a text file"):
         read_id2label(tmp_path / "names.txt")
+
+
+# ---- e. sampling requests outside what the checkpoint's diffusion allows -------------------------------
+
+SAMPLING_REQUESTS = [
+    (["--num-sampling-steps", "2000"], "exceeds the diffusion's 1000 steps"),
+    (["--num-sampling-steps", "0"], "--num-sampling-steps must be >= 1"),
+    (["--num-sampling-steps", "1"], "must be >= 2 for --sampler ddpm"),
+    (["--sampler", "ddim", "--num-sampling-steps", "1001"], "exceeds the diffusion's 1000 steps"),
+    (["--guidance-scale", "0.5"], "must be >= 1"),
+    (["--guidance-scale=-inf"], "must be a finite number"),
+    (["--class-labels", "10"], "out of range for a 10-class model"),
+    (["--sampler", "ode"], "does not sample a diffusion model"),
+    (["--sampling-method", "dopri5"], "--sampling-method is for flow models"),
+]
+
+
+@pytest.mark.parametrize("extra,words", SAMPLING_REQUESTS, ids=[" ".join(r[0]) for r in SAMPLING_REQUESTS])
+@pytest.mark.parametrize("script", ["sample.py", "scripts/sample_ddp.py"])
+def test_a_sampling_request_the_checkpoint_cannot_serve_is_one_line_before_sampling(
+    script, extra, words, our_ckpt, tmp_path, capsys
+):
+    from helpers import run_face
+
+    if script == "scripts/sample_ddp.py" and extra[0] == "--class-labels":
+        pytest.skip("an FID set draws its labels from the seed: sample_ddp.py has no --class-labels")
+    out = (
+        ["--out", str(tmp_path / "grid.png")] if script == "sample.py" else ["--sample-dir", str(tmp_path / "set")]
+    )
+    code, _, err = run_face(script, ["--ckpt", str(our_ckpt), "--device", "cpu", *out, *extra], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert not list(tmp_path.iterdir()), "nothing sampled, nothing written"
