@@ -74,14 +74,17 @@ def cannot_write(path: Path, e: OSError, checkpoints: Path | None = None, kept: 
         fix = "free space on that disk or write elsewhere"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "make the folder writable or write elsewhere"
+    elif e.errno == errno.ENAMETOOLONG:
+        fix = "pass a shorter name"
     else:
         fix = "check the path"
+    # os.path, not Path: these never raise (a name too long for Path.exists is an OSError of its own)
     if kept is None:
-        kept = "the earlier file there is intact" if path.exists() else "nothing partial was left there"
+        kept = "the earlier file there is intact" if os.path.exists(path) else "nothing partial was left there"
     if checkpoints is None and path.suffix == ".pt":
         checkpoints = path.parent
     if checkpoints is not None:  # a run's write: which checkpoint is the newest kept
-        older = sorted(p.name for p in checkpoints.glob("*.pt") if p != path) if checkpoints.is_dir() else []
+        older = sorted(p.name for p in checkpoints.glob("*.pt") if p != path) if os.path.isdir(checkpoints) else []
         kept = f"the newest checkpoint kept is {older[-1]}" if older else "no checkpoint was kept"
     return UserError(f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; {kept}.")
 

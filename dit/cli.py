@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
 
 from dit.errors import UserError
+
+# What the OS refuses about a path the user gave: a fault of the request, whichever line of code met it first.
+_REFUSED = {
+    errno.ENAMETOOLONG: "pass a shorter name",
+    errno.EROFS: "write to a writable file system",
+    errno.EACCES: "fix its permissions or use another path",
+    errno.EPERM: "fix its permissions or use another path",
+    errno.ENOSPC: "free space on that disk or write elsewhere",
+    errno.EDQUOT: "free space or write elsewhere",
+}
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -14,15 +25,32 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
 
     A reader that closes the pipe early (``dit-cost peaks | head``) ends the output, not the program with a
     traceback: the rest goes to /dev/null (the recipe of Python's signal documentation) and the exit is
-    141, as a shell reports a process ended by SIGPIPE."""
+    141, as a shell reports a process ended by SIGPIPE. An OSError on a named path that the OS refuses (a name
+    too long, a read-only file system, no permission, a full disk) is a user error too. A progress bar still
+    drawn is closed first, so the error starts its own line."""
     try:
         return int(main(argv) or 0)
     except UserError as e:
+        _end_bars()
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as e:
+        if e.filename is None or e.errno not in _REFUSED:
+            raise
+        _end_bars()
+        print(f"error: cannot use {e.filename}: {e.strerror}. {_REFUSED[e.errno].capitalize()}.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        _end_bars()
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _end_bars() -> None:
+    """Close the progress bars still drawn (none where dit.progress was never imported: dit-cost stays light)."""
+    progress = sys.modules.get("dit.progress")
+    if progress is not None:
+        progress.end_bars()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -27,6 +28,7 @@ import yaml
 
 from dit.errors import UserError
 from dit.launcher import launcher_precision
+from dit.userfiles import read_text
 
 _REQUIRED = dataclasses.MISSING
 
@@ -73,6 +75,12 @@ class _Spelling(dict):
 
     def __missing__(self, key: str) -> str:
         return self.spell(key)
+
+
+@functools.cache
+def _hints(cls: type) -> dict:
+    """A section's field types, resolved once per class (resolving them is most of the time a parse takes)."""
+    return typing.get_type_hints(cls)
 
 
 def _unwrap(tp):
@@ -138,7 +146,7 @@ class Section:
     field becomes a float, a list a tuple) and never change after."""
 
     def __post_init__(self):
-        hints = typing.get_type_hints(type(self))
+        hints = _hints(type(self))
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _checked(f.name, hints[f.name], getattr(self, f.name), f.metadata))
         for cls in reversed(type(self).__mro__):  # every section a class is made of checks its part, once
@@ -209,12 +217,15 @@ class Parsed:
 
 class Face:
     """One command line: ``sections`` maps an attribute name to a Section class, or to (class, prefix) for a
-    section embedded under a prefix (train.py's ``eval_`` sampling flags). ``commands``: subcommands."""
+    section embedded under a prefix (train.py's ``eval_`` sampling flags). ``commands``: subcommands.
+    ``outputs``: the options naming what it writes (``{"out": "file"}``), checked before any work starts."""
 
     def __init__(self, prog: str, description: str = "", sections: dict | None = None,
-                 commands: dict[str, Face] | None = None, renamed: dict[str, str] | None = None):  # fmt: skip
+                 commands: dict[str, Face] | None = None, renamed: dict[str, str] | None = None,
+                 outputs: Mapping[str, str] | None = None):  # fmt: skip
         self.prog, self.description, self.commands = prog, description, commands or {}
         self.renamed = renamed or {}  # old record/preset keys -> flat names (records written before a rename)
+        self.outputs = dict(outputs or {})  # flat name -> "file" or "folder": what this command writes there
         self.sections = {k: v if isinstance(v, tuple) else (v, "") for k, v in (sections or {}).items()}
         self.fields: dict[str, tuple[str, dataclasses.Field]] = {}  # flat name -> (section, field)
         for attr, (cls, prefix) in self.sections.items():
@@ -223,6 +234,8 @@ class Face:
                 if flat in self.fields:
                     raise TypeError(f"{prog}: {flat} is in sections {self.fields[flat][0]} and {attr}")
                 self.fields[flat] = (attr, f)
+        if set(self.outputs) - set(self.fields) or set(self.outputs.values()) - {"file", "folder"}:
+            raise TypeError(f"{prog}: outputs {self.outputs} must map its options to 'file' or 'folder'")
 
     # ---- flags ----------------------------------------------------------------------------------------
 
@@ -262,7 +275,7 @@ class Face:
     def _add_arguments(self, parser: argparse.ArgumentParser) -> None:
         for flat, (attr, f) in self.fields.items():
             cls, prefix = self.sections[attr]
-            hint, _ = _unwrap(typing.get_type_hints(cls)[f.name])
+            hint, _ = _unwrap(_hints(cls)[f.name])
             meta = f.metadata
             help_text = meta.get("help", "").replace("%", "%%")  # argparse formats help with %
             default = f.default
@@ -339,6 +352,10 @@ class Face:
     def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
         """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
         spell = spell or self.spelled
+        for flat, kind in self.outputs.items():  # first: a section's own check may stat the path
+            path = values.get(flat, self.fields[flat][1].default)
+            if isinstance(path, str):
+                check_output(path, kind, spell(flat))
         out = {}
         for attr, (cls, prefix) in self.sections.items():
             kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
@@ -384,27 +401,49 @@ def _given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
 
 
 def load_preset(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(
-            f"config file {path} does not exist: pass a YAML preset such as configs/DiT-XL-2-256.yaml."
-        )
+    text = read_text(path, "config file", "pass a YAML preset such as configs/DiT-XL-2-256.yaml")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"config file {path} is not valid YAML: {e}") from None
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:  # its own text spans lines (the offending one, a caret under it)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise UserError(
+            f"config file {path} is not valid YAML ({problem}{where}): fix it or pass another preset."
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of option names to values.")
     return data
 
 
-def check_writable_file(path: str, flag: str) -> None:
-    """Before the expensive work: ``path`` must name a file (not a folder) in a folder we can create or write."""
+def check_output(path: str, kind: str, flag: str) -> None:
+    """Before the expensive work: ``path`` (a ``"file"`` or a ``"folder"``) can be created or written here.
+
+    A name longer than the file system takes, a folder given for a file (or a file for a folder), and a
+    parent that cannot be written (no permission, a read-only file system) are one line naming the flag,
+    not an OSError once the work is done."""
     target = Path(path)
-    if target.is_dir():
+    try:
+        name_max = os.pathconf(_existing_ancestor(target), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    long = next((part for part in target.parts if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise UserError(
+            f"{flag} {path}: the name {long[:24]}... is {len(os.fsencode(long))} bytes, longer than the file "
+            f"system takes ({name_max}): pass a shorter name."
+        )
+    if kind == "file" and os.path.isdir(target):
         raise UserError(f"{flag} {path} is a folder: pass a file name, e.g. {target / 'out.png'}.")
-    parent = target.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UserError(f"{flag} {path}: {parent} is not a writable folder; pass a path you can write.")
+    if kind == "folder" and os.path.exists(target) and not os.path.isdir(target):
+        raise UserError(f"{flag} {path} is a file: pass a folder.")
+    folder = _existing_ancestor(target if kind == "folder" else target.parent)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: {folder} is not a writable folder; pass a path you can write.")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest folder above that exists (``.`` for a relative path none of which exists)."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path

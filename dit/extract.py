@@ -83,6 +83,7 @@ EXTRACT_FACE = Face(
     "Pre-extract VAE latents (and REPA's encoder features) into a sharded, checksummed, resumable latent store "
     "(docs/latent_store.md).",
     sections={"extract": ExtractConfig, "repa_encoder": (RepaEncoderSection, "repa_")},
+    outputs={"feature_path": "folder"},
 )
 
 

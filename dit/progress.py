@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 
 from tqdm import tqdm
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # the bars drawn now, for end_bars
 
 
 def write(message: str) -> None:
@@ -22,9 +25,18 @@ def write(message: str) -> None:
 def progress(total: int | None, desc: str, *, initial: int = 0, unit: str = "it", enabled: bool = True):
     """A bar with ``update(n)`` and ``close()`` (also a context manager); disabled, it does nothing."""
     if not enabled or sys.stderr.isatty():
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, leave=False,
-                    dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, leave=False,
+                   dynamic_ncols=True)  # fmt: skip
+        _LIVE.add(bar)
+        return bar
     return PlainProgress(total, desc, initial, unit)
+
+
+def end_bars() -> None:
+    """Close every bar still drawn (an error left it open), so that the next line starts a line of its own
+    instead of being glued onto the bar."""
+    for bar in list(_LIVE):
+        bar.close()
 
 
 class PlainProgress:

@@ -111,7 +111,12 @@ class QuickstartConfig(Section):
     )  # fmt: skip
 
 
-FACE = Face("python -m dit.quickstart", QuickstartConfig.__doc__, sections={"quickstart": QuickstartConfig})
+FACE = Face(
+    "python -m dit.quickstart",
+    QuickstartConfig.__doc__,
+    sections={"quickstart": QuickstartConfig},
+    outputs={"results_dir": "folder"},
+)
 
 
 def main(argv=None):

@@ -27,7 +27,8 @@ from dit.runtime import Runtime
 FACE = Face(
     "scripts/benchmark.py",
     __doc__,
-    commands={name: Face(f"scripts/benchmark.py {name}", help_text, sections={"bench": cls})
+    commands={name: Face(f"scripts/benchmark.py {name}", help_text, sections={"bench": cls},
+                         outputs={k: "file" for k in ("out", "plot") if k in cls.names()})
               for name, (cls, help_text) in bench.MODES.items()},
 )  # fmt: skip
 

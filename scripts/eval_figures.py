@@ -125,7 +125,12 @@ class FiguresConfig(Section):
     results_dir: str = option("out/eval_digits", "folder for the digit sets and statistics", aliases=("--sets",))
 
 
-FACE = Face("scripts/eval_figures.py", __doc__, sections={"figures": FiguresConfig})
+FACE = Face(
+    "scripts/eval_figures.py",
+    __doc__,
+    sections={"figures": FiguresConfig},
+    outputs={"out": "file", "results_dir": "folder"},
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,12 @@ class ExportConfig(Section):
     )
 
 
-FACE = Face("scripts/export_diffusers.py", __doc__, sections={"weights": WeightsSection, "export": ExportConfig})
+FACE = Face(
+    "scripts/export_diffusers.py",
+    __doc__,
+    sections={"weights": WeightsSection, "export": ExportConfig},
+    outputs={"out": "folder"},
+)
 
 
 def main(argv: list[str] | None = None) -> int:

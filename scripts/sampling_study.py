@@ -79,7 +79,9 @@ class StudyConfig(Section):
     precision: str = option("tf32", "sampling precision (on a CPU tf32 is fp32)", choices=("fp32", "tf32", "bf16"))
 
 
-FACE = Face("scripts/sampling_study.py", __doc__, sections={"study": StudyConfig})
+FACE = Face(
+    "scripts/sampling_study.py", __doc__, sections={"study": StudyConfig}, outputs={"out": "file", "plot": "file"}
+)
 
 
 def edm2_interval(sm) -> tuple[float, float]:

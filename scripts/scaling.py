@@ -108,7 +108,12 @@ class ScalingConfig(Section):
     out: str | None = option(None, "write the summary here (JSON)")
 
 
-FACE = Face("scripts/scaling.py", __doc__, sections={"scaling": ScalingConfig})
+FACE = Face(
+    "scripts/scaling.py",
+    __doc__,
+    sections={"scaling": ScalingConfig},
+    outputs={"results_dir": "folder", "plot": "file", "out": "file"},
+)
 
 
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, recipe: str = "baseline"):

@@ -450,7 +450,8 @@ COMMANDS = {
 FACE = Face(
     "dit-cost",
     __doc__.split("\n")[0],
-    commands={name: Face(f"dit-cost {name}", (sections["args"].__doc__ or "").strip(), sections=sections)
+    commands={name: Face(f"dit-cost {name}", (sections["args"].__doc__ or "").strip(), sections=sections,
+                         outputs={"out": "file"} if name == "plot" else None)
               for name, (_, sections) in COMMANDS.items()},
 )  # fmt: skip
 

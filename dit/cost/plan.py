@@ -29,6 +29,7 @@ from dit.cost.memory import (
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
 from dit.errors import UserError
 from dit.model_config import DiTConfig, describe, model_config, registry_name
+from dit.userfiles import read_json
 from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
 
 
@@ -45,10 +46,12 @@ def vae_config_for(spec: str | None) -> dict | None:
             f"--vae {spec!r}: pass ema, mse, none, or a folder with an AutoencoderKL config.json (hub ids other "
             "than the SD VAEs are not looked up offline; download the folder and pass it)."
         )
-    try:
-        return {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
-    except ValueError as e:
-        raise UserError(f"{path} is not valid JSON ({e}).") from None
+    config = read_json(path, "the VAE's config", "pass a folder that save_pretrained wrote")
+    if not isinstance(config, dict):
+        raise UserError(
+            f"the VAE's config {path} must hold a JSON object: pass a folder that save_pretrained wrote."
+        )
+    return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
 def model_for_image(
@@ -114,13 +117,7 @@ class Calibration:
 
 
 def load_calibration(path: str) -> Calibration:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"calibration file {path} does not exist: pass the JSON a benchmark wrote.") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"calibration file {path} is not valid JSON ({e}): re-run the benchmark.") from None
+    data = read_json(path, "calibration file", "pass the JSON a benchmark wrote, or re-run the benchmark")
     missing = [k for k in Calibration.__dataclass_fields__ if not isinstance(data, dict) or k not in data]
     if missing:
         raise UserError(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import Face, FieldError, Section, check_writable_file, option
-from dit.errors import UserError
+from dit.config import Face, Section, option
 from dit.runtime import DeviceSection
 from dit.sample.loading import WeightsSection
 from dit.sampling_plan import FidSamplingSection, SamplingSection
@@ -37,12 +36,6 @@ class GridSection(Section):
     out: str = option("sample.png", "PNG grid to write")
     nrow: int = option(4, "images per grid row", ge=1)
     progress: bool = option(True, "show the denoising progress (plain lines when not on a terminal)")
-
-    def check(self) -> None:
-        try:
-            check_writable_file(self.out, "{out}")
-        except UserError as e:
-            raise FieldError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -89,6 +82,7 @@ python sample.py --ckpt results/000-DiT-XL-2/checkpoints/0400000.pt --guidance-s
 python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   # official weights""",
     sections={"weights": WeightsSection, "sampling": SamplingSection, "runtime": SamplingDeviceSection,
               "grid": GridSection},
+    outputs={"out": "file"},
 )  # fmt: skip
 FID_FACE = Face(
     "scripts/sample_ddp.py",
@@ -100,6 +94,7 @@ Image i is seeded by (seed, i), so the set is the same on any number of devices;
 after a kill finishes the set without duplicates or gaps.""",
     sections={"weights": WeightsSection, "sampling": FidSamplingSection, "runtime": SamplingDeviceSection,
               "fid": FidSetSection},
+    outputs={"sample_dir": "folder"},
 )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import torch
 from dit.atomic import atomic_write_bytes
 from dit.errors import UserError, require
 from dit.models import DiT, DiTConfig, timestep_embedding
+from dit.userfiles import read_json, read_text
 
 if typing.TYPE_CHECKING:
     from diffusers import DDIMScheduler, DiTTransformer2DModel
@@ -246,15 +247,21 @@ def export_pipeline(
 
 def read_id2label(path: str | os.PathLike) -> dict[int, str]:
     """Class names from a text file (one per line, line i = class i) or a JSON list or {id: name} object."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"labels file {path} does not exist: pass a text file with one class name per line.")
-    text = path.read_text()
-    if path.suffix == ".json":
-        data = json.loads(text)
-        items = enumerate(data) if isinstance(data, list) else data.items()
+    path, fix = Path(path), "pass a text file with one class name per line, or a JSON list or {id: name} object"
+    if path.suffix != ".json":
+        return {
+            i: line.strip()
+            for i, line in enumerate(read_text(path, "labels file", fix).splitlines())
+            if line.strip()
+        }
+    data = read_json(path, "labels file", fix)
+    items = enumerate(data) if isinstance(data, list) else data.items() if isinstance(data, dict) else None
+    try:
         return {int(k): str(v) for k, v in items}
-    return {i: line.strip() for i, line in enumerate(text.splitlines()) if line.strip()}
+    except (TypeError, ValueError):  # a number, or an object whose keys are not class ids
+        raise UserError(
+            f"labels file {path} must hold a JSON list or an object keyed by class id: {fix}."
+        ) from None
 
 
 def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:

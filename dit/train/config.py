@@ -163,6 +163,7 @@ TRAIN_FACE = Face(
         "repa": (RepaSection, "repa_"),
     },
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
+    outputs={"results_dir": "folder"},
 )
 
 
