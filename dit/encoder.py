@@ -10,11 +10,13 @@ REPA's 224), by default the DiT's token grid times the encoder's patch, so that 
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 
 from dit.cost.analytic import ViTShape
@@ -174,10 +176,13 @@ class Encoder:
             self.weights_id = f"timm:{name}"
         try:
             model = create_encoder_model(name, "cpu", input_size, pretrained)
-        except (OSError, RuntimeError) as e:  # offline, no such weights, or a file that does not fit
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as e:
+            # offline, no such weights, a file that does not fit, or an empty, truncated or foreign one
+            why = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise UserError(
-                f"--repa-encoder {name}: its weights could not be loaded ({str(e).splitlines()[0][:200]}); offline, "
-                "pass --repa-encoder-weights FILE (a timm state dict, .safetensors or .pth)."
+                f"--repa-encoder {name}: its weights could not be loaded ({why}); offline, pass "
+                "--repa-encoder-weights FILE (a timm state dict, .safetensors or .pth; an empty or truncated file "
+                "is damaged: copy it again)."
             ) from None
         self.name, self.input_size = name, input_size
         self.model = model.to(device).eval().requires_grad_(False)

@@ -58,6 +58,37 @@ def test_scan_orders_labels_by_sorted_class_names_and_reports_problems(tmp_path)
     ]
 
 
+def test_layouts_a_walker_gets_wrong(tmp_path):
+    """Hidden entries (.ipynb_checkpoints at the root became class 0 and shifted every label), a link back
+    to a folder already walked (one image was listed 41 times, to ELOOP), a dangling link, nested folders and
+    upper-case extensions: the labels are the visible class folders', each image listed once."""
+    root = tmp_path / "data"
+    for cls in ("cat", "dog"):
+        (root / cls / "nested").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(root / cls / "a.PNG")
+        Image.new("RGB", (8, 8)).save(root / cls / "nested" / "b.jpg")
+    (root / ".ipynb_checkpoints").mkdir()
+    Image.new("RGB", (8, 8)).save(root / ".ipynb_checkpoints" / "c.png")
+    (root / "cat" / ".DS_Store").write_bytes(b"\0")
+    (root / "cat" / ".thumbs").mkdir()
+    os.symlink(root / "cat", root / "cat" / "nested" / "loop")  # a loop back to the class folder
+    os.symlink(root / "gone", root / "dog" / "dangling")
+    scan = scan_image_folder(str(root))
+    assert scan.classes == ["cat", "dog"]
+    assert scan.samples == [
+        ("cat/a.PNG", 0), ("cat/nested/b.jpg", 0), ("dog/a.PNG", 1), ("dog/nested/b.jpg", 1)
+    ]  # fmt: skip
+    reasons = dict(scan.skipped)
+    assert reasons[".ipynb_checkpoints"].startswith("hidden") and reasons["cat/.DS_Store"].startswith("hidden")
+    assert reasons["cat/nested/loop"] == "a link to a folder already walked"
+    assert "dog/dangling" in reasons
+    clean = tmp_path / "clean"
+    (clean / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(clean / "cat" / "a.png")
+    (clean / "cat" / ".DS_Store").write_bytes(b"\0")
+    assert len(ImageFolderDataset(str(clean), 8, strict=True)) == 1  # hidden files are not data: --strict passes
+
+
 def test_dataset_returns_model_range_tensors_and_flips_half_the_time(tmp_path):
     root = make_image_folder(tmp_path)
     data = ImageFolderDataset(root, 32, flip=True)

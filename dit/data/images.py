@@ -102,10 +102,16 @@ class FolderScan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
+HIDDEN = "hidden (a name starting with '.'), ignored"  # .DS_Store, .ipynb_checkpoints, .git: never data
+
+
 def scan_image_folder(root: str) -> FolderScan:
     """List ``root/CLASS/**/IMAGE`` deterministically (sorted), reporting files and folders it cannot use.
 
     Empty class folders keep their index (so the labels of later classes do not shift) but are reported.
+    Hidden entries are ignored and reported: a ``.ipynb_checkpoints`` folder at the root became class 0 and
+    shifted every label (torchvision's ImageFolder does the same). Links are followed, but a link back to a
+    folder already walked is not (``os.walk`` followed a loop until ELOOP, listing one image 41 times).
     """
     if not os.path.isdir(root):
         raise UserError(
@@ -113,6 +119,8 @@ def scan_image_folder(root: str) -> FolderScan:
             "ImageNet-style folder: one sub-folder per class, images inside."
         )
     entries = sorted(os.scandir(root), key=lambda e: e.name)
+    hidden = [e for e in entries if e.name.startswith(".")]
+    entries = [e for e in entries if not e.name.startswith(".")]
     classes = [e.name for e in entries if e.is_dir()]
     if not classes:
         raise UserError(
@@ -120,14 +128,35 @@ def scan_image_folder(root: str) -> FolderScan:
             "images, put them all in one sub-folder."
         )
     scan = FolderScan(root=root, classes=classes)
+    scan.skipped += [(e.name, HIDDEN) for e in hidden]
     scan.skipped += [(e.name, "not inside a class folder") for e in entries if not e.is_dir()]
     for label, name in enumerate(classes):
-        found = 0
+        found, walked = 0, set()
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
-            dirnames.sort()
+            st = os.stat(dirpath)
+            walked.add((st.st_dev, st.st_ino))
+            keep = []
+            for d in sorted(dirnames):
+                rel = os.path.relpath(os.path.join(dirpath, d), root)
+                if d.startswith("."):
+                    scan.skipped.append((rel, HIDDEN))
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, d))
+                except OSError as e:  # a dangling link
+                    scan.skipped.append((rel, f"cannot be read: {e.strerror}"))
+                    continue
+                if (st.st_dev, st.st_ino) in walked:
+                    scan.skipped.append((rel, "a link to a folder already walked"))
+                    continue
+                walked.add((st.st_dev, st.st_ino))
+                keep.append(d)
+            dirnames[:] = keep
             for filename in sorted(filenames):
                 rel = os.path.relpath(os.path.join(dirpath, filename), root)
-                if filename.lower().endswith(IMAGE_EXTENSIONS):
+                if filename.startswith("."):
+                    scan.skipped.append((rel, HIDDEN))
+                elif filename.lower().endswith(IMAGE_EXTENSIONS):
                     scan.samples.append((rel, label))
                     found += 1
                 else:
@@ -140,7 +169,9 @@ def scan_image_folder(root: str) -> FolderScan:
 
 
 def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
-    """The --strict rule: any unusable file or folder fails the run, listing what was found."""
+    """The --strict rule: any unusable file or folder fails the run, listing what was found (hidden entries
+    are not data, so they do not count)."""
+    skipped = [entry for entry in skipped if entry[1] != HIDDEN]
     if skipped:
         raise UserError(
             f"{describe_skipped(skipped, root).removeprefix('skipped ')}. "

@@ -85,7 +85,7 @@ class RefConfig(Section):
             raise FieldError("{adm} statistics are Inception-v3 statistics: leave {feature_net} at inception.")
 
 
-REF_FACE = Face("python -m dit.eval ref", RefConfig.__doc__, sections={"ref": RefConfig})
+REF_FACE = Face("python -m dit.eval ref", RefConfig.__doc__, sections={"ref": RefConfig}, outputs={"out": "file"})
 FACE = Face("python -m dit.eval", __doc__, sections={"eval": EvalConfig})
 
 

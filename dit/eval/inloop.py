@@ -10,6 +10,7 @@ MFU clock paused; its own cost (sampling and feature FLOPs, seconds) is a record
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -60,6 +61,9 @@ class EvalSamplingSection(SamplingSection):
                                           aliases=("--cfg-scale",), ge=1)  # fmt: skip
 
 
+_SAMPLING_FLAG = re.compile(r"--(num-sampling-steps|sampler|sampling-method|last-step|guidance-interval)\b")
+
+
 class InLoopEval:
     def __init__(
         self,
@@ -104,7 +108,10 @@ class InLoopEval:
         self.conditional = classes > 0
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), image_size).decode if vae is not None else 0.0
-        self.planner = Sampler.from_options(self._sampling_model(model), sampling)
+        try:
+            self.planner = Sampler.from_options(self._sampling_model(model), sampling)
+        except UserError as e:  # the sampler's checks name the sampling flags; here they are --eval- ones
+            raise UserError(_SAMPLING_FLAG.sub(r"--eval-\1", str(e))) from None
         plan = self.planner.plan  # the network evaluations the sampler makes: 2 a step for Heun
         per_image = sampling_flops_per_image(
             model_config, plan.nfe or sampling.num_sampling_steps, self.guidance_scale, vae_decode_flops=decode,
