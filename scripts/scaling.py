@@ -230,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
             f": {len(set(recipe_of.values()))} recipes" if len(set(recipe_of.values())) > 1
             else f", {len(c.sizes)} sizes" if len(c.sizes) > 1 else f": {' vs '.join(c.objectives)}"
         )  # fmt: skip
+        groups = [recipe_of[k] for k in runs] if len(set(recipe_of.values())) > 1 else None
         plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()],
-                     count=count)  # fmt: skip
+                     count=count, groups=groups)  # fmt: skip
     text = json.dumps(summary, indent=1)
     if c.out:
         atomic_write_bytes(c.out, (text + "\n").encode())

@@ -99,3 +99,18 @@ def test_a_resumed_run_counts_each_step_once(tmp_path):
     train, evals = read_run(str(folder))
     assert [r["step"] for r in train] == [100, 200, 300, 400] and [e["step"] for e in evals] == [100, 200, 400]
     assert compute_to_target(str(folder), 25.0)["training_seconds"] == pytest.approx(once["training_seconds"])
+
+
+def test_grouped_runs_share_a_colour_and_one_legend_entry(tmp_path, monkeypatch):
+    """Runs of one recipe (its seeds) are one colour and one legend entry, so a study of many seeds reads."""
+    from dit.cost import plots
+
+    runs = [str(write_run(tmp_path / f"r{i}", fids=(100.0 - i, 40.0, 10.0))) for i in range(3)]
+    seen = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: seen.setdefault("fig", fig) and path)
+    plots.plot_quality(str(tmp_path / "q.png"), runs, groups=["baseline", "baseline", "blocks"])
+    fid_axis = seen["fig"].axes[0]
+    legend = [t.get_text() for t in fid_axis.get_legend().get_texts()]
+    assert legend == ["baseline (2 seeds)", "blocks (1 seed)"]
+    colours = [line.get_color() for line in fid_axis.get_lines()]
+    assert colours[0] == colours[1] != colours[2]

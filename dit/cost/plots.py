@@ -97,55 +97,58 @@ def plot_quality(
     title: str | None = None,
     up_to_steps: list[int] | None = None,
     count: str = "model",
+    groups: list[str] | None = None,
 ) -> str:
     """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
     the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
-    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``)."""
+    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``).
+    ``groups`` (one name per run, e.g. its recipe) colours the runs of a group alike and gives the legend
+    one entry per group: 14 runs of 6 recipes were unreadable with a colour and an entry each."""
+    from matplotlib.lines import Line2D
+
     from dit.cost.quality import pflops_of, read_run
 
     plt = _pyplot()
     limits = up_to_steps or [None] * len(runs)
     series = [read_run(run, n)[1] for run, n in zip(runs, limits)]
     has_pr = any(e.get("precision") is not None for evals in series for e in evals)
-    fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(12 if has_pr else 7, 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if has_pr else 1, figsize=(13 if has_pr else 7, 4.8), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    order = list(dict.fromkeys(groups)) if groups else []
     for i, (run, evals) in enumerate(zip(runs, series)):
-        name = labels[i] if labels else run
+        if groups:
+            n = groups.count(groups[i])
+            first = groups.index(groups[i]) == i
+            name = f"{groups[i]} ({n} seed{'s' if n > 1 else ''})" if first else "_nolegend_"
+            style = {"color": colours[order.index(groups[i]) % len(colours)], "alpha": 0.85}
+        else:
+            name, style = labels[i] if labels else run, {}
         x = [pflops_of(e, count) * 1e15 for e in evals]
-        (line,) = axes[0][0].plot(x, [e["fid"] for e in evals], marker="o", label=name)
+        (line,) = axes[0][0].plot(x, [e["fid"] for e in evals], marker="o", label=name, **style)
         if has_pr:
-            ax = axes[0][1]
-            ax.plot(
-                x,
-                [e.get("precision") for e in evals],
-                marker="o",
-                color=line.get_color(),
-                label=f"{name} precision",
-            )
-            ax.plot(
-                x,
-                [e.get("recall") for e in evals],
-                marker="s",
-                ls="--",
-                color=line.get_color(),
-                label=f"{name} recall",
-            )
+            ax, style = axes[0][1], {**style, "color": line.get_color()}
+            pr_name = "_nolegend_" if groups else name
+            ax.plot(x, [e.get("precision") for e in evals], marker="o", label=f"{pr_name} precision", **style)
+            ax.plot(x, [e.get("recall") for e in evals], marker="s", ls="--", label=f"{pr_name} recall", **style)
     network = series[0][-1].get("feature_network", "")
-    axes[0][0].set(
-        xscale="log",
-        yscale="log",
-        ylabel=f"FID ({network})",
-        xlabel="training FLOPs (model, cumulative)"
+    xlabel = (
+        "training FLOPs (model, cumulative)"
         if count == "model"
-        else "training FLOPs (total: DiT + auxiliary + upstream, cumulative)",
+        else "training FLOPs (total: DiT + auxiliary + upstream, cumulative)"
     )
+    axes[0][0].set(xscale="log", yscale="log", ylabel=f"FID ({network})", xlabel=xlabel)
     axes[0][0].set_title(title or "Quality against training compute")
     if has_pr:
-        axes[0][1].set(
-            xscale="log", xlabel="training FLOPs (model, cumulative)", ylabel="precision / recall", ylim=(0, 1)
-        )
+        axes[0][1].set(xscale="log", xlabel=xlabel, ylabel="precision / recall", ylim=(0, 1))
     for ax in axes[0]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    if has_pr and groups:  # the marker says which metric; the colours are the left panel's
+        axes[0][1].legend(
+            [Line2D([], [], color="grey", marker="o"), Line2D([], [], color="grey", marker="s", ls="--")],
+            ["precision", "recall"],
+            fontsize=8,
+        )
     return _save(fig, path)
 
 
