@@ -118,7 +118,9 @@ def test_bad_eval_settings_fail_at_start(tmp_path, digits_ref):
     # the sampler's own checks name train.py's flags, not sample.py's
     with pytest.raises(UserError, match=r"^--eval-num-sampling-steps 2000 exceeds the diffusion's 1000 steps"):
         train(eval_config(tmp_path, digits_ref, eval_num_sampling_steps=2000), digits())
-    assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").iterdir())
+    assert not (tmp_path / "run" / "checkpoints").exists() or not list(
+        (tmp_path / "run" / "checkpoints").iterdir()
+    )
 
 
 @pytest.mark.slow
