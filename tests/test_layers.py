@@ -17,6 +17,7 @@ LAYERS = [  # module prefixes, top layer first
             "dit.config",
             "dit.errors",
             "dit.atomic",
+            "dit.userfiles",
             "dit.cli",
             "dit.progress",
             "dit.launcher",
