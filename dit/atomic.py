@@ -5,7 +5,6 @@ implementation of the rule and one name for its temporary files.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from dit.errors import UserError
+from dit.errors import REFUSED, UserError
 
 TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
 
@@ -70,14 +69,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def cannot_write(path: Path, e: OSError, checkpoints: Path | None = None, kept: str | None = None) -> UserError:
     """The one line for a write the OS refused (a full disk, a read-only folder): the path, the fix, and what
     is kept: the newest checkpoint of ``checkpoints`` (or of a checkpoint's own folder)."""
-    if e.errno == errno.ENOSPC:
-        fix = "free space on that disk or write elsewhere"
-    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = "make the folder writable or write elsewhere"
-    elif e.errno == errno.ENAMETOOLONG:
-        fix = "pass a shorter name"
-    else:
-        fix = "check the path"
+    fix = REFUSED.get(e.errno, "check the path")
     # os.path, not Path: these never raise (a name too long for Path.exists is an OSError of its own)
     if kept is None:
         kept = "the earlier file there is intact" if os.path.exists(path) else "nothing partial was left there"

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from collections.abc import Callable
 
-from dit.errors import UserError
-
-# What the OS refuses about a path the user gave: a fault of the request, whichever line of code met it first.
-_REFUSED = {
-    errno.ENAMETOOLONG: "pass a shorter name",
-    errno.EROFS: "write to a writable file system",
-    errno.EACCES: "fix its permissions or use another path",
-    errno.EPERM: "fix its permissions or use another path",
-    errno.ENOSPC: "free space on that disk or write elsewhere",
-    errno.EDQUOT: "free space or write elsewhere",
-}
+from dit.errors import REFUSED, UserError
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -38,10 +27,10 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:
-        if e.filename is None or e.errno not in _REFUSED:
+        if e.filename is None or e.errno not in REFUSED:
             raise
         _end_bars()
-        print(f"error: cannot use {e.filename}: {e.strerror}. {_REFUSED[e.errno].capitalize()}.", file=sys.stderr)
+        print(f"error: cannot use {e.filename}: {e.strerror}. {REFUSED[e.errno].capitalize()}.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         _end_bars()

@@ -4,6 +4,19 @@ Faces catch it, print its message (which names the problem and the fix) without 
 non-zero. Anything else that escapes is a bug and keeps its traceback.
 """
 
+import errno
+
+# What to do about a path the OS refuses (a full disk, a read-only folder, a name too long): a fault of the
+# request, whichever write met it first. dit.atomic's writes and the CLI's printer both say it with these.
+REFUSED = {
+    errno.ENOSPC: "free space on that disk or write elsewhere",
+    errno.EDQUOT: "free space on that disk or write elsewhere",
+    errno.EACCES: "make the folder writable or write elsewhere",
+    errno.EPERM: "make the folder writable or write elsewhere",
+    errno.EROFS: "make the folder writable or write elsewhere",
+    errno.ENAMETOOLONG: "pass a shorter name",
+}
+
 
 class UserError(ValueError):
     """A mistake in what the user asked for: bad flags, data, checkpoints or configs."""
