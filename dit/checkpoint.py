@@ -288,13 +288,21 @@ def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
 
 
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
-    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 others (0 keeps
+    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 older ones (0 keeps
     all), and delete any partial file a killed save left (the caller holds the run folder's lock)."""
     path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))
-    if keep_last > 0:
-        others = [p for _, p in list_checkpoints(folder) if p != path]  # what it just wrote is always kept,
-        for old in others[: len(others) - (keep_last - 1)]:  # also when a run resumed from an older file
-            old.unlink(missing_ok=True)
-            checksum_path(old).unlink(missing_ok=True)
+    for old in expired_checkpoints(folder, step, keep_last):
+        old.unlink(missing_ok=True)
+        checksum_path(old).unlink(missing_ok=True)
     remove_partial_checkpoints(folder)
     return path
+
+
+def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int) -> list[Path]:
+    """What ``keep_last`` lets go once step ``step`` is saved: the checkpoints older than it beyond the newest
+    ``keep_last`` - 1. Newer files are no part of the line that reached ``step`` (ones a resume passed over for a
+    failed checksum; a rollback moves the others aside first): never counted, never deleted."""
+    if keep_last <= 0:
+        return []
+    older = [p for s, p in list_checkpoints(folder) if s < step]
+    return older[: max(0, len(older) - (keep_last - 1))]  # a negative bound would count from the end
