@@ -79,5 +79,5 @@ def test_resume_reads_only_our_format(tmp_path):
         ck.load_training_checkpoint(official)
     future = tmp_path / "future.pt"
     torch.save({"format": "dit-ledger/9", "model": {}, "model_config": {}}, future)
-    with pytest.raises(UserError, match="dit-ledger/9"):
+    with pytest.raises(UserError, match="format 9, written by a newer dit-ledger.*upgrade dit-ledger"):
         ck.load_training_checkpoint(future)

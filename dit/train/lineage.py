@@ -20,11 +20,13 @@ from pathlib import Path
 
 import torch
 
+from dit import __version__
 from dit.atomic import atomic_write_bytes
 from dit.checkpoint import checksum_path, list_checkpoints, verify_checkpoint
-from dit.errors import UserError
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 HEAD = "branch.json"
+HEAD_FORMAT = "dit-ledger-branch/1"
 ABANDONED = "abandoned"
 _LINEAGE: dict[tuple, dict | None] = {}
 
@@ -56,10 +58,13 @@ def on_line(branch: str, step: int, line: dict, upto: int | None = None) -> bool
 
 
 def read_head(folder: Path) -> dict | None:
+    path = Path(folder) / HEAD
     try:
-        head = json.loads((Path(folder) / HEAD).read_text())
+        head = json.loads(path.read_text())
     except (OSError, ValueError):  # none yet (a run from before lineage), or damaged: judged by the records
         return None
+    if isinstance(head, dict):  # one without a format is from before it was recorded: the same layout
+        refuse_newer_format(path, "branch record", head.get("format"), HEAD_FORMAT, head.get(WRITER_KEY))
     return head if isinstance(head, dict) and {"branch", "forks"} <= head.keys() else None
 
 
@@ -144,7 +149,8 @@ def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list
     if parent is None:  # a fresh run is one branch, the newest checkpoint its tip: a stale record is dropped
         (folder / HEAD).unlink(missing_ok=True)
     else:
-        atomic_write_bytes(folder / HEAD, json.dumps(line, indent=1).encode())
+        record = {"format": HEAD_FORMAT, WRITER_KEY: __version__, **line}
+        atomic_write_bytes(folder / HEAD, json.dumps(record, indent=1).encode())
     moved: dict[Path, list[str]] = {}
     for path, branch in off:
         base = dest = folder / ABANDONED / (branch or "unrecorded")
