@@ -237,3 +237,15 @@ def test_a_newer_branch_record_is_refused_and_an_older_one_read(checkpoints, cap
     code, _, err = run_face("train.py", ["--results-dir", str(folder.parent), "--resume", "auto"], capsys)
     assert code == 2
     the_error(err, folder / HEAD, number)
+
+
+def test_a_newer_checkpoint_beside_older_ones_stops_resume_auto_before_its_lineage_is_read(checkpoints, capsys):
+    """A newer dit-ledger continued the run and laid its lineage out otherwise: the folder is refused in the
+    same line, not read as if it were ours."""
+    ours, _ = checkpoints
+    ckpt = torch.load(ours, weights_only=True)
+    ckpt.update(step=200, format=later(FORMAT), lineage={"id": "a newer layout"}, **{WRITER_KEY: LATER})
+    newer = atomic_torch_save(ckpt, ours.parent / "0000200.pt")
+    code, _, err = run_face("train.py", ["--results-dir", str(ours.parent.parent), "--resume", "auto"], capsys)
+    assert code == 2
+    the_error(err, newer, int(later(FORMAT).rpartition("/")[2]))

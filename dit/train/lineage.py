@@ -22,7 +22,7 @@ import torch
 
 from dit import __version__
 from dit.atomic import atomic_write_bytes
-from dit.checkpoint import checksum_path, list_checkpoints, verify_checkpoint
+from dit.checkpoint import FORMAT, checksum_path, list_checkpoints, verify_checkpoint
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 HEAD = "branch.json"
@@ -38,9 +38,13 @@ def read_lineage(path: Path) -> dict | None:
     key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _LINEAGE:
         try:
-            lineage = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("lineage")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # a damaged file: its place in the folder is judged by its step alone
-            lineage = None
+            ckpt = {}
+        ckpt = ckpt if isinstance(ckpt, dict) else {}
+        # a newer dit-ledger's lineage may be laid out otherwise: the folder is its to continue
+        refuse_newer_format(path, "checkpoint", ckpt.get("format"), FORMAT, ckpt.get(WRITER_KEY))
+        lineage = ckpt.get("lineage")
         _LINEAGE[key] = lineage if isinstance(lineage, dict) else None
     return _LINEAGE[key]
 
