@@ -1,7 +1,8 @@
 """The one checkpoint format: atomic writes, safe loads, and reading official DiT files.
 
 A dit-ledger checkpoint is a ``torch.save`` of a dict holding only tensors, numbers, strings, lists and
-dicts (so ``weights_only=True`` loads it), with ``format == FORMAT``, the model config under
+dicts (so ``weights_only=True`` loads it), with ``format == FORMAT`` (and the dit-ledger version that wrote
+it under ``WRITER_KEY``: every load refuses a newer format, naming it), the model config under
 ``model_config``, the run config under ``config``, and ``model``/``ema`` state dicts. Official releases
 are bare state dicts; official ``train.py`` files hold ``{model, ema, opt, args}`` with an
 ``argparse.Namespace``, which we allow (and only it) instead of unpickling arbitrary objects.
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import torch
 
+from dit import __version__
 from dit.atomic import atomic_write, atomic_write_bytes, stale_temp_files
 from dit.config import FieldError, Section, option
-from dit.errors import UserError
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
 _STEP_FILE = re.compile(r"^(\d{7,})\.pt$")
@@ -223,6 +225,7 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = Fa
         ) from None
     if not isinstance(ckpt, dict):
         raise UserError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a dict of weights.")
+    refuse_newer_format(path, "checkpoint", ckpt.get("format"), FORMAT, ckpt.get(WRITER_KEY))
     if isinstance(ckpt.get("args"), argparse.Namespace):
         ckpt["args"] = vars(ckpt["args"])
     return ckpt
@@ -288,13 +291,22 @@ def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
 
 
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
-    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 others (0 keeps
+    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 older ones (0 keeps
     all), and delete any partial file a killed save left (the caller holds the run folder's lock)."""
-    path = atomic_torch_save({"format": FORMAT, "step": step, **payload}, checkpoint_path(folder, step))
-    if keep_last > 0:
-        others = [p for _, p in list_checkpoints(folder) if p != path]  # what it just wrote is always kept,
-        for old in others[: len(others) - (keep_last - 1)]:  # also when a run resumed from an older file
-            old.unlink(missing_ok=True)
-            checksum_path(old).unlink(missing_ok=True)
+    record = {"format": FORMAT, WRITER_KEY: __version__, "step": step, **payload}
+    path = atomic_torch_save(record, checkpoint_path(folder, step))
+    for old in expired_checkpoints(folder, step, keep_last):
+        old.unlink(missing_ok=True)
+        checksum_path(old).unlink(missing_ok=True)
     remove_partial_checkpoints(folder)
     return path
+
+
+def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int) -> list[Path]:
+    """What ``keep_last`` lets go once step ``step`` is saved: the checkpoints older than it beyond the newest
+    ``keep_last`` - 1. Newer files are no part of the line that reached ``step`` (ones a resume passed over for a
+    failed checksum; a rollback moves the others aside first): never counted, never deleted."""
+    if keep_last <= 0:
+        return []
+    older = [p for s, p in list_checkpoints(folder) if s < step]
+    return older[: max(0, len(older) - (keep_last - 1))]  # a negative bound would count from the end

@@ -6,6 +6,12 @@ non-zero. Anything else that escapes is a bug and keeps its traceback.
 
 import errno
 
+from dit import __version__
+
+# The key every versioned file we write records its writer under (a checkpoint, a store's manifest, reference
+# statistics, branch.json), so that a newer file's refusal can say which dit-ledger wrote it.
+WRITER_KEY = "dit_ledger_version"
+
 # What to do about a path the OS refuses (a full disk, a read-only folder, a name too long): a fault of the
 # request, whichever write met it first. dit.atomic's writes and the CLI's printer both say it with these.
 REFUSED = {
@@ -42,3 +48,28 @@ def require(module: str, extra: str, purpose: str):
         raise UserError(
             f"{purpose} needs {module.split('.')[0]}, an optional dependency: pip install 'dit-ledger[{extra}]'."
         ) from None
+
+
+def refuse_newer_format(path, what: str, found, newest, writer=None) -> None:
+    """Every reader's check of a versioned file: refuse one whose format ``found`` is newer than ``newest``, the
+    newest this code reads, in one line naming the version that wrote it (``writer``, a file's WRITER_KEY, when
+    recorded). Both are version numbers or ``name/N`` tags of the same name; older and other formats pass (the
+    reader then reads what it can of them, or says what else it is)."""
+
+    def number(tag) -> int | None:
+        if isinstance(tag, int) and not isinstance(tag, bool):
+            return tag
+        if isinstance(tag, str) and isinstance(newest, str):
+            name, _, n = tag.rpartition("/")
+            if name == newest.rpartition("/")[0] and n.isdigit():
+                return int(n)
+        return None
+
+    version, top = number(found), number(newest)
+    if version is None or version <= top:
+        return
+    by = f"dit-ledger {writer}" if isinstance(writer, str) and writer else "a newer dit-ledger"
+    raise UserError(
+        f"{path} is a {what} of format {version}, written by {by}; this dit-ledger ({__version__}) reads formats up "
+        f"to {top}: upgrade dit-ledger to read it (git pull in its clone)."
+    )

@@ -24,8 +24,9 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from dit import __version__
 from dit.atomic import atomic_write_bytes, stale_temp_files
-from dit.errors import UserError
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger-latent-store"
 FORMAT_VERSION = 1
@@ -152,6 +153,10 @@ def read_manifest(folder: str) -> dict:
         raise UserError(f"{path} is not valid JSON ({e}): the manifest is damaged. {REPAIR}.") from None
     if not isinstance(manifest, dict):
         raise UserError(f"{path} is not a latent-store manifest (not a JSON object). {REPAIR}.")
+    if manifest.get("format") == FORMAT:
+        refuse_newer_format(
+            path, "latent store", manifest.get("version"), FORMAT_VERSION, manifest.get(WRITER_KEY)
+        )
     if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise UserError(
             f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest (format={manifest.get('format')!r}, "
@@ -243,7 +248,8 @@ def begin_store(folder: str, spec: StoreSpec) -> None:
     os.makedirs(folder, exist_ok=True)
     for path in stale_temp_files(folder):  # the caller holds the store's lock
         path.unlink(missing_ok=True)
-    write_manifest(folder, {"format": FORMAT, "version": FORMAT_VERSION, "complete": False, **asdict(spec)})
+    head = {"format": FORMAT, "version": FORMAT_VERSION, WRITER_KEY: __version__, "complete": False}
+    write_manifest(folder, {**head, **asdict(spec)})
 
 
 def write_shard(
@@ -303,6 +309,7 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
+        WRITER_KEY: __version__,
         "complete": True,
         "num_images": sum(s["num_images"] for s in shards),
         "num_skipped": len(skipped),

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dit import __version__
 from dit.atomic import atomic_write
-from dit.errors import UserError
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.eval.features import INCEPTION_NAME
 from dit.eval.metrics import mean_cov
 from dit.eval.sources import NpzImages
@@ -76,6 +77,7 @@ def save_stats(path: str, stats: ReferenceStats) -> None:
     arrays = stats.arrays()
     meta = {
         "format": FORMAT,
+        WRITER_KEY: __version__,
         "feature_network": stats.feature_network,
         "num_images": stats.num_images,
         "source": stats.source,
@@ -138,6 +140,8 @@ def _ours(path: str, f) -> ReferenceStats:
         raise UserError(
             f"{path}: its meta record is not JSON ({e}): write the file again with python -m dit.eval ref."
         ) from None
+    if isinstance(meta, dict):  # before the keys: a newer format may name them otherwise
+        refuse_newer_format(path, "reference statistics file", meta.get("format"), FORMAT, meta.get(WRITER_KEY))
     wrong = [
         k for k, kind in _META_KEYS.items() if not isinstance(meta, dict) or not isinstance(meta.get(k), kind)
     ]

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import torch
 
+from dit import __version__
 from dit.atomic import atomic_write_bytes
-from dit.checkpoint import checksum_path, list_checkpoints, verify_checkpoint
-from dit.errors import UserError
+from dit.checkpoint import FORMAT, checksum_path, list_checkpoints, verify_checkpoint
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 HEAD = "branch.json"
+HEAD_FORMAT = "dit-ledger-branch/1"
 ABANDONED = "abandoned"
 _LINEAGE: dict[tuple, dict | None] = {}
 
@@ -36,9 +38,13 @@ def read_lineage(path: Path) -> dict | None:
     key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _LINEAGE:
         try:
-            lineage = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("lineage")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # a damaged file: its place in the folder is judged by its step alone
-            lineage = None
+            ckpt = {}
+        ckpt = ckpt if isinstance(ckpt, dict) else {}
+        # a newer dit-ledger's lineage may be laid out otherwise: the folder is its to continue
+        refuse_newer_format(path, "checkpoint", ckpt.get("format"), FORMAT, ckpt.get(WRITER_KEY))
+        lineage = ckpt.get("lineage")
         _LINEAGE[key] = lineage if isinstance(lineage, dict) else None
     return _LINEAGE[key]
 
@@ -56,10 +62,13 @@ def on_line(branch: str, step: int, line: dict, upto: int | None = None) -> bool
 
 
 def read_head(folder: Path) -> dict | None:
+    path = Path(folder) / HEAD
     try:
-        head = json.loads((Path(folder) / HEAD).read_text())
+        head = json.loads(path.read_text())
     except (OSError, ValueError):  # none yet (a run from before lineage), or damaged: judged by the records
         return None
+    if isinstance(head, dict):  # one without a format is from before it was recorded: the same layout
+        refuse_newer_format(path, "branch record", head.get("format"), HEAD_FORMAT, head.get(WRITER_KEY))
     return head if isinstance(head, dict) and {"branch", "forks"} <= head.keys() else None
 
 
@@ -144,7 +153,8 @@ def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list
     if parent is None:  # a fresh run is one branch, the newest checkpoint its tip: a stale record is dropped
         (folder / HEAD).unlink(missing_ok=True)
     else:
-        atomic_write_bytes(folder / HEAD, json.dumps(line, indent=1).encode())
+        record = {"format": HEAD_FORMAT, WRITER_KEY: __version__, **line}
+        atomic_write_bytes(folder / HEAD, json.dumps(record, indent=1).encode())
     moved: dict[Path, list[str]] = {}
     for path, branch in off:
         base = dest = folder / ABANDONED / (branch or "unrecorded")

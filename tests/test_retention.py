@@ -1,0 +1,138 @@
+"""--keep-last: after every save exactly the newest min(n, K) checkpoints of the line followed remain, with
+their checksums; across a resume, a rollback branch and a requeue (issue 31, item 1)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import make_image_folder, run_face
+
+from dit.checkpoint import checksum_path, list_checkpoints, save_training_checkpoint
+from dit.train.lineage import begin_segment, follow, plan_segment
+
+
+def steps_in(folder: Path) -> list[int]:
+    """The steps saved in ``folder``, after checking that every checkpoint has its checksum and no checksum
+    outlived its checkpoint."""
+    found = [s for s, _ in list_checkpoints(folder)]
+    sums = sorted(p.name.removesuffix(".sha256") for p in folder.glob("*.pt.sha256"))
+    assert sums == [f"{s:07d}.pt" for s in found]
+    return found
+
+
+def newest(steps, keep: int) -> list[int]:
+    steps = list(steps)
+    return steps if keep == 0 else steps[max(0, len(steps) - keep) :]
+
+
+class Segment:
+    """One run segment as the trainer runs it: its lineage planned from the checkpoint it resumes (None: a
+    fresh run), the checkpoints off its line set aside, then saves that carry its lineage."""
+
+    def __init__(self, folder: Path, resume_from: Path | None, keep_last: int):
+        ckpt = None if resume_from is None else torch.load(resume_from, weights_only=True)
+        self.line, off = plan_segment(folder, resume_from, ckpt)
+        begin_segment(folder, self.line, off)
+        self.folder, self.keep_last = folder, keep_last
+
+    def save(self, step: int) -> None:
+        payload = {"model": {"w": torch.full((2,), float(step))}, "lineage": self.line}
+        save_training_checkpoint(self.folder, step, payload, self.keep_last)
+
+
+@pytest.mark.parametrize("keep", range(7))
+def test_keep_last_keeps_the_newest_k_after_every_save(tmp_path, keep):
+    folder = tmp_path / "checkpoints"
+    for n in range(1, 13):
+        save_training_checkpoint(folder, n, {"model": {}}, keep)
+        assert steps_in(folder) == newest(range(1, n + 1), keep), f"after save {n}"
+
+
+@pytest.mark.parametrize("keep", range(7))
+def test_keep_last_across_a_resume(tmp_path, keep):
+    folder = tmp_path / "checkpoints"
+    first = Segment(folder, None, keep)
+    for n in range(1, 7):
+        first.save(n)
+    resumed, _ = follow(folder)
+    assert resumed.name == "0000006.pt"
+    again = Segment(folder, resumed, keep)
+    for n in range(7, 13):
+        again.save(n)
+        assert steps_in(folder) == newest(range(1, n + 1), keep), f"after save {n}"
+
+
+@pytest.mark.parametrize(("before", "after"), [(5, 2), (2, 5), (0, 3), (3, 0)])
+def test_a_resume_with_another_keep_last(tmp_path, before, after):
+    folder = tmp_path / "checkpoints"
+    first = Segment(folder, None, before)
+    for n in range(1, 7):
+        first.save(n)
+    again = Segment(folder, follow(folder)[0], after)
+    for n in range(7, 10):
+        again.save(n)
+        kept = [s for s in range(1, n + 1) if s in newest(range(1, 7), before) or s > 6]
+        assert steps_in(folder) == newest(kept, after), f"after save {n}"
+
+
+@pytest.mark.parametrize("keep", [0, 2, 3, 4, 5, 6])
+def test_keep_last_across_a_rollback_branch_and_a_requeue(tmp_path, keep):
+    """Steps 1-8, a rollback to the oldest checkpoint kept, saves to 12 on the new branch, a requeue to 14:
+    keep_last counts the new branch's line alone, and the abandoned branch stays whole."""
+    folder = tmp_path / "checkpoints"
+    first = Segment(folder, None, keep)
+    for n in range(1, 9):
+        first.save(n)
+    kept = steps_in(folder)
+    back = 2 if keep == 0 else kept[0]
+    rollback = Segment(folder, folder / f"{back:07d}.pt", keep)
+    (aside,) = (folder / "abandoned").iterdir()
+    assert steps_in(aside) == [s for s in kept if s > back]
+    line = [s for s in kept if s <= back]
+    for n in range(back + 1, 13):
+        rollback.save(n)
+        line.append(n)
+        assert steps_in(folder) == newest(line, keep), f"after save {n}"
+    requeued, _ = follow(folder)
+    assert requeued.name == "0000012.pt"
+    requeue = Segment(folder, requeued, keep)
+    assert requeue.line["branch"] == rollback.line["branch"]
+    for n in (13, 14):
+        requeue.save(n)
+        line.append(n)
+        assert steps_in(folder) == newest(line, keep), f"after save {n}"
+    assert steps_in(aside) == [s for s in kept if s > back]  # never counted, never deleted
+    assert [p.name for p in (folder / "abandoned").iterdir()] == [aside.name]
+
+
+def test_checkpoints_newer_than_the_save_are_neither_counted_nor_deleted(tmp_path):
+    """A resume that fell back past files failing their checksum saves below them: they are not on its line,
+    and counting them would delete the good checkpoints it keeps."""
+    folder = tmp_path / "checkpoints"
+    for n in range(1, 7):
+        save_training_checkpoint(folder, n, {"model": {}}, 0)
+    for n in (5, 6):
+        path = folder / f"{n:07d}.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # a flipped byte: fails its checksum
+        path.write_bytes(bytes(data))
+    resumed, bad = follow(folder)
+    assert resumed.name == "0000004.pt" and [p.name for p in bad] == ["0000006.pt", "0000005.pt"]
+    save_training_checkpoint(folder, 5, {"model": {}}, 3)  # replaces the damaged 5; 6 waits for its step
+    assert steps_in(folder) == [3, 4, 5, 6]
+    save_training_checkpoint(folder, 6, {"model": {}}, 3)
+    assert steps_in(folder) == [4, 5, 6]
+    assert checksum_path(folder / "0000006.pt").read_text().split()[1] == "0000006.pt"
+
+
+def test_train_py_keeps_the_default_five(tmp_path, capsys):
+    """The issue's case, through train.py: --ckpt-every 1 --max-steps 8 --keep-last 5 kept only steps 7 and 8."""
+    images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
+    (Path(images) / "a" / "broken.jpg").unlink()  # the helper's undecodable image would stop the run
+    argv = ["--data-path", images, "--vae", "none", "--depth", "1", "--hidden-size", "16", "--num-heads", "2",
+            "--image-size", "8", "--num-classes", "3", "--global-batch-size", "4", "--max-steps", "8",
+            "--ckpt-every", "1", "--keep-last", "5", "--precision", "fp32", "--num-workers", "0",
+            "--peak-tflops", "0.05", "--device", "cpu", "--results-dir", str(tmp_path / "run")]  # fmt: skip
+    code, _, err = run_face("train.py", argv, capsys)
+    assert code == 0, err
+    assert steps_in(tmp_path / "run" / "checkpoints") == [4, 5, 6, 7, 8]
