@@ -205,3 +205,26 @@ def test_a_signal_to_the_process_group_with_loader_workers_is_a_stop(image_folde
     assert proc.returncode == code, err
     assert "Traceback" not in err and f"stopped by {sig.name}" in err
     assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] >= 3
+
+
+def test_a_dropped_terminal_saves(image_folder, tmp_path):
+    """An ssh session that drops under a run started without nohup or tmux: the terminal hangs up (SIGHUP, and
+    every later write to it fails). The run leaves the terminal, saves and exits 129; it was exit 1, unsaved."""
+    import pty
+    import select
+
+    out = tmp_path / "run"
+    pid, terminal = pty.fork()  # the run's controlling terminal: closing our end hangs it up
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, *train_args(image_folder, out, 100000)])
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        if select.select([terminal], [], [], 0.2)[0]:
+            os.read(terminal, 65536)  # what the terminal shows, drained so the run never blocks on it
+    os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    log = (out / "log.txt").read_text()
+    assert os.waitstatus_to_exitcode(status) == 129, log[-2000:]
+    step = load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"]
+    assert step >= 3 and f"stopped by SIGHUP at step {step}" in log

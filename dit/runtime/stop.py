@@ -3,7 +3,9 @@ several processes, at the next step where the ranks ask each other: see ``StopFl
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 
 import torch
 import torch.distributed as dist
@@ -48,6 +50,23 @@ def close_workers(batches) -> None:
         shutdown()
 
 
+def _leave_the_terminal() -> None:
+    """SIGHUP says the terminal is gone: every write to it fails (EIO), and the next progress line took the
+    run down before its save (an ssh session dropped: exit 1, nothing saved). As under nohup, the console's
+    lines go to /dev/null from here on; log.txt keeps them. A hung-up terminal no longer answers isatty, so
+    every character device on stdout or stderr is left (/dev/null again, harmlessly)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(devnull, fd)
+            except OSError:  # a closed descriptor: nothing to leave
+                pass
+    finally:
+        os.close(devnull)
+
+
 class StopFlag:
     """A context that installs the handlers of ``STOP_SIGNALS`` and restores the old ones on exit.
 
@@ -74,6 +93,8 @@ class StopFlag:
 
     def _handle(self, signum, frame):
         self.raised = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            _leave_the_terminal()
 
     def should_stop(self, everyone: bool = True) -> bool:
         """Whether to stop now. With several processes every rank must pass the same ``everyone`` at the
