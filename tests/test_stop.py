@@ -17,12 +17,15 @@ STOPS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SI
 
 
 @pytest.mark.parametrize("sig", STOPS, ids=lambda s: s.name)
-def test_every_stop_signal_sets_the_flag_and_exits_as_the_shell_reports_it(sig):
+def test_every_stop_signal_sets_the_flag_and_exits_as_the_shell_reports_it(sig, monkeypatch):
+    left = []  # SIGHUP leaves the terminal (tests/test_train_cli.py::test_a_dropped_terminal_saves), not pytest's
+    monkeypatch.setattr(stop_module, "_leave_the_terminal", lambda: left.append(1))
     with StopFlag() as flag:
         assert signal.getsignal(sig) == flag._handle
         assert signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL  # Ctrl-\ quits at once, unsaved
         os.kill(os.getpid(), sig)  # the handler only sets the flag
         assert flag.raised == sig.name and flag.should_stop()
+        assert len(left) == (sig == signal.SIGHUP)
     assert signal.getsignal(sig) != flag._handle  # the old handler is back
     assert EXIT_CODES[sig.name] == 128 + sig.value  # 129 for SIGHUP, 138 for SIGUSR1 on Linux
 
@@ -93,6 +96,6 @@ def test_several_processes_ask_each_other_at_log_and_checkpoint_steps_only(tmp_p
 
 def test_one_process_stops_at_the_step_the_signal_came(tmp_path, monkeypatch):
     """Alone, the flag is read at every step (free): a signal after step 5 (no log step) stops and saves there."""
-    result = train_signalled_after(tmp_path, monkeypatch, StopFlag(), 5, signal.SIGHUP, max_steps=12, log_every=3)
-    assert result["signal"] == "SIGHUP" and result["step"] == 5
+    result = train_signalled_after(tmp_path, monkeypatch, StopFlag(), 5, signal.SIGUSR2, max_steps=12, log_every=3)
+    assert result["signal"] == "SIGUSR2" and result["step"] == 5
     assert load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["step"] == 5
