@@ -1,7 +1,7 @@
 """Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain python).
 
-Exit status: 0 finished, 143 stopped by SIGTERM and 130 by SIGINT (saved: rerun with --resume auto),
-2 a user error (one line on stderr), 1 a bug.
+Exit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGTERM, 130 SIGINT, 129 SIGHUP,
+138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.
 """
 
 import sys

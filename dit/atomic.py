@@ -10,14 +10,21 @@ import json
 import os
 import socket
 import tempfile
-import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
 from dit.errors import REFUSED, UserError
 
 TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
+
+
+def utc_now() -> str:
+    """Now in UTC, ISO-8601 to the millisecond (``2026-12-02T01:23:45.678Z``): the one time format of the
+    records a run writes (log.txt, metrics.jsonl, a folder's lock), so they line up with a cluster's events
+    whatever the zone of the machine or the reader."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _umask() -> int:
@@ -130,9 +137,7 @@ class FolderLock:
         previous = _read_holder(fd)
         if previous:
             self.took_over = previous
-        record = json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        )
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now()})
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, record.encode(), 0)

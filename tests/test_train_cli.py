@@ -1,4 +1,4 @@
-"""train.py as users run it: torchrun with two processes, preemption by SIGTERM, bad input."""
+"""train.py as users run it: torchrun with two processes, preemption by a stop signal, bad input."""
 
 import json
 import os
@@ -81,7 +81,10 @@ def test_two_processes_equal_one(image_folder, tmp_path):
     assert losses_one == pytest.approx(losses_two, rel=1e-4)  # the logged loss is the mean over all ranks
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    "sig,code",
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129), (signal.SIGUSR1, 128 + signal.SIGUSR1)],
+)  # SIGHUP: a dropped ssh session (it was exit 129 with no save); SIGUSR1: SLURM's warning, 138 on Linux
 def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path, sig, code):
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -185,7 +188,7 @@ def test_two_nodes_train_to_the_same_weights_as_one_process(image_folder, tmp_pa
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5, msg=k)
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_process_group_with_loader_workers_is_a_stop(image_folder, tmp_path, sig, code):
     """SLURM, `timeout` and Ctrl-C signal every process of the group: the loader workers ignore it and the
     main process saves and exits as for a signal to it alone (a worker's death was a traceback, exit 1)."""
@@ -202,3 +205,26 @@ def test_a_signal_to_the_process_group_with_loader_workers_is_a_stop(image_folde
     assert proc.returncode == code, err
     assert "Traceback" not in err and f"stopped by {sig.name}" in err
     assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] >= 3
+
+
+def test_a_dropped_terminal_saves(image_folder, tmp_path):
+    """An ssh session that drops under a run started without nohup or tmux: the terminal hangs up (SIGHUP, and
+    every later write to it fails). The run leaves the terminal, saves and exits 129; it was exit 1, unsaved."""
+    import pty
+    import select
+
+    out = tmp_path / "run"
+    pid, terminal = pty.fork()  # the run's controlling terminal: closing our end hangs it up
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, *train_args(image_folder, out, 100000)])
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        if select.select([terminal], [], [], 0.2)[0]:
+            os.read(terminal, 65536)  # what the terminal shows, drained so the run never blocks on it
+    os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    log = (out / "log.txt").read_text()
+    assert os.waitstatus_to_exitcode(status) == 129, log[-2000:]
+    step = load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"]
+    assert step >= 3 and f"stopped by SIGHUP at step {step}" in log

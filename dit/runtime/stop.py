@@ -1,16 +1,32 @@
-"""SIGTERM/SIGINT set a flag; the loop that owns it saves and exits at the end of its current step."""
+"""The stop signals set a flag; the loop that owns it saves and exits at the end of its current step (with
+several processes, at the next step where the ranks ask each other: see ``StopFlag``)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 
 import torch
 import torch.distributed as dist
 
+# Every signal a scheduler or a terminal sends to say "you are about to be killed": each saves and exits as
+# SIGTERM does. One list, for the handlers (StopFlag) and the loader workers that ignore them alike.
+STOP_SIGNALS = (
+    signal.SIGTERM,  # the polite kill: SLURM at the time limit or on scancel, docker stop, Kubernetes, timeout
+    signal.SIGINT,  # Ctrl-C
+    signal.SIGHUP,  # the terminal went away: an ssh session dropped under a run started without nohup or tmux
+    signal.SIGUSR1,  # SLURM's warning before the kill (`#SBATCH --signal=B:USR1@120`), as Lightning uses it
+    signal.SIGUSR2,  # the same warning where a site or a job script chose USR2 (Grid Engine's -notify before a kill)
+    signal.SIGXCPU,  # a CPU-time limit's soft limit (SLURM, LSF, ulimit -t): the hard limit's SIGKILL follows
+)
+# Not stops: SIGQUIT (Ctrl-\) stays the way to quit at once, without waiting for a save; SIGCONT and SIGTSTP
+# resume and suspend a run that keeps its state; SIGKILL and SIGSTOP cannot be caught.
+
 # What a stopped run exits with, as a shell reports a process killed by the signal (128 + its number), so a
-# requeue wrapper tells "stopped, resume me" (143, 130) from "finished" (0) and "failed" (1, or 2 for a
-# user error).
-EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}
+# requeue wrapper tells "stopped, resume me" (143, 130, 129, ...) from "finished" (0) and "failed" (1, or 2
+# for a user error).
+EXIT_CODES = {s.name: 128 + s.value for s in STOP_SIGNALS}
 
 
 class EvalStopped(Exception):
@@ -21,8 +37,8 @@ def ignore_stop_signals(worker_id: int | None = None) -> None:
     """A DataLoader's ``worker_init_fn``: SLURM, ``timeout`` and Ctrl-C signal the whole process group, and a
     worker killed by SIGTERM took the run down with a traceback and no save (4 of 4 tries with 2 workers).
     Workers leave the stop signals to the main process, which saves and stops them."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def close_workers(batches) -> None:
@@ -34,11 +50,30 @@ def close_workers(batches) -> None:
         shutdown()
 
 
-class StopFlag:
-    """A context that installs the handlers and restores the old ones on exit.
+def _leave_the_terminal() -> None:
+    """SIGHUP says the terminal is gone: every write to it fails (EIO), and the next progress line took the
+    run down before its save (an ssh session dropped: exit 1, nothing saved). As under nohup, the console's
+    lines go to /dev/null from here on; log.txt keeps them. A hung-up terminal no longer answers isatty, so
+    every character device on stdout or stderr is left (/dev/null again, harmlessly)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(devnull, fd)
+            except OSError:  # a closed descriptor: nothing to leave
+                pass
+    finally:
+        os.close(devnull)
 
-    With several processes the flag is OR-reduced at every ``should_stop`` over a gloo group on the CPU,
-    which costs a few microseconds and never waits on the GPU, so all ranks stop at the same step.
+
+class StopFlag:
+    """A context that installs the handlers of ``STOP_SIGNALS`` and restores the old ones on exit.
+
+    With one process ``should_stop`` reads the flag at every call, which is free. With several, the ranks must
+    agree on the step they stop at, which takes a collective (an OR over a gloo group on the CPU, a host
+    barrier across all ranks and nodes): the loop asks for it at log, checkpoint and evaluation steps only
+    (``everyone=True``), so a signal is honoured within ``--log-every`` steps, at a step that is then saved.
     """
 
     def __init__(self, world_size: int = 1):
@@ -49,7 +84,7 @@ class StopFlag:
         self._old: dict = {}
 
     def __enter__(self) -> StopFlag:
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -58,12 +93,20 @@ class StopFlag:
 
     def _handle(self, signum, frame):
         self.raised = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            _leave_the_terminal()
 
-    def should_stop(self) -> bool:
+    def should_stop(self, everyone: bool = True) -> bool:
+        """Whether to stop now. With several processes every rank must pass the same ``everyone`` at the
+        same call: True asks the others (collective), False answers no without asking."""
         if self.group is None:
             return self.raised is not None
-        flag = torch.tensor([1 if self.raised else 0])
+        if not everyone:
+            return False
+        # the highest signal number raised on any rank: every rank stops and exits alike, with its name
+        flag = torch.tensor([signal.Signals[self.raised].value if self.raised else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        if flag.item() and not self.raised:
-            self.raised = "SIGTERM"  # another rank's: every rank stops and exits alike
-        return bool(flag.item())
+        raised = int(flag.item())
+        if raised:
+            self.raised = signal.Signals(raised).name
+        return bool(raised)

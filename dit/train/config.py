@@ -145,8 +145,8 @@ def _plain(value):
 TRAIN_FACE = Face(
     "train.py",
     "Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain "
-    "python).\n\nExit status: 0 finished, 143 stopped by SIGTERM and 130 by SIGINT (saved: rerun with --resume "
-    "auto), 2 a user error (one line on stderr), 1 a bug.",
+    "python).\n\nExit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGTERM, 130 SIGINT, "
+    "129 SIGHUP, 138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.",
     sections={
         "model": ModelSection,
         "objective": ObjectiveSection,

@@ -32,7 +32,11 @@ class LedgerSection(Section):
     """What the run reports and how often: log records (the only host syncs), MFU windows, the cost
     projection, the progress display and sample grids."""
 
-    log_every: int = option(100, "steps per log line (the only host syncs)", ge=1)
+    log_every: int = option(
+        100,
+        "steps per log line (the only host syncs); several processes honour a stop signal within as many",
+        ge=1,
+    )
     mfu_warmup_steps: int = option(3, "first steps kept out of the MFU windows", ge=0)
     price_per_hour: float | None = option(None, "device-hour price for the cost projection", ge=0)
     progress: bool = option(True, "show progress with an ETA on rank 0 (plain lines when not on a terminal)")

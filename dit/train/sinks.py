@@ -8,7 +8,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from dit.atomic import cannot_write
+from dit.atomic import cannot_write, utc_now
 from dit.progress import write
 
 
@@ -66,18 +66,23 @@ class MetricSinks:
             self.log_file = open(self.out_dir / "log.txt", "a", buffering=1)
             self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
 
-    def info(self, message: str):
-        """A line for people: the console and log.txt."""
+    def info(self, message: str, stamp: str | None = None):
+        """A line for people: the console as it is, and log.txt with the time (``utc_now``) before each line,
+        for lining a run up with a cluster's events (the console is watched live, or has its own times)."""
         if self.enabled:
             write(message)
+            stamp = stamp or utc_now()
             with _writing(self.out_dir / "log.txt", self.checkpoints):
-                self.log_file.write(message + "\n")
+                self.log_file.write("".join(f"{stamp} {line}\n" for line in message.split("\n")))
 
     def log(self, metrics: dict, console_keys: tuple[str, ...] = CONSOLE_KEYS):
-        """One record to metrics.jsonl, TensorBoard (as ``KIND/key``, KIND the record's ``kind``) and a line."""
+        """One record to metrics.jsonl (with its ``time``), TensorBoard (as ``KIND/key``, KIND the record's
+        ``kind``; it keeps its own wall time) and a line."""
         if not self.enabled:
             return
+        stamp = utc_now()
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        clean["time"] = stamp
         with _writing(self.out_dir / "metrics.jsonl", self.checkpoints):
             self.jsonl.write(json.dumps(clean) + "\n")
         group = metrics.get("kind", "train")
@@ -87,7 +92,7 @@ class MetricSinks:
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and v is not None:
                         self.writer.add_scalar(f"{group}/{k}", v, metrics["step"])
         shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in console_keys if metrics.get(k) is not None)
-        self.info(shown if group == "train" else f"{group}: {shown}")
+        self.info(shown if group == "train" else f"{group}: {shown}", stamp)
 
     def text(self, tag: str, text: str, step: int = 0):
         if self.writer is not None:

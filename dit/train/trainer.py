@@ -328,13 +328,15 @@ class Trainer:
                         self._log(grad_norm, in_warmup=state.step <= warmup_until)
                     if state.step == warmup_until:  # after this step's log: MFU windows start here
                         ledger.start_window()
-                    if state.step % cfg.checkpoint.ckpt_every == 0 and state.step < max_steps:
+                    ckpt_step = state.step % cfg.checkpoint.ckpt_every == 0 and state.step < max_steps
+                    eval_step = bool(eval_every) and (state.step % eval_every == 0 or state.step == max_steps)
+                    if ckpt_step:
                         with ledger.paused():
                             self.save()
                     if grid_every and state.step % grid_every == 0:
                         with ledger.paused():
                             self.sample_grid()
-                    if eval_every and (state.step % eval_every == 0 or state.step == max_steps):
+                    if eval_step:
                         with ledger.paused():
                             try:
                                 scores = self.evaluation.run(self._whole(state.ema.model), stop)
@@ -342,7 +344,8 @@ class Trainer:
                                 ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
                             else:
                                 ledger.log_eval(state.step, scores)
-                    if stop.should_stop():
+                    # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
+                    if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
                 self.save()
@@ -461,5 +464,8 @@ class Trainer:
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
-    with Runtime.of(cfg.runtime) as runtime, runtime.stop_flag() as stop:  # a stop during set-up stops at step 1
+    with (
+        Runtime.of(cfg.runtime) as runtime,
+        runtime.stop_flag() as stop,
+    ):  # a stop in set-up: at the first step asked
         return Trainer(cfg, runtime, dataset).run(stop)
