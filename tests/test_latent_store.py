@@ -203,3 +203,53 @@ def test_an_empty_shard_keeps_the_global_index_contiguous(tmp_path):
     data = LatentStoreDataset(str(tmp_path), flip=False, sample_posterior=False)
     assert [label for _, label in data.__getitems__([0, 1, 2, 3])] == [0, 1, 2, 3]
     torch.testing.assert_close(data[2][0], moments[2, 0, 0], rtol=0, atol=0)
+
+
+# Every process (torchrun's ranks and their forked loader workers) logs each shard it hashes.
+_COUNT_HASHES = """
+import hashlib, os
+
+_real = hashlib.file_digest
+
+
+def _counting(f, digest, *args, **kwargs):
+    name = os.path.basename(getattr(f, "name", ""))
+    if name.startswith("shard-"):
+        with open(os.environ["HASH_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {name}\\n")
+    return _real(f, digest, *args, **kwargs)
+
+
+hashlib.file_digest = _counting
+"""
+
+
+def test_two_ranks_with_two_workers_each_hash_each_shard_once(tmp_path):
+    """Local rank 0 hashes the store before the loaders start and every loader process trusts it: one pass per
+    node, not one per rank and worker (2 x 2 here, 8 x 4 on a GPU node)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    store = tmp_path / "store"
+    write_moments_store(
+        str(store), synthetic_moments(16), torch.arange(16) % 2, 2, storage_dtype="fp32", shard_size=4
+    )
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_COUNT_HASHES)
+    log = tmp_path / "hashes.log"
+    env = {
+        **os.environ,
+        "HASH_LOG": str(log),
+        "PYTHONPATH": f"{tmp_path / 'site'}:{os.environ.get('PYTHONPATH', '')}",
+    }
+    args = ["--feature-path", str(store), "--model", "DiT-S/2", "--depth", "1", "--hidden-size", "32",
+            "--num-heads", "2", "--image-size", "32", "--num-classes", "2", "--global-batch-size", "8",
+            "--max-steps", "1", "--precision", "fp32", "--num-workers", "2", "--log-every", "1", "--device", "cpu",
+            "--peak-tflops", "0.05", "--no-progress", "--results-dir", str(tmp_path / "run")]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run([*torchrun, "train.py", *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    hashed = [line.split()[1] for line in log.read_text().splitlines()]
+    assert sorted(hashed) == [shard_file(k) for k in range(4)]  # each shard once, all of them
