@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -253,3 +254,27 @@ def test_two_ranks_with_two_workers_each_hash_each_shard_once(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     hashed = [line.split()[1] for line in log.read_text().splitlines()]
     assert sorted(hashed) == [shard_file(k) for k in range(4)]  # each shard once, all of them
+
+
+def test_verify_once_hashes_up_front_and_trusts_only_unchanged_files(store, monkeypatch):
+    import dit.data.reader as reader
+
+    path = store[0]
+    alone = SimpleNamespace(rank=0, local_rank=0, gather_objects=lambda obj: [obj])
+    data = LatentStoreDataset(path)
+    data.verify_once(alone)
+    hashed = []
+    monkeypatch.setattr(reader, "sha256_file", lambda f: hashed.append(os.path.basename(f)) or "changed")
+    data[0], data[9]  # verified, unchanged: not hashed again
+    assert hashed == []
+    shard = Path(path, shard_file(1))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))  # touched since: hashed again
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors fails its sha256 check"):
+        data[5]
+    assert hashed == [shard_file(1)]
+    monkeypatch.undo()
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 1
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors fails its sha256 check.*--verify"):
+        LatentStoreDataset(path).verify_once(alone)  # before any loader starts
