@@ -9,6 +9,10 @@ from torch import nn
 
 from dit.train.parallel import local
 
+# Devices whose foreach kernels fuse a whole list into a few launches, for dense tensors only. The CPU's loop over
+# the tensors anyway, where a dense weight is one more read of every parameter (DiT-S/2: 57 -> 72 ms an update).
+FUSED_FOREACH = ("cuda",)
+
 
 class EMA:
     """An fp32 shadow copy of the model; ``ema = decay * ema + (1 - decay) * model`` over all parameters.
@@ -37,8 +41,11 @@ class EMA:
         dst, src = local(self.model.parameters()), local(p.detach() for p in model.parameters())
         if apply is None:
             torch._foreach_lerp_(dst, src, weight)
-        else:  # the weight stays on the device (a number would be read back: a sync)
+        elif dst[0].device.type in FUSED_FOREACH:  # the weight stays on the device (a number would be a sync)
             torch._foreach_lerp_(dst, src, self._dense_weights(dst, apply, weight))
+        else:
+            w = apply * weight
+            torch._foreach_lerp_(dst, src, [w.expand_as(d) for d in dst])
         self.num_updates += 1
 
     def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
