@@ -23,21 +23,37 @@ from dit.train.ema import EMA
 from dit.train.state import TrainState
 from helpers import tiny_dit
 
-copies = []
+from dit.train.parallel import shard
+
+copies = []  # (function, tensors it returned on this rank)
 for name in ("full_model_state", "full_optimizer_state"):
     real = getattr(state_mod, name)
-    setattr(state_mod, name, lambda *a, _real=real, _name=name: copies.append(_name) or _real(*a))
+
+    def spy(*a, _real=real, _name=name):
+        out = _real(*a)
+        copies.append((_name, len(out) if _name == "full_model_state" else len(out.get("state", {}))))
+        return out
+
+    setattr(state_mod, name, spy)
+out = {}
 with Runtime("cpu") as rt:
-    model = tiny_dit(0)
-    state = TrainState(model, EMA(model), torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]), None, False, 16, 2)
-    payload = state.state_dict(rt)
-    out = {"copies": copies, "payload": None if payload is None else sorted(payload)}
+    for sharded in (False, True):
+        copies.clear()
+        model = tiny_dit(0)
+        ema = EMA(model)
+        if sharded:
+            shard(model), shard(ema.model)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        model(torch.randn(2, 4, 8, 8), torch.rand(2), torch.tensor([0, 1])).sum().backward()
+        opt.step()  # an optimizer state to copy
+        payload = TrainState(model, ema, opt, None, sharded, 16, 2).state_dict(rt)
+        out["fsdp" if sharded else "ddp"] = {"copies": sorted(copies), "payload": payload and sorted(payload)}
     with open(os.path.join(sys.argv[1], f"rank{rt.rank}.json"), "w") as f:
         json.dump(out, f)
 """
 
 
-def test_under_ddp_only_rank_0_copies_the_state_to_the_host(tmp_path):
+def test_only_rank_0_holds_a_host_copy_of_the_state_under_ddp_and_fsdp(tmp_path):
     script = tmp_path / "spy.py"
     script.write_text(SPY)
     env = {**__import__("os").environ}
@@ -46,9 +62,15 @@ def test_under_ddp_only_rank_0_copies_the_state_to_the_host(tmp_path):
     done = subprocess.run([*cmd, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert sorted(rank0["copies"]) == ["full_model_state", "full_model_state", "full_optimizer_state"]
-    assert {"model", "ema", "optimizer", "rng"} <= set(rank0["payload"])
-    assert rank1 == {"copies": [], "payload": None}  # no host copy of model, EMA or optimizer on rank 1
+    for kind in ("ddp", "fsdp"):
+        names = [name for name, _ in rank0[kind]["copies"]]
+        assert names == ["full_model_state", "full_model_state", "full_optimizer_state"], kind
+        assert all(n > 0 for _, n in rank0[kind]["copies"]) and {"model", "ema", "optimizer", "rng"} <= set(
+            rank0[kind]["payload"]
+        )
+    assert rank1["ddp"] == {"copies": [], "payload": None}  # no host copy of model, EMA or optimizer on rank 1
+    # FSDP: rank 1 takes part in the gather (a collective) but is handed nothing (rank 0 alone holds the copy)
+    assert rank1["fsdp"]["payload"] is None and all(n == 0 for _, n in rank1["fsdp"]["copies"])
 
 
 class _Joined(Exception):
