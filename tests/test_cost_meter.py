@@ -28,7 +28,7 @@ def test_window_rates_and_utilisation():
     assert w["model_tflops_per_device"] == pytest.approx(80 * 3e9 / 1e12)
     assert w["mfu"] == pytest.approx(80 * 3e9 / 1e15)
     assert w["hfu"] == pytest.approx(w["mfu"] * 4 / 3)
-    assert w["data_wait_frac"] == pytest.approx(0.25)
+    assert w["host_data_wait_frac"] == pytest.approx(0.25)
     assert (w["peak_tflops"], w["peak_source"]) == (1000.0, "override")
     assert w["total_model_pflops"] == pytest.approx(320 * 4 * 3e9 / 1e15)
 

@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -203,3 +204,77 @@ def test_an_empty_shard_keeps_the_global_index_contiguous(tmp_path):
     data = LatentStoreDataset(str(tmp_path), flip=False, sample_posterior=False)
     assert [label for _, label in data.__getitems__([0, 1, 2, 3])] == [0, 1, 2, 3]
     torch.testing.assert_close(data[2][0], moments[2, 0, 0], rtol=0, atol=0)
+
+
+# Every process (torchrun's ranks and their forked loader workers) logs each shard it hashes.
+_COUNT_HASHES = """
+import hashlib, os
+
+_real = hashlib.file_digest
+
+
+def _counting(f, digest, *args, **kwargs):
+    name = os.path.basename(getattr(f, "name", ""))
+    if name.startswith("shard-"):
+        with open(os.environ["HASH_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {name}\\n")
+    return _real(f, digest, *args, **kwargs)
+
+
+hashlib.file_digest = _counting
+"""
+
+
+def test_two_ranks_with_two_workers_each_hash_each_shard_once(tmp_path):
+    """Local rank 0 hashes the store before the loaders start and every loader process trusts it: one pass per
+    node, not one per rank and worker (2 x 2 here, 8 x 4 on a GPU node)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    store = tmp_path / "store"
+    write_moments_store(
+        str(store), synthetic_moments(16), torch.arange(16) % 2, 2, storage_dtype="fp32", shard_size=4
+    )
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_COUNT_HASHES)
+    log = tmp_path / "hashes.log"
+    env = {
+        **os.environ,
+        "HASH_LOG": str(log),
+        "PYTHONPATH": f"{tmp_path / 'site'}:{os.environ.get('PYTHONPATH', '')}",
+    }
+    args = ["--feature-path", str(store), "--model", "DiT-S/2", "--depth", "1", "--hidden-size", "32",
+            "--num-heads", "2", "--image-size", "32", "--num-classes", "2", "--global-batch-size", "8",
+            "--max-steps", "1", "--precision", "fp32", "--num-workers", "2", "--log-every", "1", "--device", "cpu",
+            "--peak-tflops", "0.05", "--no-progress", "--results-dir", str(tmp_path / "run")]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run([*torchrun, "train.py", *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    hashed = [line.split()[1] for line in log.read_text().splitlines()]
+    assert sorted(hashed) == [shard_file(k) for k in range(4)]  # each shard once, all of them
+
+
+def test_verify_once_hashes_up_front_and_trusts_only_unchanged_files(store, monkeypatch):
+    import dit.data.reader as reader
+
+    path = store[0]
+    alone = SimpleNamespace(rank=0, local_rank=0, gather_objects=lambda obj: [obj])
+    data = LatentStoreDataset(path)
+    data.verify_once(alone)
+    hashed = []
+    monkeypatch.setattr(reader, "sha256_file", lambda f: hashed.append(os.path.basename(f)) or "changed")
+    data[0], data[9]  # verified, unchanged: not hashed again
+    assert hashed == []
+    shard = Path(path, shard_file(1))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))  # touched since: hashed again
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors fails its sha256 check"):
+        data[5]
+    assert hashed == [shard_file(1)]
+    monkeypatch.undo()
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 1
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match=r"shard-00001\.safetensors fails its sha256 check.*--verify"):
+        LatentStoreDataset(path).verify_once(alone)  # before any loader starts

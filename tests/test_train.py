@@ -29,8 +29,10 @@ METRIC_KEYS = {
     "peak_source",
     "mfu",
     "hfu",
-    "data_wait_frac",
+    "host_data_wait_frac",
     "max_memory_gib",
+    "max_memory_reserved_gib",
+    "alloc_retries",
     "loss_scale",
 }
 
@@ -114,15 +116,16 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
     flops = training_flops_per_image(DiTConfig(**saved["model_config"]))
     for r in rows:
         assert METRIC_KEYS <= r.keys()
-        for k in METRIC_KEYS - {"max_memory_gib", "loss_scale", "peak_source"}:
+        memory = {"max_memory_gib", "max_memory_reserved_gib", "alloc_retries"}
+        for k in METRIC_KEYS - memory - {"loss_scale", "peak_source"}:
             assert isinstance(r[k], (int, float)) and math.isfinite(r[k]), k
-        assert r["max_memory_gib"] is None and r["loss_scale"] is None  # no CUDA, no fp16
+        assert all(r[k] is None for k in memory) and r["loss_scale"] is None  # no CUDA, no fp16
         # independent MFU: counted FLOPs / measured step time / peak
         step_time = 1.0 / r["steps_per_sec"]
         expected = 8 * flops.model / step_time / (0.05e12)
         assert r["mfu"] == pytest.approx(expected, rel=0.01)
         assert r["images_per_sec"] == pytest.approx(8 * r["steps_per_sec"], rel=0.01)
-        assert 0 <= r["data_wait_frac"] <= 1
+        assert 0 <= r["host_data_wait_frac"] <= 1
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
@@ -322,3 +325,39 @@ def test_a_finite_loss_with_non_finite_gradients_is_skipped(tmp_path):
     after = [p.detach() for p in (*model.parameters(), *ema.parameters())]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert int(trainer.counters.nonfinite_total) == 1 and trainer.state.step == 2
+
+
+def test_on_cuda_each_record_has_its_windows_peaks_reserved_memory_and_retries(tmp_path, monkeypatch):
+    """A fake CUDA allocator: every record reads the peaks, then resets them (a window's own, not the process's);
+    the first record's window is compared once with the memory estimate that --activation-checkpointing auto uses."""
+    from types import SimpleNamespace
+
+    from dit.runtime import Runtime
+    from dit.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, max_steps=4, log_every=1000), Runtime("cpu"), Pixels())
+    ledger, peaks, infos = trainer.ledger, {"allocated": 3 * 2**30, "reserved": 5 * 2**30}, []
+    resets = []
+
+    def reset(device):
+        resets.append(device)
+        peaks.update(allocated=2**30, reserved=2 * 2**30)
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: peaks["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {"num_alloc_retries": 7})
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(ledger.sinks, "info", infos.append)
+    cuda = torch.device("cuda", 0)
+    ledger.runtime = SimpleNamespace(device=cuda, world=1, is_main=True, sync=lambda: None)
+    args = dict(epoch=0, counters={"loss": 1.0, "nonfinite_steps": 0}, grad_norm=None, lr=1e-3, in_warmup=False)
+    ledger.count(8, 0.0)
+    first = ledger.log(step=1, **args)
+    ledger.count(8, 0.0)
+    second = ledger.log(step=2, **args)
+    assert (first["max_memory_gib"], first["max_memory_reserved_gib"], first["alloc_retries"]) == (3, 5, 7)
+    assert (second["max_memory_gib"], second["max_memory_reserved_gib"]) == (1, 2)  # after the reset
+    assert resets == [cuda, cuda]
+    compared = [line for line in infos if line.startswith("memory, first window")]
+    assert len(compared) == 1 and "5 GiB reserved" in compared[0]
+    assert f"estimate {ledger.memory_estimate / 2**30:.3g} GiB" in compared[0] and ledger.memory_estimate > 0

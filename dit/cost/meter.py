@@ -102,7 +102,8 @@ class CostMeter:
             / self.peak.flops,
             "aux_tflops_per_image": self.aux_flops_per_image / 1e12,
             "hfu": hardware_flops / self.peak.flops,
-            "data_wait_frac": self._data_wait_s / elapsed,
+            # host time in next(loader): the device may still be busy with the step before (not device idle)
+            "host_data_wait_frac": self._data_wait_s / elapsed,
             "window_s": elapsed,
             "total_model_pflops": self.total_images * self.world_size * self.model_flops_per_image / 1e15,
             "total_aux_pflops": self.total_images * self.world_size * self.aux_flops_per_image / 1e15,

@@ -8,11 +8,25 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit.data.store import NUMPY_DTYPES, REPAIR, STORAGE_DTYPES, read_header, read_manifest, sha256_file
+from dit.data.store import (
+    NUMPY_DTYPES,
+    REPAIR,
+    STORAGE_DTYPES,
+    read_header,
+    read_manifest,
+    sha256_file,
+    sha256_files,
+)
 from dit.errors import UserError
 from dit.vae import sample_posterior as draw_posterior
 
 _TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safetensors tag
+
+
+def _stamp(file: str) -> tuple[int, int]:
+    """What a verified shard must still have for its hash to be trusted: its size and modification time."""
+    st = os.stat(file)
+    return st.st_size, st.st_mtime_ns
 
 
 def _map_shard(file: str) -> dict[str, np.ndarray]:
@@ -43,7 +57,9 @@ class LatentStoreDataset(Dataset):
     Every access draws a fresh posterior sample (``sample_posterior``) and a random flip (``flip``): the stored
     flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly
     flip-equivariant). Randomness comes from torch's global RNG, which DataLoader reseeds per worker.
-    Shards are memory-mapped lazily in each process; ``__getitems__`` serves a whole batch in one pass.
+    Shards are memory-mapped lazily in each process; ``__getitems__`` serves a whole batch in one pass. A shard
+    is checked against the manifest's sha256 before its first use: by ``verify_once`` for a whole job (once
+    per node), else by each process that maps it.
     With ``features`` (REPA), items are (latent, label, the encoder's patch features as float32 (tokens, width)),
     the features of the same view as the latent: the flipped image's own when the latent is flipped.
     """
@@ -79,29 +95,55 @@ class LatentStoreDataset(Dataset):
         self.classes = sorted(manifest["class_to_index"], key=manifest["class_to_index"].get)
         self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
         self._shards = None  # per process: memory maps do not survive pickling to spawned workers
+        self._verified: dict[str, tuple[int, int]] = {}  # file -> stamp when hashed; loader workers inherit it
         self.labels = np.concatenate(
             [_map_shard(os.path.join(path, s["file"]))["labels"].copy() for s in manifest["shards"]]
             or [np.zeros(0, np.int64)]
         )
 
     def _shard(self, index: int) -> dict[str, np.ndarray]:
-        """The tensors of shard ``index``, memory-mapped once per process; its bytes are checked
-        against the manifest's sha256 the first time this process maps it, so a corrupted byte is caught
-        without a --verify pass (each process reads each shard it uses once more, at page-cache speed)."""
+        """The tensors of shard ``index``, memory-mapped once per process; its bytes are checked against the
+        manifest's sha256 before first use (by ``verify_once``, else the first time this process maps it), so a
+        corrupted byte is caught without a --verify pass."""
         if self._shards is None or self._shards[0] != os.getpid():
             self._shards = (os.getpid(), {})
         mapped = self._shards[1]
         if index not in mapped:
             entry = self.manifest["shards"][index]
             file = os.path.join(self.path, entry["file"])
-            if sha256_file(file) != entry["sha256"]:
-                raise UserError(
-                    f"latent store {self.path}: {entry['file']} fails its sha256 check (its bytes changed after "
-                    f"extraction). {REPAIR}: python extract_features.py --data-path IMAGES --feature-path "
-                    f"{self.path} (python extract_features.py --feature-path {self.path} --verify lists every bad shard)."
-                )
+            if self._verified.get(file) != _stamp(file) and sha256_file(file) != entry["sha256"]:
+                raise UserError(self._corrupt([entry["file"]]))
             mapped[index] = _map_shard(file)
         return mapped[index]
+
+    def _corrupt(self, names: list[str]) -> str:
+        fail = "fails its sha256 check (its bytes" if len(names) == 1 else "fail their sha256 checks (their bytes"
+        return (
+            f"latent store {self.path}: {', '.join(names)} {fail} changed after extraction). {REPAIR}: python "
+            f"extract_features.py --data-path IMAGES --feature-path {self.path} (python extract_features.py "
+            f"--feature-path {self.path} --verify lists every bad shard)."
+        )
+
+    def verify_once(self, runtime) -> None:
+        """Before a job's loaders start: local rank 0 of each node hashes every shard (in parallel threads) while
+        the node's other ranks wait; then every rank, and the loader workers it starts, trusts each file its
+        node verified that still has the size and mtime it was hashed with. One pass per node instead of one
+        per loader process (8 ranks x 4 workers read an ImageNet store 32 times). A bad shard is the same
+        one-line error on every rank."""
+        error, stamps = None, None
+        if runtime.local_rank == 0:
+            files = [os.path.join(self.path, s["file"]) for s in self.manifest["shards"]]
+            stamps = {f: _stamp(f) for f in files}  # before hashing: a write during it leaves a stale stamp
+            digests = sha256_files(files)
+            bad = [s["file"] for s, d in zip(self.manifest["shards"], digests) if d != s["sha256"]]
+            error = self._corrupt(bad) if bad else None
+        found = runtime.gather_objects(
+            (error, stamps)
+        )  # also the barrier: no loader starts before its node's check
+        if errors := [e for e, _ in found if e]:
+            raise UserError(errors[0])
+        node = found[runtime.rank - runtime.local_rank][1]  # torchrun numbers a node's ranks contiguously
+        self._verified = dict(node or {})  # a rank that found none (another layout) hashes lazily, as before
 
     def __getstate__(self):
         return {**self.__dict__, "_shards": None}

@@ -61,6 +61,10 @@ class TrainDeviceSection(DeviceSection):
 
     precision: str = option("bf16", DeviceSection.__dataclass_fields__["precision"].metadata["help"],
                             choices=DeviceSection.__dataclass_fields__["precision"].metadata["choices"])  # fmt: skip
+    # torch's defaults (10 min NCCL, 30 gloo) can end a run while rank 0 gathers, hashes and writes a checkpoint
+    dist_timeout_min: float = option(
+        30.0, "minutes a process waits for the others in a collective (rank 0's checkpoint saves included)", gt=0
+    )
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,8 @@ class TrainData:
 
     def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
         """This rank's micro-batches from ``start_step`` on, in the order of ``optim``'s batch and seed."""
+        if hasattr(self.dataset, "verify_once"):  # a latent store: hashed once per node, before workers start
+            self.dataset.verify_once(runtime)
         order = StepOrder(
             len(self.dataset),
             optim.global_batch_size,

@@ -1,4 +1,4 @@
-"""Exponential moving average of the weights, updated every step with one fused foreach op."""
+"""Exponential moving average of the weights, updated every step with one fused foreach op (no host sync)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import torch
 from torch import nn
 
 from dit.train.parallel import local
+
+# Devices whose foreach kernels fuse a whole list into a few launches, for dense tensors only. The CPU's loop over
+# the tensors anyway, where a dense weight is one more read of every parameter (DiT-S/2: 57 -> 72 ms an update).
+FUSED_FOREACH = ("cuda",)
 
 
 class EMA:
@@ -24,6 +28,7 @@ class EMA:
         self.decay, self.warmup = decay, warmup
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self.num_updates = 0
+        self._weights: torch.Tensor | None = None  # the buffer behind ``_dense_weights``
 
     def decay_at(self, n: int) -> float:
         return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
@@ -36,7 +41,24 @@ class EMA:
         dst, src = local(self.model.parameters()), local(p.detach() for p in model.parameters())
         if apply is None:
             torch._foreach_lerp_(dst, src, weight)
-        else:  # a tensor weight per parameter: one 0-dim tensor would be read back as a number (a sync)
+        elif dst[0].device.type in FUSED_FOREACH:  # the weight stays on the device (a number would be a sync)
+            torch._foreach_lerp_(dst, src, self._dense_weights(dst, apply, weight))
+        else:
             w = apply * weight
             torch._foreach_lerp_(dst, src, [w.expand_as(d) for d in dst])
         self.num_updates += 1
+
+    def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
+        """``apply * weight`` as one dense tensor per parameter, each a view of one buffer as large as the largest:
+        CUDA's fused foreach kernel takes only dense, non-overlapping tensors (an ``expand``ed 0-dim weight has
+        stride 0 and fell back to one kernel per parameter), and torch has no 0-dim-tensor weight for lerp."""
+        largest = max(d.numel() for d in dst)
+        buffer = self._weights
+        if (
+            buffer is None
+            or buffer.numel() < largest
+            or (buffer.dtype, buffer.device) != (dst[0].dtype, dst[0].device)
+        ):
+            buffer = self._weights = torch.empty(largest, dtype=dst[0].dtype, device=dst[0].device)
+        torch.mul(apply.to(buffer.dtype).expand_as(buffer), weight, out=buffer)
+        return [buffer[: d.numel()].view_as(d) for d in dst]

@@ -88,6 +88,19 @@ class StepCounters:
         }
 
 
+def device_memory(device: torch.device) -> dict:
+    """This log window's peaks on a CUDA device (the ledger resets them after each record), in GiB, and the
+    allocator's retries so far (cudaMalloc failed, the cache was freed and the call retried: a stall each, and
+    the sign that memory is nearly full, as torchtitan reports it); None elsewhere."""
+    if device.type != "cuda":
+        return {"max_memory_gib": None, "max_memory_reserved_gib": None, "alloc_retries": None}
+    return {
+        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "max_memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+    }
+
+
 def _vae_config(data: TrainData) -> dict | None:
     """The diffusers config of the VAE the latents come from, when it is known."""
     if data.vae_config is not None:
@@ -141,7 +154,8 @@ class Ledger:
             aux_flops_per_image=repa.flops.per_step_image(repa.cached) if repa is not None else 0.0,
         )
         self.meter.total_images = local_images_done
-        self.projected = self.peak_doubted = False
+        self.projected = self.peak_doubted = self.memory_compared = False
+        self.memory_estimate = float("nan")  # per device, set by ``report``
 
     # ---- the start-up report -------------------------------------------------------------------------
 
@@ -162,6 +176,7 @@ class Ledger:
             gradient_as_bucket_view=True,
             attention="fused" if self.fused_attention else "explicit",
         )
+        self.memory_estimate = mem.total
         fwd = 2 * forward_macs(mc).total
         s.info(
             f"dit-ledger: {describe(mc)}; {self.params:,} parameters; {self.runtime.world} process(es) on {self.runtime.device}"
@@ -244,12 +259,23 @@ class Ledger:
             "measured_tflops_per_device": window["images_per_sec_per_device"]
             * self.measured_flops_per_image
             / 1e12,
-            "max_memory_gib": torch.cuda.max_memory_allocated(self.runtime.device) / 2**30 if cuda else None,
+            **device_memory(self.runtime.device),
             "loss_scale": loss_scale,
             "nonfinite_steps": counters["nonfinite_steps"],
             "in_warmup": in_warmup,
         }
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
+        if cuda:
+            if not self.memory_compared:  # the first window on a device: the estimate --activation-checkpointing
+                self.memory_compared = (
+                    True  # auto trusts, checked so far on CPU traces only, against the allocator
+                )
+                self.sinks.info(
+                    f"memory, first window: {record['max_memory_reserved_gib']:.3g} GiB reserved at most "
+                    f"({record['max_memory_gib']:.3g} GiB allocated), estimate {self.memory_estimate / 2**30:.3g} GiB "
+                    f"(dit.cost.memory, used by --activation-checkpointing auto)"
+                )
+            torch.cuda.reset_peak_memory_stats(self.runtime.device)  # the next record's peaks are its window's
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:
             self._project(step, window)
         if not in_warmup and window["hfu"] > 1 and self.peak.measured_on and not self.peak_doubted:

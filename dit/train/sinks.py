@@ -47,7 +47,16 @@ def _quiet_tensorboard_thread() -> None:
 class MetricSinks:
     """Writes on rank 0 only; other ranks get a no-op object with the same methods."""
 
-    CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu", "data_wait_frac")
+    CONSOLE_KEYS = (
+        "step",
+        "loss",
+        "grad_norm",
+        "steps_per_sec",
+        "images_per_sec",
+        "mfu",
+        "hfu",
+        "host_data_wait_frac",
+    )
 
     def __init__(self, out_dir: str | Path, enabled: bool = True):
         self.enabled = enabled

@@ -3,7 +3,8 @@
 Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, and REPA's projector when the
 run has one (sampling, export and ``--init-from`` read the model and EMA keys only). ``state_dict`` gathers
 full (unsharded) tensors, with the optimizer keyed by parameter name, so a checkpoint resumes with or
-without FSDP on any number of devices; under FSDP it is collective (every rank calls it, rank 0 keeps it).
+without FSDP on any number of devices; every rank calls it, rank 0 alone gets it (under FSDP the gather is
+collective).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ class TrainState:
     def epoch(self) -> int:
         return self.step // self.steps_per_epoch
 
-    def state_dict(self, runtime: Runtime) -> dict:
+    def state_dict(self, runtime: Runtime) -> dict | None:
+        """The whole state on rank 0, None on the others. Every rank calls it (the RNG gather, and under FSDP the
+        weights' gather, are collective); under DDP only rank 0 copies the weights to the host: the others' copies
+        (5.4 GB each on XL/2) were never written."""
         rng = runtime.gather_objects(
             {
                 "cpu": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
             }
         )
+        if not (self.sharded or runtime.is_main):
+            return None
         state = {
             "step": self.step,
             "model": full_model_state(self.model, self.sharded),
@@ -66,7 +72,7 @@ class TrainState:
         }
         if self.projector is not None:
             state["repa_projector"] = full_model_state(self.projector, self.sharded)
-        return state
+        return state if runtime.is_main else None
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
         """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``

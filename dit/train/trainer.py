@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -409,12 +410,13 @@ class Trainer:
             )
 
     def save(self) -> None:
-        """The state as one checkpoint file, written atomically by rank 0 (collective under FSDP); a step that
-        is already on disk (a stop on a checkpoint step, a finished run resumed) is not written again."""
+        """The state as one checkpoint file, built and written atomically by rank 0 (collective under FSDP); a step
+        that is already on disk (a stop on a checkpoint step, a finished run resumed) is not written again. The
+        others wait in the barrier, within the group's timeout (``--dist-timeout-min``)."""
         if self.saved_step == self.state.step:
             return
-        payload = self.state.state_dict(self.runtime)
-        if self.runtime.is_main:
+        payload = self.state.state_dict(self.runtime)  # None on the other ranks
+        if payload is not None:
             payload["config"] = self.record
             payload["model_config"] = self.state.model.config.to_dict()
             payload["lineage"] = self.lineage
@@ -464,8 +466,9 @@ class Trainer:
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
+    timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
     with (
-        Runtime.of(cfg.runtime) as runtime,
+        Runtime.of(cfg.runtime, timeout=timeout) as runtime,
         runtime.stop_flag() as stop,
     ):  # a stop in set-up: at the first step asked
         return Trainer(cfg, runtime, dataset).run(stop)
