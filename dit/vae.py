@@ -104,10 +104,10 @@ def latent_downsample(vae: AutoencoderKL) -> int:
 
 @torch.no_grad()
 def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The posterior's (mean, std), unscaled, in float32, for images in [-1, 1]. Std (not log-variance) is what
-    sampling uses. Callers run it under ``Precision.frozen()``: the run's arithmetic, bf16 autocast in a bf16 run."""
+    """The posterior's (mean, std), unscaled, for images in [-1, 1]. Std (not log-variance) is what sampling uses.
+    Callers run it under ``Precision.frozen()``: the run's arithmetic (bf16 autocast in a bf16 run)."""
     posterior = vae.encode(images.to(dtype=vae.dtype)).latent_dist
-    return posterior.mean.float(), posterior.std.float()
+    return posterior.mean, posterior.std
 
 
 def sample_posterior(
