@@ -66,7 +66,9 @@ def data_parallel(model: nn.Module, device: torch.device, world: int, bf16_grads
     return ddp
 
 
-def parallelize(model: DiT, checkpointed: int, compile: bool, sharded: bool, param_dtype: torch.dtype | None) -> DiT:
+def parallelize(
+    model: DiT, checkpointed: int, compile: bool, sharded: bool, param_dtype: torch.dtype | None
+) -> DiT:
     """The DiT made ready to train, in torchtitan's order: activation checkpointing (inside each block's
     forward), then each block compiled whole (fullgraph: its recomputation traced in, the attention pin
     outside it, ``dit.models.attention_context``), then FSDP2 over the compiled blocks."""
