@@ -118,7 +118,7 @@ def _encode_views(
     x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
     if flips:
         x = torch.cat([x, x.flip(-1)])
-    with runtime.precision.autocast():
+    with runtime.precision.frozen():
         mean, std = encode_moments(vae, x)
         features = encoder.features(x).float() if encoder is not None else None
     views = (2 if flips else 1, len(images_uint8))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "describe",
     "model_config",
     "registry_name",
+    "attention_context",
     "attention_kernel",
 ]
 
@@ -199,6 +201,14 @@ def attention_kernel(backend: str, device_type: str, dtype: torch.dtype) -> str:
     return "explicit" if device_type == "cpu" and dtype == torch.bfloat16 else "sdpa"
 
 
+def attention_context(backend: str):
+    """The SDPA kernel pin of ``backend`` (nothing for auto, sdpa and explicit), entered around the blocks, never
+    inside one: an ``sdpa_kernel`` context inside a compiled block makes AOTAutograd's cache refuse the graph
+    (pytorch issue 194007), so a compiled block is traced under a pin it does not contain, the kernel chosen
+    once at trace time."""
+    return sdpa_kernel(_PINNED_SDPA[backend]) if backend in _PINNED_SDPA else nullcontext()
+
+
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(dh)) v as batched matmuls; the scale rides in baddbmm's alpha."""
     n, h, t, dh = q.shape
@@ -274,14 +284,10 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        kernel = attention_kernel(self.backend, q.device.type, q.dtype)
-        if kernel == "explicit":
+        if attention_kernel(self.backend, q.device.type, q.dtype) == "explicit":
             x = explicit_attention(q, k, v)
-        elif kernel == "sdpa":
+        else:  # a pinned kernel is the caller's attention_context (DiT.forward's), outside any compiled block
             x = F.scaled_dot_product_attention(q, k, v)
-        else:
-            with sdpa_kernel(_PINNED_SDPA[kernel]):
-                x = F.scaled_dot_product_attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(n, t, d))
 
 
@@ -329,8 +335,20 @@ class DiTBlock(nn.Module):
         width = int(hidden_size * mlp_ratio)
         self.mlp = SwiGLU(hidden_size, swiglu_width(width)) if mlp == "swiglu" else Mlp(hidden_size, width)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+        self.checkpointed = False  # recompute this block's forward in backward (DiT.set_checkpointing)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Checkpointing is inside the block, so that compiling the block compiles its recomputation too
+        (torchtitan's order: checkpoint, then compile, then shard); not a compiled block wrapped afterwards."""
+        if not (self.checkpointed and torch.is_grad_enabled()):
+            return self._forward(x, c, rope)
+        if torch.compiler.is_compiling():  # the recomputation is traced into the graph, under the trace's pin
+            return checkpoint(self._forward, x, c, rope, use_reentrant=False)
+        pin = self.attn.backend  # eager: the recomputation in backward runs outside DiT.forward's pin; re-enter it
+        contexts = lambda: (attention_context(pin), attention_context(pin))  # noqa: E731
+        return checkpoint(self._forward, x, c, rope, use_reentrant=False, context_fn=contexts)
+
+    def _forward(self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, 1)
         x = torch.addcmul(x, gate_msa.unsqueeze(1), self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope))
         x = torch.addcmul(x, gate_mlp.unsqueeze(1), self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
@@ -411,6 +429,7 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob) if num_classes else None
         # Frozen, but a Parameter (not a buffer) so that it is in the state dict as in the official release.
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.tokens, hidden_size), requires_grad=False)
+        self.attention = "auto"  # the blocks' attention kernel (set_attention)
         self.blocks = nn.ModuleList(
             [DiTBlock(hidden_size, num_heads, mlp_ratio, norm, mlp, qk_norm) for _ in range(depth)]
         )
@@ -419,7 +438,6 @@ class DiT(nn.Module):
             grid = input_size // patch_size
             for name, table in zip(("rope_cos", "rope_sin"), rope_2d(cfg.head_dim, grid)):
                 self.register_buffer(name, torch.tensor(table, dtype=torch.float32).unsqueeze(1), persistent=False)
-        self.checkpoint_mask = [False] * depth
         self.initialize_weights()
 
     @classmethod
@@ -474,14 +492,20 @@ class DiT(nn.Module):
             bad = sorted(i for i in chosen if not 0 <= i < depth)
             if bad:
                 raise ValueError(f"checkpoint block indices {bad} are outside 0..{depth - 1}")
-        self.checkpoint_mask = [i in chosen for i in range(depth)]
+        for i, block in enumerate(self.blocks):
+            block.checkpointed = i in chosen
         return self
+
+    @property
+    def checkpoint_mask(self) -> list[bool]:
+        return [block.checkpointed for block in self.blocks]
 
     def set_attention(self, backend: str = "auto"):
         """Attention kernel for every block: one of ``ATTENTION_BACKENDS`` (see ``attention_kernel``)."""
         attention_kernel(backend, "cpu", torch.float32)  # validates the name
         for block in self.blocks:
             block.attn.backend = backend
+        self.attention = backend
         return self
 
     @property
@@ -530,13 +554,11 @@ class DiT(nn.Module):
             c = c + self.y_embedder(y, self.training, force_drop_ids)
         rope = (self.rope_cos, self.rope_sin) if self.config.rope else None
         hidden = None
-        for i, (block, ckpt) in enumerate(zip(self.blocks, self.checkpoint_mask), start=1):
-            if ckpt and torch.is_grad_enabled():
-                x = checkpoint(block, x, c, rope, use_reentrant=False)
-            else:
+        with attention_context(self.attention):
+            for i, block in enumerate(self.blocks, start=1):
                 x = block(x, c, rope)
-            if i == return_hidden_at:
-                hidden = x
+                if i == return_hidden_at:
+                    hidden = x
         out = self.unpatchify(self.final_layer(x, c))
         return out if return_hidden_at is None else (out, hidden)
 

@@ -104,7 +104,8 @@ def latent_downsample(vae: AutoencoderKL) -> int:
 
 @torch.no_grad()
 def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The posterior's (mean, std), unscaled, for images in [-1, 1]. Std (not log-variance) is what sampling uses."""
+    """The posterior's (mean, std), unscaled, for images in [-1, 1]. Std (not log-variance) is what sampling uses.
+    Callers run it under ``Precision.frozen()``: the run's arithmetic (bf16 autocast in a bf16 run)."""
     posterior = vae.encode(images.to(dtype=vae.dtype)).latent_dist
     return posterior.mean, posterior.std
 

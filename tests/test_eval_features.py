@@ -49,6 +49,14 @@ def test_inception_outputs_adm_shapes_deterministically(inception, inception_wei
     torch.testing.assert_close(one["pool"], out["pool"][1:2], rtol=1e-4, atol=1e-5)
 
 
+def test_a_runs_autocast_does_not_reach_the_evaluation_network(inception, images):
+    """Scores stay comparable with the reference evaluators': the judge computes in float32 inside a bf16 run."""
+    out = inception(images)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = inception(images)
+    assert all(torch.equal(out[k], inside[k]) for k in out)
+
+
 def test_inception_logits_are_unbiased_and_spatial_is_the_nhwc_slice(inception, images):
     captured = {}
     hook = inception.net.Mixed_6d.branch1x1.register_forward_hook(lambda m, i, o: captured.update(out=o))

@@ -402,3 +402,31 @@ def test_option_values_are_checked_and_old_configs_build():
         DiTConfig(hidden_size=36, num_heads=6, rope=True)
     saved = {k: v for k, v in model_config("DiT-B/4").to_dict().items() if k not in ALL_OPTIONS}  # before them
     assert DiTConfig(**saved) == model_config("DiT-B/4") and not DiTConfig(**saved).block_options
+
+
+def test_a_pinned_attention_kernel_is_entered_once_around_the_blocks(monkeypatch):
+    """Not inside a block: an sdpa_kernel context in a compiled block defeats AOTAutograd's cache (pytorch
+    194007). In eager, a checkpointed block's recomputation re-enters the pin, and matches."""
+    import dit.models
+
+    entered = []
+    real = dit.models.sdpa_kernel
+
+    def spy(backends):
+        entered.append(backends)
+        return real(backends)
+
+    monkeypatch.setattr(dit.models, "sdpa_kernel", spy)
+    torch.manual_seed(0)
+    model = randomize(tiny(class_dropout_prob=0.0)).set_attention("math")
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([1, 900]), torch.tensor([1, 2])
+    ref = _output_and_grads(model, x, t, y)
+    assert len(entered) == 1 < len(model.blocks)
+    entered.clear()
+    got = _output_and_grads(model.set_checkpointing("all"), x, t, y)
+    assert len(entered) == 1 + 2 * len(model.blocks)  # forward, then each block's two recompute contexts
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a)
+    entered.clear()
+    _output_and_grads(model.set_attention("sdpa"), x, t, y)
+    assert entered == []

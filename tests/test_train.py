@@ -347,7 +347,7 @@ def test_on_cuda_each_record_has_its_windows_peaks_reserved_memory_and_retries(t
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: peaks["reserved"])
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {"num_alloc_retries": 7})
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
-    monkeypatch.setattr(ledger.sinks, "info", infos.append)
+    monkeypatch.setattr(ledger.sinks, "info", lambda message, stamp=None: infos.append(message))
     cuda = torch.device("cuda", 0)
     ledger.runtime = SimpleNamespace(device=cuda, world=1, is_main=True, sync=lambda: None)
     args = dict(epoch=0, counters={"loss": 1.0, "nonfinite_steps": 0}, grad_norm=None, lr=1e-3, in_warmup=False)

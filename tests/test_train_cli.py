@@ -228,3 +228,25 @@ def test_a_dropped_terminal_saves(image_folder, tmp_path):
     assert os.waitstatus_to_exitcode(status) == 129, log[-2000:]
     step = load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"]
     assert step >= 3 and f"stopped by SIGHUP at step {step}" in log
+
+
+def test_fsdp_in_bf16_computes_what_ddp_does_and_bf16_gradients_train(image_folder, tmp_path):
+    """FSDP's bf16 weights (gathered in bf16, reduced in float32, inputs not cast) compute what DDP's autocast
+    does; DDP's bf16 gradient all-reduce (--ddp-bf16-grads) trains, its rounding within 1e-2 of float32's."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    runs = {"ddp": [], "fsdp": ["--fsdp"], "bf16_grads": ["--ddp-bf16-grads"]}
+    for name, extra in runs.items():
+        done = run([*torchrun, *train_args(image_folder, tmp_path / name, 3, "--precision", "bf16", *extra)])
+        assert done.returncode == 0, done.stderr
+    ckpt = {name: load_checkpoint(latest_checkpoint(tmp_path / name / "checkpoints")) for name in runs}
+    loss = {
+        n: [json.loads(x)["loss"] for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in runs
+    }
+    for k, want in ckpt["ddp"]["model"].items():
+        torch.testing.assert_close(ckpt["fsdp"]["model"][k], want, rtol=1e-4, atol=1e-5, msg=k)
+    assert loss["fsdp"] == pytest.approx(loss["ddp"], rel=1e-4)
+    assert loss["bf16_grads"] == pytest.approx(loss["ddp"], rel=1e-2)
+    moved = ckpt["bf16_grads"]["model"]["final_layer.linear.weight"]
+    assert torch.count_nonzero(moved) > 0 and not torch.equal(
+        moved, ckpt["ddp"]["model"]["final_layer.linear.weight"]
+    )

@@ -108,3 +108,29 @@ def test_a_store_reports_the_encode_it_paid_once(tmp_path):
     assert f"paid once, at extraction: {gflops:.4g} GFLOP per image x 2 view(s) x 16 images" in log
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["vae_tflops_per_image"] == 0 and r["mfu_with_vae"] == r["mfu"] for r in rows)  # not in this run
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_vae_encodes_in_the_runs_precision(tmp_path, vae_dir, precision, dtype):
+    """The frozen VAE runs under the run's autocast (273 GFLOP an SD image: in IEEE fp32 it outweighed a bf16
+    DiT step); its latents reach the DiT in float32 either way."""
+    from helpers import make_image_folder
+
+    from dit.runtime import Runtime
+    from dit.train import Trainer
+
+    images = make_image_folder(tmp_path / "images", {"cat": 4, "dog": 4})
+    os.remove(os.path.join(images, "cat", "broken.jpg"))
+    cfg = config(
+        None, tmp_path / "run", feature_path=None, data_path=images, vae=vae_dir, image_size=32, num_classes=3,
+        precision=precision, global_batch_size=4, log_every=1000,
+    )  # fmt: skip
+    with Runtime("cpu", precision) as runtime:
+        trainer = Trainer(cfg, runtime, None)
+        seen = []
+        conv = trainer.data.vae.encoder.conv_in.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        model = trainer.state.model.x_embedder.register_forward_pre_hook(lambda m, i: seen.append(i[0].dtype))
+        trainer.train_step([next(iter(trainer.loader))], log_step=False)
+        conv.remove(), model.remove()
+        trainer.lock.release()
+    assert seen == [dtype, torch.float32]

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from dit.bench.steps import spread
 from dit.cost.analytic import sampling_flops_per_image
 from dit.cost.peaks import device_name, measure_matmul_peak, peak_for_device
-from dit.models import Attention, DiT_models, attention_kernel, model_config
+from dit.models import Attention, DiT_models, attention_context, attention_kernel, model_config
 from dit.runtime import Precision, Runtime
 
 
@@ -99,7 +99,8 @@ def bench_attention(
             for i in range(repeats + 1):
                 runtime.sync()
                 start = time.perf_counter()
-                attn(x).sum().backward()
+                with attention_context(backend):  # as DiT.forward pins it: around the module
+                    attn(x).sum().backward()
                 runtime.sync()
                 if i:
                     times.append(time.perf_counter() - start)

@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.errors import UserError
+from dit.runtime.precision import reference
 
 INCEPTION_NAME = "inception-v3-tf-2015-12-05"  # the network behind ADM's reference statistics
 # torch hub's integrity convention: the file name ends in the first 8 hex digits of the file's sha256
@@ -82,7 +83,10 @@ class FeatureNet(nn.Module):
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         if images.is_floating_point():
             _check_float_range(images)
-        return {k: v.float() for k, v in self.features(to_uint8(images)).items()}
+        # IEEE float32, autocast off, in every run's precision: the reference evaluators' arithmetic, so that
+        # scores stay comparable (a bf16 or tf32 run's frozen networks are faster; its judges are not).
+        with reference(images.device.type):
+            return {k: v.float() for k, v in self.features(to_uint8(images)).items()}
 
     def flops_per_image(self) -> int:
         """Forward FLOPs of one image at ``input_size``, counted on a meta-device copy (no compute, no memory)."""

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.config import Section, option
+from dit.config import FieldError, Section, option
 from dit.model_config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
-from dit.models import ATTENTION_BACKENDS
+from dit.models import ATTENTION_BACKENDS, DiT
 
 
 @dataclass(frozen=True)
@@ -36,32 +36,66 @@ class ParallelSection(Section):
     memory_reserve_gib: float | None = option(
         None, "device memory kept free by --activation-checkpointing auto (default: 10%, at least 2 GiB)", ge=0
     )
+    ddp_bf16_grads: bool = option(
+        False, "DDP: all-reduce gradients as bf16 (half the traffic; sums rounded to 8 bits), not float32"
+    )
 
     def check(self) -> None:
         parse_activation_checkpointing(self.activation_checkpointing)
+        if self.fsdp and self.ddp_bf16_grads:
+            raise FieldError("{ddp_bf16_grads} is for DDP; {fsdp} reduce-scatters gradients in float32: pass one.")
 
     @property
     def checkpointing(self) -> int | str:
         return parse_activation_checkpointing(self.activation_checkpointing)
 
 
-def data_parallel(model: nn.Module, device: torch.device, world: int) -> nn.Module:
-    """DDP around ``model`` on several processes (gradient buckets as views: one copy less per step)."""
+def data_parallel(model: nn.Module, device: torch.device, world: int, bf16_grads: bool = False) -> nn.Module:
+    """DDP around ``model`` on several processes (gradient buckets as views: one copy less per step). No buffer
+    broadcast before each forward: the DiT's buffers (RoPE tables) are fixed and built alike on every rank."""
     if world == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True, broadcast_buffers=False)
+    if bf16_grads:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        ddp.register_comm_hook(None, bf16_compress_hook)
+    return ddp
 
 
-def shard(model: nn.Module) -> nn.Module:
-    """Shard each DiT block, then the rest of the model (or a module without blocks whole: REPA's projector),
-    over the default process group."""
-    from torch.distributed.fsdp import fully_shard
+def parallelize(
+    model: DiT, checkpointed: int, compile: bool, sharded: bool, param_dtype: torch.dtype | None
+) -> DiT:
+    """The DiT made ready to train, in torchtitan's order: activation checkpointing (inside each block's
+    forward), then each block compiled whole (fullgraph: its recomputation traced in, the attention pin
+    outside it, ``dit.models.attention_context``), then FSDP2 over the compiled blocks."""
+    model.set_checkpointing(checkpointed)
+    if compile:
+        for block in model.blocks:
+            block.compile(fullgraph=True)
+    if sharded:
+        shard(model, param_dtype)
+    return model
 
-    for block in getattr(model, "blocks", ()):
-        fully_shard(block)
+
+def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """Shard each DiT block, then the rest of the model (or a module without blocks whole: REPA's projector, the
+    EMA copy), over the default process group.
+
+    The blocks' weights are gathered and computed in ``param_dtype`` (bf16 in a bf16 run: half the all-gather
+    traffic) and their gradients reduced in float32. Inputs are not cast (``cast_forward_inputs=False``), and
+    the rest of the model (embedders, final layer: about 1% of the weights) keeps float32, whose ``pos_embed``
+    makes the residual stream float32: the run computes what DDP's autocast computes. The last block stays
+    gathered after forward: backward needs it first."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    blocks = list(getattr(model, "blocks", ()))
+    for i, block in enumerate(blocks):
+        fully_shard(block, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model)
     return model
 

@@ -33,7 +33,7 @@ from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
 from dit.train.lineage import begin_segment, plan_segment
-from dit.train.parallel import data_parallel, shard
+from dit.train.parallel import data_parallel, parallelize, shard
 from dit.train.repa import Repa
 from dit.train.state import TrainState
 
@@ -103,11 +103,12 @@ class Trainer:
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, start.init_from, start.init_from_weights, report))
         self.attention = attention_kernel(cfg.parallel.attention, device.type, runtime.precision.compute_dtype)
-        model.set_checkpointing(self._checkpointed_blocks(model))
-        ema = EMA(model, optim.ema_decay, optim.ema_warmup)
+        ema = EMA(model, optim.ema_decay, optim.ema_warmup)  # a plain copy: never checkpointed, compiled nor run
         sharded = cfg.parallel.fsdp and world > 1
-        if sharded:  # every rank built the same weights; the checkpoint, if any, is scattered into the shards
-            shard(model)
+        # every rank built the same weights; the checkpoint, if any, is scattered into the shards
+        checkpointed, param_dtype = self._checkpointed_blocks(model), runtime.precision.amp_dtype
+        parallelize(model, checkpointed, cfg.parallel.compile, sharded, param_dtype)
+        if sharded:
             shard(ema.model)
             if projector is not None:
                 shard(projector)
@@ -120,10 +121,7 @@ class Trainer:
             notes += self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
             self.saved_step = self.state.step
         self.lineage, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
-        if cfg.parallel.compile:
-            for block in model.blocks:
-                block.compile()
-        self.ddp_model = trained if sharded else data_parallel(trained, device, world)
+        self.ddp_model = trained if sharded else data_parallel(trained, device, world, cfg.parallel.ddp_bf16_grads)
         self.objective = cfg.objective.build(model_cfg.learn_sigma)
         if not cfg.objective.flow:
             self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
@@ -245,12 +243,12 @@ class Trainer:
             lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
             sl = slice(lo, lo + self.micro)
             if self.repa is not None:  # the encoder sees the image the DiT's input comes from, before any VAE
-                with self.runtime.precision.autocast():
+                with self.runtime.precision.frozen():
                     target = self.repa.targets(x, stored[0].to(device, non_blocking=True) if stored else None)
             if self.data.vae is not None:
                 from dit.vae import encode
 
-                with torch.no_grad():
+                with torch.no_grad(), self.runtime.precision.frozen():  # bf16: 273 GFLOP an SD image, not in fp32
                     x = encode(self.data.vae, x, eps=eps_all[sl])
             kwargs = {"y": y, "force_drop_ids": drop_all[sl]} if mc.class_dropout_prob > 0 else {"y": y}
             last = m == len(batches) - 1

@@ -1,0 +1,56 @@
+"""dit.train.parallel's wiring of a DiT: checkpointing, then compiled blocks, then FSDP2, in that order."""
+
+import pytest
+import torch
+from helpers import tiny_dit
+
+import dit.train.parallel as parallel
+from dit.config import FieldError
+from dit.models import DiTBlock
+from dit.train.parallel import ParallelSection
+
+
+@pytest.mark.parametrize("param_dtype", [torch.bfloat16, None])
+def test_parallelize_checkpoints_then_compiles_then_shards(monkeypatch, param_dtype):
+    """torchtitan's order: a block is compiled with its checkpointing inside, and sharded once compiled."""
+    import torch.distributed.fsdp as fsdp
+
+    events = []
+
+    def compile(block, **kw):
+        events.append(("compile", block, block.checkpointed, kw))
+
+    def fully_shard(module, mp_policy=None, reshard_after_forward=True):
+        compiled = [e[1] for e in events if e[0] == "compile"]
+        events.append(("shard", module, mp_policy, reshard_after_forward, module in compiled))
+
+    monkeypatch.setattr(DiTBlock, "compile", compile)
+    monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
+    model = tiny_dit(0, depth=3)
+    parallel.parallelize(model, checkpointed=2, compile=True, sharded=True, param_dtype=param_dtype)
+    blocks = list(model.blocks)
+    compiled = [e for e in events if e[0] == "compile"]
+    assert [e[1] for e in compiled] == blocks and all(e[3] == {"fullgraph": True} for e in compiled)
+    assert [e[2] for e in compiled] == [True, True, False]  # checkpointing was in place when each compiled
+    shards = [e for e in events if e[0] == "shard"]
+    assert [e[1] for e in shards] == [*blocks, model] and events.index(shards[0]) == len(blocks)
+    assert [e[3] for e in shards[:-1]] == [True, True, False]  # the last block stays gathered for backward
+    assert all(e[4] for e in shards[:-1])  # each block sharded after it was compiled
+    for _, _, policy, _, _ in shards[:-1]:
+        assert (policy.param_dtype, policy.reduce_dtype, policy.cast_forward_inputs) == (
+            param_dtype,
+            torch.float32,
+            False,
+        )
+    assert shards[-1][2] is None  # the rest (pos_embed, embedders, final layer) keeps float32
+
+
+def test_parallelize_without_compile_or_shards_only_checkpoints(monkeypatch):
+    monkeypatch.setattr(DiTBlock, "compile", lambda *a, **k: pytest.fail("compiled"))
+    model = parallel.parallelize(tiny_dit(0, depth=3), 1, compile=False, sharded=False, param_dtype=None)
+    assert model.checkpoint_mask == [True, False, False]
+
+
+def test_ddp_bf16_gradients_are_refused_with_fsdp():
+    with pytest.raises(FieldError, match="ddp_bf16_grads.*fsdp"):
+        ParallelSection(fsdp=True, ddp_bf16_grads=True).check()

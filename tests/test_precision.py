@@ -1,0 +1,57 @@
+"""The precision policy's process-wide flags: every backend set consistently, and restored."""
+
+import pytest
+import torch
+
+from dit.runtime.precision import PRECISIONS, Precision, reference
+
+
+def _per_operator() -> dict:
+    b = torch.backends
+    ops = {
+        "cuda.matmul": b.cuda.matmul,
+        "cudnn.conv": b.cudnn.conv,
+        "cudnn.rnn": b.cudnn.rnn,
+        "mkldnn.matmul": b.mkldnn.matmul,
+        "mkldnn.conv": b.mkldnn.conv,
+        "mkldnn.rnn": b.mkldnn.rnn,
+    }
+    return {name: op.fp32_precision for name, op in ops.items()}
+
+
+def _legacy() -> tuple:
+    """What Inductor and older code read: each raises once the legacy and per-operator settings disagree."""
+    b = torch.backends
+    return b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+def test_flags_set_every_backend_so_the_legacy_getters_read(name):
+    before, legacy_before = _per_operator(), _legacy()
+    with Precision(name, "cuda").flags():  # fp16 is refused on the CPU only at construction; flags need no device
+        tf32 = name == "tf32"
+        assert _legacy() == (tf32, tf32, "high" if tf32 else "highest")
+        assert set(_per_operator().values()) == {"tf32" if tf32 else "ieee"}
+    assert _per_operator() == before and _legacy() == legacy_before
+
+
+def test_flags_nest_and_restore_a_callers_own_setting():
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # the caller's own half-set state (the legacy getter raises)
+    try:
+        before = _per_operator()
+        with Precision("tf32").flags(), reference("cpu"):  # the evaluators' float32 inside a tf32 run
+            assert _legacy() == (False, False, "highest")
+        assert _per_operator() == before
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # torch's default
+    assert _legacy()[1] is True
+
+
+def test_frozen_networks_run_in_the_runs_precision_and_evaluators_in_float32():
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+    assert (x @ w).dtype == torch.float32
+    for name, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16)):
+        with Precision(name).frozen():
+            assert (x @ w).dtype == dtype
+            with reference("cpu"):
+                assert (x @ w).dtype == torch.float32
