@@ -84,6 +84,7 @@ EXTRACT_FACE = Face(
     "(docs/latent_store.md).",
     sections={"extract": ExtractConfig, "repa_encoder": (RepaEncoderSection, "repa_")},
     outputs={"feature_path": "folder"},
+    inputs={"data_path": "folder", "vae": "file", "repa_encoder_weights": "file"},
 )
 
 

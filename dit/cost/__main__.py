@@ -451,7 +451,8 @@ FACE = Face(
     "dit-cost",
     __doc__.split("\n")[0],
     commands={name: Face(f"dit-cost {name}", (sections["args"].__doc__ or "").strip(), sections=sections,
-                         outputs={"out": "file"} if name == "plot" else None)
+                         outputs={"out": "file"} if name == "plot" else None,
+                         inputs={"vae": "file"} if name == "plot" else None)
               for name, (_, sections) in COMMANDS.items()},
 )  # fmt: skip
 

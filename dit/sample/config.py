@@ -11,6 +11,7 @@ from dit.sample.loading import WeightsSection
 from dit.sampling_plan import FidSamplingSection, SamplingSection
 
 _PRECISION = DeviceSection.__dataclass_fields__["precision"].metadata
+WEIGHTS_INPUTS = {"ckpt": "file", "vae": "file"}  # what WeightsSection's faces read
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   
     sections={"weights": WeightsSection, "sampling": SamplingSection, "runtime": SamplingDeviceSection,
               "grid": GridSection},
     outputs={"out": "file"},
+    inputs=WEIGHTS_INPUTS,
 )  # fmt: skip
 FID_FACE = Face(
     "scripts/sample_ddp.py",
@@ -95,6 +97,7 @@ after a kill finishes the set without duplicates or gaps.""",
     sections={"weights": WeightsSection, "sampling": FidSamplingSection, "runtime": SamplingDeviceSection,
               "fid": FidSetSection},
     outputs={"sample_dir": "folder"},
+    inputs=WEIGHTS_INPUTS,
 )  # fmt: skip
 
 
