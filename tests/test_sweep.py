@@ -132,22 +132,6 @@ def _every_output():
             yield pytest.param(name, sub, flat, kind, id=f"{name}{' ' + sub if sub else ''} {f.flag(flat)}")
 
 
-@pytest.fixture(scope="module")
-def read_only(tmp_path_factory):
-    """A folder nobody can write: a read-only tmpfs (root ignores a 0555 mode), or 0555 for another user."""
-    folder = tmp_path_factory.mktemp("read_only")
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        yield folder
-        folder.chmod(0o755)
-        return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"root cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip()})")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
 @pytest.mark.parametrize("name,sub,flat,kind", list(_every_output()))
 def test_an_output_path_the_os_refuses_is_one_line_before_any_work(
     name, sub, flat, kind, read_only, tmp_path, capsys

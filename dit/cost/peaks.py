@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -364,14 +365,38 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
             f"this run measured {new['tflops']:.4g} TFLOP/s, more than {CPU_PEAK_AGREEMENT:.0%} below the expired "
             f"peak kept in {path}, so the machine is busy and that one is used",
         )  # fmt: skip
-    try:
-        from dit.atomic import atomic_write_bytes
+    unusable = _keep(path, json.dumps({**cache, key: new}, indent=1).encode())
+    return _cpu_peak_of(new, arithmetic, f"not kept ({path}: {unusable})" if unusable else f"kept in {path}")
 
-        atomic_write_bytes(path, json.dumps({**cache, key: new}, indent=1).encode())
-        kept = f"kept in {path}"
-    except OSError:
-        kept = f"not kept ({path} is not writable)"
-    return _cpu_peak_of(new, arithmetic, kept)
+
+_WARNED: set[Path] = set()
+
+
+def _keep(path: Path, data: bytes) -> str | None:
+    """Write the cache file; None, or why it cannot be. The cache is an optimisation: a ``$DIT_CACHE_DIR``
+    that is a file, read-only or not creatable (it stopped training with "File exists") is one warning line
+    per process, on rank 0, and the run goes on with its peak measured and not kept."""
+    from dit.atomic import atomic_write_bytes
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        unusable = None if os.access(path.parent, os.W_OK | os.X_OK) else "not writable"
+    except OSError as e:
+        unusable = e.strerror or str(e)
+    if unusable is None:
+        try:
+            atomic_write_bytes(path, data)
+            return None
+        except UserError as e:  # a full disk: its message says which
+            unusable = str(e)
+    if path.parent not in _WARNED and os.environ.get("RANK", "0") == "0":
+        _WARNED.add(path.parent)
+        print(
+            f"warning: the peak cache {path.parent} cannot be used ({unusable}): the CPU peak is measured without "
+            f"it; point {CACHE_ENV} at a writable folder to keep it.",
+            file=sys.stderr,
+        )
+    return unusable
 
 
 def forget_cpu_peak(precision: str) -> Path | None:
