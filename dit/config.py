@@ -286,7 +286,8 @@ class Face:
             default = f.default
             if meta.get("positional"):
                 many = typing.get_origin(hint) is tuple
-                kw = {"nargs": "*", "default": default} if many else {}
+                optional = {"nargs": "?", "default": default} if default is not _REQUIRED else {}
+                kw = {"nargs": "*", "default": default} if many else optional
                 parser.add_argument(flat, choices=meta.get("choices") if not many else None, help=help_text, **kw)
                 continue
             flags = [

@@ -138,13 +138,23 @@ def test_override_and_environment_win(monkeypatch):
 
 
 def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
+    from dit.cost import peaks
+
     monkeypatch.delenv(PEAK_ENV, raising=False)
     cpu = resolve_peak(None, "fp32", measure_seconds=0.05)
     assert cpu.source == "measured" and cpu.device == "cpu" and cpu.flops > 0
+    # a device this machine lacks cannot be measured here: refused, not the CPU under its name
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "cpu")
+    for name, words in (("Imaginary X9000", ("known devices", "H100 SXM")), ("NVIDIA A10G", ("A10G has no",))):
+        with pytest.raises(UserError) as err:
+            resolve_peak(name, "bf16")
+        assert all(w in str(err.value) for w in (*words, "it has cpu", "--peak-tflops")), err.value
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "NVIDIA Imaginary X9000")  # present: measured
     with pytest.warns(UserWarning, match="--peak-tflops"):
         unknown = resolve_peak("Imaginary X9000", "fp32", measure_seconds=0.05)
     assert unknown.source == "measured" and "Imaginary X9000" in unknown.device
     assert unknown.flops != table_peak("NVIDIA A100-SXM4-80GB", "fp32").flops
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "NVIDIA A10G")
     with pytest.warns(UserWarning, match="bf16"):  # a known device without that rate: measured, not a crash
         assert resolve_peak("NVIDIA A10G", "bf16", measure_seconds=0.05).source == "measured"
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"

@@ -181,7 +181,9 @@ def resolve_peak(
 
     ``device_name`` None or "cpu" measures the CPU; an unknown accelerator (or a known one without a
     published rate for ``precision``, like an A10G) is measured on the current device with a warning, and
-    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this.
+    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this:
+    it names the device it runs on. A name that is not this machine's device is refused, not measured
+    (``dit-cost peaks --gpu X`` on a machine without X measured the CPU and labelled it X).
     """
     _check_precision(precision)
     label = device_name or "cpu"
@@ -193,6 +195,19 @@ def resolve_peak(
     spec = find_device(device_name)
     if spec is not None and _table_tflops(spec, precision) is not None:
         return table_peak(device_name, precision)
+    here = _this_device()
+    present = (
+        find_device(here) is spec
+        if spec
+        else re.search(rf"\b{re.escape(_normalise(device_name))}\b", _normalise(here))
+    )
+    if not present:
+        unknown = f"no peak is known for {device_name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
+        raise UserError(
+            f"{f'{spec.name} has no published dense {precision} rate' if spec else unknown}, and a measured peak "
+            f"needs that device, which this machine lacks (it has {here}): measure it on a machine with one, or "
+            f"{_HOW_TO_PLAN}."
+        )
     warnings.warn(
         f"no datasheet {precision} peak for {device_name!r}; MFU is against a measured matmul peak. To use "
         f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
@@ -234,6 +249,11 @@ def device_name(device=None) -> str:
     if "MI250X/MI250" in name and torch.cuda.get_device_properties(device).multi_processor_count == 104:
         return "AMD Instinct MI250"  # an MI250 GCD has 104 CUs, an MI250X GCD 110
     return name
+
+
+def _this_device() -> str:
+    """The name of the device a measurement here would run on (resolve_peak's argument hides device_name)."""
+    return device_name()
 
 
 def peak_for_device(device, precision: str, override_tflops: float | None = None) -> Peak:
