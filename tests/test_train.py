@@ -322,3 +322,18 @@ def test_a_finite_loss_with_non_finite_gradients_is_skipped(tmp_path):
     after = [p.detach() for p in (*model.parameters(), *ema.parameters())]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert int(trainer.counters.nonfinite_total) == 1 and trainer.state.step == 2
+
+
+def test_checkpoints_saved_every_step_are_one_line_per_log_window(tmp_path):
+    """`--ckpt-every 1` printed a "saved checkpoint" line per step: one line per log window names them and the
+    newest, and the final save is still named on its own (the resume line depends on it)."""
+    cfg = tiny_config(tmp_path, max_steps=8, ckpt_every=1, log_every=4, keep_last=0, progress=False)
+    train(cfg, dataset=Pixels())
+    lines = [line for line in (tmp_path / "run" / "log.txt").read_text().splitlines() if line.startswith("saved")]
+    folder = tmp_path / "run" / "checkpoints"
+    assert lines == [
+        f"saved 4 checkpoints, steps 1 to 4; the newest {folder / '0000004.pt'}",
+        f"saved 3 checkpoints, steps 5 to 7; the newest {folder / '0000007.pt'}",
+        f"saved checkpoint {folder / '0000008.pt'}",
+    ], lines
+    assert len(list_checkpoints(folder)) == 8
