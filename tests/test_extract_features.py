@@ -185,9 +185,10 @@ def test_bf16_encode_and_storage_without_flips(images, vae_dir, tmp_path):
 
 
 def test_bad_input_is_refused_and_nothing_is_overwritten(reference, images, vae_dir, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     cases = [
         (args(tmp_path / "nowhere", tmp_path / "o1", vae_dir), "does not exist"),
-        (args(tmp_path, tmp_path / "o2", vae_dir), "has no class sub-folders"),
+        (args(tmp_path / "empty", tmp_path / "o2", vae_dir), "has no class sub-folders"),
         (args(images, tmp_path / "o3", tmp_path / "no-vae"), "no-vae"),
     ]
     for argv, message in cases:
