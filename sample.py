@@ -1,6 +1,6 @@
 """Sample a grid of class-conditional images from a DiT checkpoint (ours or an official release).
 
-python sample.py --ckpt results/000-DiT-XL-2/checkpoints/0400000.pt --cfg-scale 4 --out sample.png
+python sample.py --ckpt results/DiT-XL-2-256/checkpoints/0400000.pt --cfg-scale 4 --out sample.png
 python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   # official weights
 """
 

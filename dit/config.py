@@ -218,14 +218,18 @@ class Parsed:
 class Face:
     """One command line: ``sections`` maps an attribute name to a Section class, or to (class, prefix) for a
     section embedded under a prefix (train.py's ``eval_`` sampling flags). ``commands``: subcommands.
-    ``outputs``: the options naming what it writes (``{"out": "file"}``), checked before any work starts."""
+    ``outputs``: the options naming what it writes (``{"out": "file"}``), checked before any work starts;
+    ``inputs``: the options naming what it reads, ``"folder"`` for a folder read whole (an image folder, a
+    latent store: nothing may be written inside it) or ``"file"`` for a path read by name (a checkpoint, a
+    model folder: it must not be written over). See ``check_apart``."""
 
     def __init__(self, prog: str, description: str = "", sections: dict | None = None,
                  commands: dict[str, Face] | None = None, renamed: dict[str, str] | None = None,
-                 outputs: Mapping[str, str] | None = None):  # fmt: skip
+                 outputs: Mapping[str, str] | None = None, inputs: Mapping[str, str] | None = None):  # fmt: skip
         self.prog, self.description, self.commands = prog, description, commands or {}
         self.renamed = renamed or {}  # old record/preset keys -> flat names (records written before a rename)
         self.outputs = dict(outputs or {})  # flat name -> "file" or "folder": what this command writes there
+        self.inputs = dict(inputs or {})  # flat name -> "folder" (read whole) or "file" (read by name)
         self.sections = {k: v if isinstance(v, tuple) else (v, "") for k, v in (sections or {}).items()}
         self.fields: dict[str, tuple[str, dataclasses.Field]] = {}  # flat name -> (section, field)
         for attr, (cls, prefix) in self.sections.items():
@@ -234,8 +238,9 @@ class Face:
                 if flat in self.fields:
                     raise TypeError(f"{prog}: {flat} is in sections {self.fields[flat][0]} and {attr}")
                 self.fields[flat] = (attr, f)
-        if set(self.outputs) - set(self.fields) or set(self.outputs.values()) - {"file", "folder"}:
-            raise TypeError(f"{prog}: outputs {self.outputs} must map its options to 'file' or 'folder'")
+        for kind, names in (("outputs", self.outputs), ("inputs", self.inputs)):
+            if set(names) - set(self.fields) or set(names.values()) - {"file", "folder"}:
+                raise TypeError(f"{prog}: {kind} {names} must map its options to 'file' or 'folder'")
 
     # ---- flags ----------------------------------------------------------------------------------------
 
@@ -281,7 +286,8 @@ class Face:
             default = f.default
             if meta.get("positional"):
                 many = typing.get_origin(hint) is tuple
-                kw = {"nargs": "*", "default": default} if many else {}
+                optional = {"nargs": "?", "default": default} if default is not _REQUIRED else {}
+                kw = {"nargs": "*", "default": default} if many else optional
                 parser.add_argument(flat, choices=meta.get("choices") if not many else None, help=help_text, **kw)
                 continue
             flags = [
@@ -356,6 +362,13 @@ class Face:
             path = values.get(flat, self.fields[flat][1].default)
             if isinstance(path, str):
                 check_output(path, kind, spell(flat))
+        given = {flat: values.get(flat, self.fields[flat][1].default) for flat in (*self.outputs, *self.inputs)}
+        for out_flat in self.outputs:
+            for in_flat, kind in self.inputs.items():
+                sources = given[in_flat] if isinstance(given[in_flat], tuple) else (given[in_flat],)
+                for source in sources:
+                    if isinstance(given[out_flat], str) and isinstance(source, str):
+                        check_apart(given[out_flat], spell(out_flat), source, spell(in_flat), kind)
         out = {}
         for attr, (cls, prefix) in self.sections.items():
             kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
@@ -440,6 +453,30 @@ def check_output(path: str, kind: str, flag: str) -> None:
     folder = _existing_ancestor(target if kind == "folder" else target.parent)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {path}: {folder} is not a writable folder; pass a path you can write.")
+
+
+def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
+    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole.
+
+    A latent store or a run folder written inside the image folder became an extra class on the next scan
+    (and then refused the resume of the extraction that wrote it); an output file equal to an input file
+    writes over what is being read. Both paths are compared with their links resolved. The other way round
+    is allowed: an input inside an output folder (the images kept under a results folder) is never touched,
+    since a command writes only its own names there and deletes only files it wrote (its temporary files,
+    checkpoints past ``--keep-last``). A ``source`` that does not exist is not a path here (a hub id, the
+    name ``ema``) or is missing, which its reader reports."""
+    if not os.path.exists(source):
+        return
+    out, src = Path(output).resolve(), Path(source).resolve()
+    if out == src:
+        raise UserError(
+            f"{output_flag} {output} is {source_flag} {source}, which this command reads: pass another {output_flag}."
+        )
+    if kind == "folder" and src in out.parents:
+        raise UserError(
+            f"{output_flag} {output} is inside {source_flag} {source}, a folder read whole: what is written there "
+            f"would be read as part of it (an image folder's extra class); pass a {output_flag} outside {source}."
+        )
 
 
 def _existing_ancestor(path: Path) -> Path:

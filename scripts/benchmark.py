@@ -28,7 +28,8 @@ FACE = Face(
     "scripts/benchmark.py",
     __doc__,
     commands={name: Face(f"scripts/benchmark.py {name}", help_text, sections={"bench": cls},
-                         outputs={k: "file" for k in ("out", "plot") if k in cls.names()})
+                         outputs={k: "file" for k in ("out", "plot", "calibration") if k in cls.names()},
+                         inputs={"store": "folder"} if "store" in cls.names() else None)
               for name, (cls, help_text) in bench.MODES.items()},
 )  # fmt: skip
 

@@ -27,6 +27,7 @@ FACE = Face(
     __doc__,
     sections={"weights": WeightsSection, "export": ExportConfig},
     outputs={"out": "folder"},
+    inputs={"ckpt": "file", "vae": "file", "class_names": "file"},
 )
 
 

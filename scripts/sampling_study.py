@@ -80,7 +80,11 @@ class StudyConfig(Section):
 
 
 FACE = Face(
-    "scripts/sampling_study.py", __doc__, sections={"study": StudyConfig}, outputs={"out": "file", "plot": "file"}
+    "scripts/sampling_study.py",
+    __doc__,
+    sections={"study": StudyConfig},
+    outputs={"out": "file", "plot": "file"},
+    inputs={"ckpt": "file"},
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,22 @@ def peak_cache(tmp_path_factory):
         os.environ.pop("DIT_CACHE_DIR", None)
     else:
         os.environ["DIT_CACHE_DIR"] = saved
+
+
+@pytest.fixture(scope="module")
+def read_only(tmp_path_factory):
+    """A folder nobody can write: a read-only tmpfs (root ignores a 0555 mode), or 0555 for another user."""
+    folder = tmp_path_factory.mktemp("read_only")
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"root cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip()})")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.fixture(scope="module")

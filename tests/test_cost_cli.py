@@ -191,6 +191,29 @@ def test_peaks_command(capsys):
     assert json.loads(out) == {"device": "L40S", "precision": "bf16", "tflops": 362.0, "source": "table"}
 
 
+def test_peaks_of_one_device_named_as_an_argument_or_a_flag(capsys, monkeypatch):
+    """`dit-cost peaks cpu` measures (its --help says so; the argument was refused); a device this machine
+    lacks is one line, not the CPU measured under the device's name."""
+    from dit.cost import peaks
+
+    monkeypatch.setattr(
+        peaks, "cpu_peak", lambda precision, seconds=1.0: peaks.Peak(2e12, "measured", "cpu", precision)
+    )
+    for argv in (["peaks", "cpu"], ["peaks", "--gpu", "cpu"], ["peaks", "cpu", "--device", "cpu"]):
+        code, out, _ = run(capsys, *argv, "--precision", "fp32")
+        assert code == 0 and out == "peak: 2 TFLOP/s fp32 on cpu (measured)\n", (argv, out)
+    code, out, _ = run(capsys, "peaks", "L40S", "--json")
+    assert code == 0 and json.loads(out)["tflops"] == 362.0
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "cpu")
+    for argv in (
+        ["peaks", "--gpu", "Imaginary X9000"],
+        ["peaks", "Imaginary X9000"],
+        ["peaks", "cpu", "--gpu", "L4"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: "), (argv, err)
+
+
 def test_plots_are_png(capsys, tmp_path):
     flops_png, memory_png = tmp_path / "flops.png", tmp_path / "memory.png"
     assert run(capsys, "plot", "flops", "--out", str(flops_png))[0] == 0

@@ -1,6 +1,7 @@
 """Device-name matching on the real name strings, dtype columns, overrides and the measured fallback."""
 
 import pytest
+import torch
 
 from dit.cost.peaks import (
     DEVICES,
@@ -137,13 +138,23 @@ def test_override_and_environment_win(monkeypatch):
 
 
 def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):
+    from dit.cost import peaks
+
     monkeypatch.delenv(PEAK_ENV, raising=False)
     cpu = resolve_peak(None, "fp32", measure_seconds=0.05)
     assert cpu.source == "measured" and cpu.device == "cpu" and cpu.flops > 0
+    # a device this machine lacks cannot be measured here: refused, not the CPU under its name
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "cpu")
+    for name, words in (("Imaginary X9000", ("known devices", "H100 SXM")), ("NVIDIA A10G", ("A10G has no",))):
+        with pytest.raises(UserError) as err:
+            resolve_peak(name, "bf16")
+        assert all(w in str(err.value) for w in (*words, "it has cpu", "--peak-tflops")), err.value
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "NVIDIA Imaginary X9000")  # present: measured
     with pytest.warns(UserWarning, match="--peak-tflops"):
         unknown = resolve_peak("Imaginary X9000", "fp32", measure_seconds=0.05)
     assert unknown.source == "measured" and "Imaginary X9000" in unknown.device
     assert unknown.flops != table_peak("NVIDIA A100-SXM4-80GB", "fp32").flops
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "NVIDIA A10G")
     with pytest.warns(UserWarning, match="bf16"):  # a known device without that rate: measured, not a crash
         assert resolve_peak("NVIDIA A10G", "bf16", measure_seconds=0.05).source == "measured"
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").source == "table"
@@ -265,3 +276,32 @@ def test_the_peak_follows_the_runs_device(monkeypatch):
     assert peak_for_device(torch.device("cuda", 0), "bf16").device == "H100 SXM"
     cpu = peak_for_device(torch.device("cpu"), "bf16")
     assert (cpu.device, cpu.source) == ("cpu", "measured")
+
+
+@pytest.mark.parametrize("cache", ["a file", "a read-only folder"])
+def test_an_unusable_peak_cache_is_one_warning_and_training_goes_on(
+    cache, tmp_path, read_only, monkeypatch, capsys
+):
+    """The cache is an optimisation: DIT_CACHE_DIR naming a file stopped training with "File exists"."""
+    from torch.utils.data import TensorDataset
+
+    from dit.cost import peaks
+    from dit.train import TrainConfig, train
+
+    folder = tmp_path / "cache-file" if cache == "a file" else read_only
+    if cache == "a file":
+        folder.write_text("not a folder")
+    monkeypatch.setenv("DIT_CACHE_DIR", str(folder))
+    monkeypatch.delenv(PEAK_ENV, raising=False)
+    monkeypatch.setattr(peaks, "_WARNED", set())
+    _fake_probes(monkeypatch, [[2, 2], [2, 2], [2, 2], [2, 2]])
+    peak = resolve_peak("cpu", "fp32")
+    assert peak.flops == 2e12 and "not kept" in peak.detail
+    data = TensorDataset(torch.rand(8, 3, 8, 8) * 2 - 1, torch.arange(8) % 4)
+    cfg = TrainConfig.of(model="DiT-S/2", depth=1, hidden_size=32, num_heads=2, image_size=8, num_classes=4,
+                         vae="none", global_batch_size=4, max_steps=2, precision="fp32", num_workers=0,
+                         progress=False, results_dir=str(tmp_path / "run"))  # fmt: skip
+    assert train(cfg, dataset=data)["status"] == "finished"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(folder) in warnings[0] and "DIT_CACHE_DIR" in warnings[0], warnings
+    assert (folder.read_text() == "not a folder") if cache == "a file" else not list(folder.iterdir())

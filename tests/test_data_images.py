@@ -155,3 +155,23 @@ def test_array_dataset_crops_once_and_keeps_channels():
     assert rgb[1][0].shape == (3, 32, 32)
     with pytest.raises(UserError, match="uint8"):
         ArrayImageDataset(grey.astype(np.float32), np.arange(10), 32)
+
+
+def test_class_folders_named_alike_in_two_unicode_forms_are_reported(tmp_path):
+    """'café' as NFC and as NFD print alike but were two classes, silently: both keep their label (the sorted
+    names', so a store or checkpoint made before reads the same labels), the second is reported as hidden
+    entries are, and --strict refuses the folder."""
+    import unicodedata
+
+    nfc, nfd = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    root = tmp_path / "data"
+    for name in (nfc, nfd, "cafz", "dog"):  # "cafz" sorts between the two forms of "café"
+        (root / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(root / name / "a.png")
+    scan = scan_image_folder(str(root))
+    assert scan.classes == sorted([nfc, nfd, "cafz", "dog"]) and len({label for _, label in scan.samples}) == 4
+    reasons = dict(scan.skipped)
+    assert list(reasons) == [nfc] and f"class folder {nfd}" in reasons[nfc] and "rename one" in reasons[nfc]
+    assert "NFC, that one NFD" in reasons[nfc]
+    with pytest.raises(UserError, match="Unicode form"):
+        ImageFolderDataset(str(root), 8, strict=True)

@@ -116,3 +116,27 @@ def test_every_face_prints_its_help(name, argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         _parsers()[name](argv)
     assert exit_.value.code == 0 and "--" in capsys.readouterr().out
+
+
+def test_every_checkpoint_path_shown_is_a_folder_a_run_writes():
+    """sample.py --help showed results/000-DiT-XL-2/..., the README results/DiT-XL-2-256/... and the default is
+    results/run: a run folder shown in a page, a help text or a docstring is one a command writes without a
+    flag (train.py's default, a preset's results_dir, the quick start's run), or one the same text passes."""
+    import yaml
+
+    from dit.quickstart import FACE as QUICKSTART
+    from dit.train.config import TRAIN_FACE
+
+    written = {TRAIN_FACE.fields["results_dir"][1].default, QUICKSTART.fields["results_dir"][1].default + "/run"}
+    written |= {yaml.safe_load(p.read_text())["results_dir"] for p in (ROOT / "configs").glob("*.yaml")}
+    sources = [*PAGES, *ROOT.glob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "dit").rglob("*.py")]
+    shown = []
+    for path in sources:
+        text = path.read_text()
+        passed = set(re.findall(r"--results-dir[ =]([\w./-]+)", text))
+        for folder in re.findall(r"(results/[\w.-]+(?:/run)?)/checkpoints/", text):
+            if folder.endswith("..."):
+                continue  # elided on purpose
+            shown.append(folder)
+            assert folder in written | passed, f"{path.relative_to(ROOT)}: {folder} (runs write {sorted(written)})"
+    assert len(shown) > 5

@@ -13,6 +13,7 @@ from helpers import faces
 
 from dit.cli import run_cli
 from dit.config import _REQUIRED, _hints, _unwrap
+from dit.errors import UserError
 
 # ---- helpers -------------------------------------------------------------------------------------------
 
@@ -131,22 +132,6 @@ def _every_output():
             yield pytest.param(name, sub, flat, kind, id=f"{name}{' ' + sub if sub else ''} {f.flag(flat)}")
 
 
-@pytest.fixture(scope="module")
-def read_only(tmp_path_factory):
-    """A folder nobody can write: a read-only tmpfs (root ignores a 0555 mode), or 0555 for another user."""
-    folder = tmp_path_factory.mktemp("read_only")
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        yield folder
-        folder.chmod(0o755)
-        return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"root cannot mount a read-only tmpfs here ({mounted.stderr.decode().strip()})")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
 @pytest.mark.parametrize("name,sub,flat,kind", list(_every_output()))
 def test_an_output_path_the_os_refuses_is_one_line_before_any_work(
     name, sub, flat, kind, read_only, tmp_path, capsys
@@ -162,6 +147,81 @@ def test_an_output_path_the_os_refuses_is_one_line_before_any_work(
     line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, flat, str(wrong)))
     assert f.flag(flat) in line and ("is a folder" if kind == "file" else "is a file") in line, line
     assert not os.listdir(read_only)
+
+
+# The names the faces give what they read from a path; a face that writes declares each in ``inputs``.
+INPUT_NAMES = {
+    "data_path",
+    "feature_path",
+    "ckpt",
+    "init_from",
+    "images",
+    "npz",
+    "latents",
+    "adm",
+    "store",
+    "vae",
+    "class_names",
+    "eval_ref",
+    "inception_weights",
+    "eval_inception_weights",
+    "repa_encoder_weights",
+}
+
+
+def test_every_option_that_names_an_input_of_a_writing_face_is_declared():
+    missing = [
+        f"{name} {sub or ''} {f.flag(flat)}"
+        for name, sub, f in _commands()
+        for flat in f.fields
+        if f.outputs and flat in INPUT_NAMES and flat not in {**f.inputs, **f.outputs}
+    ]
+    assert missing == []
+
+
+def _every_output_and_input():
+    for name, sub, f in _commands():
+        for out, out_kind in f.outputs.items():
+            for source, kind in f.inputs.items():
+                label = f"{name}{' ' + sub if sub else ''} {f.flag(out)} {f.flag(source)}"
+                yield pytest.param(name, sub, out, out_kind, source, kind, id=label)
+
+
+@pytest.mark.parametrize("name,sub,out,out_kind,source,kind", list(_every_output_and_input()))
+def test_an_output_inside_or_on_an_input_is_one_line_before_any_work(
+    name, sub, out, out_kind, source, kind, tmp_path, capsys
+):
+    """A results folder or a latent store inside the image folder became an extra class on its next scan: every
+    output of every face is checked against every input it reads, links resolved, before anything is written."""
+    face, f = _face(name, sub)
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(data)
+    if kind == "folder":  # inside a folder read whole, also through a link to it
+        for written in (data / "sub" / "x", tmp_path / "link" / "x"):
+            argv = _argv(f, sub, tmp_path, out, str(written), extra=[f"{f.flag(source)}={data}"])
+            line = _one_error_line(capsys, face, argv)
+            assert f.flag(out) in line and f.flag(source) in line and f"inside {f.flag(source)}" in line, line
+    read = tmp_path / ("read" if out_kind == "file" else "read_folder")
+    (read.write_bytes(b"x") if out_kind == "file" else read.mkdir())
+    line = _one_error_line(
+        capsys, face, _argv(f, sub, tmp_path, out, str(read), extra=[f"{f.flag(source)}={read}"])
+    )
+    assert f.flag(out) in line and f.flag(source) in line and "which this command reads" in line, line
+    assert sorted(p.name for p in data.rglob("*")) == ["a"] and read.exists()
+    # the other way round: what it reads may lie inside what it writes (never touched there)
+    inner = tmp_path / "results" / "in"
+    (inner.mkdir(parents=True) if kind == "folder" else (inner.parent.mkdir(), inner.write_bytes(b"x")))
+    written = tmp_path / "results" if out_kind == "folder" else tmp_path / "results.json"
+    try:  # the other checks may refuse the harmless filler values; this one may not
+        f.build({**_filled(f, tmp_path), out: str(written), source: str(inner)})
+    except UserError as e:
+        assert "which this command reads" not in str(e) and f"inside {f.flag(source)}" not in str(e), e
+
+
+def _filled(f, tmp_path) -> dict:
+    """The required options of ``f`` with harmless values, as ``Face.build`` takes them."""
+    return {name: str(tmp_path / name) for name in f.fields if _field_type(f, name)[2].default is _REQUIRED}
 
 
 def test_a_write_the_os_refuses_later_is_one_line_and_leaves_nothing(read_only, tmp_path, capsys):

@@ -361,3 +361,19 @@ def test_on_cuda_each_record_has_its_windows_peaks_reserved_memory_and_retries(t
     compared = [line for line in infos if line.startswith("memory, first window")]
     assert len(compared) == 1 and "5 GiB reserved" in compared[0]
     assert f"estimate {ledger.memory_estimate / 2**30:.3g} GiB" in compared[0] and ledger.memory_estimate > 0
+
+
+def test_checkpoints_saved_every_step_are_one_line_per_log_window(tmp_path):
+    """`--ckpt-every 1` printed a "saved checkpoint" line per step: one line per log window names them and the
+    newest, and the final save is still named on its own (the resume line depends on it)."""
+    cfg = tiny_config(tmp_path, max_steps=8, ckpt_every=1, log_every=4, keep_last=0, progress=False)
+    train(cfg, dataset=Pixels())
+    text = (tmp_path / "run" / "log.txt").read_text().splitlines()
+    lines = [line.split(" ", 1)[1] for line in text if line.split(" ", 1)[1].startswith("saved")]  # after the time
+    folder = tmp_path / "run" / "checkpoints"
+    assert lines == [
+        f"saved 4 checkpoints, steps 1 to 4; the newest {folder / '0000004.pt'}",
+        f"saved 3 checkpoints, steps 5 to 7; the newest {folder / '0000007.pt'}",
+        f"saved checkpoint {folder / '0000008.pt'}",
+    ], lines
+    assert len(list_checkpoints(folder)) == 8

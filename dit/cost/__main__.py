@@ -333,11 +333,11 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
 
 def cmd_peaks(args: PeaksArgs) -> None:
     o = args
-    if o.gpu is not None:
+    if o.device is not None:
         from dit.runtime.precision import Precision  # an unknown device is measured: in the runtime's mode
 
         with Precision(o.precision, "cuda").flags():
-            peak = peaks.resolve_peak(o.gpu, o.precision, o.peak_tflops)
+            peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
         result = {
             "device": peak.device,
             "precision": peak.precision,
@@ -451,7 +451,8 @@ FACE = Face(
     "dit-cost",
     __doc__.split("\n")[0],
     commands={name: Face(f"dit-cost {name}", (sections["args"].__doc__ or "").strip(), sections=sections,
-                         outputs={"out": "file"} if name == "plot" else None)
+                         outputs={"out": "file"} if name == "plot" else None,
+                         inputs={"vae": "file"} if name == "plot" else None)
               for name, (_, sections) in COMMANDS.items()},
 )  # fmt: skip
 

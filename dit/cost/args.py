@@ -200,13 +200,22 @@ class MemoryArgs(Section):
 
 @dataclass(frozen=True)
 class PeaksArgs(Section):
-    """the peak table, or the peak for one device name ('cpu' measures)"""
+    """the peak table, or the peak for one device name ('cpu' measures): `dit-cost peaks cpu`"""
 
     gpu: str | None = option(None, "a device name to resolve, e.g. 'NVIDIA H100 80GB HBM3' or cpu",
                              aliases=("--device",))  # fmt: skip
+    device_name: str | None = option(None, "the device name as an argument, as --gpu takes it", positional=True)
     precision: str = option("bf16", "precision", choices=peaks.PRECISIONS)
     peak_tflops: float | None = option(None, "override the table", gt=0)
     json: bool = option(False, "print JSON")
+
+    def check(self) -> None:
+        if self.gpu is not None and self.device_name is not None and self.gpu != self.device_name:
+            raise FieldError(f"name one device: {{gpu}} {self.gpu!r} or {self.device_name!r}, not both.")
+
+    @property
+    def device(self) -> str | None:
+        return self.gpu if self.gpu is not None else self.device_name
 
 
 @dataclass(frozen=True, kw_only=True)

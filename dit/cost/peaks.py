@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -180,7 +181,9 @@ def resolve_peak(
 
     ``device_name`` None or "cpu" measures the CPU; an unknown accelerator (or a known one without a
     published rate for ``precision``, like an A10G) is measured on the current device with a warning, and
-    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this.
+    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this:
+    it names the device it runs on. A name that is not this machine's device is refused, not measured
+    (``dit-cost peaks --gpu X`` on a machine without X measured the CPU and labelled it X).
     """
     _check_precision(precision)
     label = device_name or "cpu"
@@ -192,6 +195,19 @@ def resolve_peak(
     spec = find_device(device_name)
     if spec is not None and _table_tflops(spec, precision) is not None:
         return table_peak(device_name, precision)
+    here = _this_device()
+    present = (
+        find_device(here) is spec
+        if spec
+        else re.search(rf"\b{re.escape(_normalise(device_name))}\b", _normalise(here))
+    )
+    if not present:
+        unknown = f"no peak is known for {device_name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
+        raise UserError(
+            f"{f'{spec.name} has no published dense {precision} rate' if spec else unknown}, and a measured peak "
+            f"needs that device, which this machine lacks (it has {here}): measure it on a machine with one, or "
+            f"{_HOW_TO_PLAN}."
+        )
     warnings.warn(
         f"no datasheet {precision} peak for {device_name!r}; MFU is against a measured matmul peak. To use "
         f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
@@ -233,6 +249,11 @@ def device_name(device=None) -> str:
     if "MI250X/MI250" in name and torch.cuda.get_device_properties(device).multi_processor_count == 104:
         return "AMD Instinct MI250"  # an MI250 GCD has 104 CUs, an MI250X GCD 110
     return name
+
+
+def _this_device() -> str:
+    """The name of the device a measurement here would run on (resolve_peak's argument hides device_name)."""
+    return device_name()
 
 
 def peak_for_device(device, precision: str, override_tflops: float | None = None) -> Peak:
@@ -364,14 +385,38 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
             f"this run measured {new['tflops']:.4g} TFLOP/s, more than {CPU_PEAK_AGREEMENT:.0%} below the expired "
             f"peak kept in {path}, so the machine is busy and that one is used",
         )  # fmt: skip
-    try:
-        from dit.atomic import atomic_write_bytes
+    unusable = _keep(path, json.dumps({**cache, key: new}, indent=1).encode())
+    return _cpu_peak_of(new, arithmetic, f"not kept ({path}: {unusable})" if unusable else f"kept in {path}")
 
-        atomic_write_bytes(path, json.dumps({**cache, key: new}, indent=1).encode())
-        kept = f"kept in {path}"
-    except OSError:
-        kept = f"not kept ({path} is not writable)"
-    return _cpu_peak_of(new, arithmetic, kept)
+
+_WARNED: set[Path] = set()
+
+
+def _keep(path: Path, data: bytes) -> str | None:
+    """Write the cache file; None, or why it cannot be. The cache is an optimisation: a ``$DIT_CACHE_DIR``
+    that is a file, read-only or not creatable (it stopped training with "File exists") is one warning line
+    per process, on rank 0, and the run goes on with its peak measured and not kept."""
+    from dit.atomic import atomic_write_bytes
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        unusable = None if os.access(path.parent, os.W_OK | os.X_OK) else "not writable"
+    except OSError as e:
+        unusable = e.strerror or str(e)
+    if unusable is None:
+        try:
+            atomic_write_bytes(path, data)
+            return None
+        except UserError as e:  # a full disk: its message says which
+            unusable = str(e)
+    if path.parent not in _WARNED and os.environ.get("RANK", "0") == "0":
+        _WARNED.add(path.parent)
+        print(
+            f"warning: the peak cache {path.parent} cannot be used ({unusable}): the CPU peak is measured without "
+            f"it; point {CACHE_ENV} at a writable folder to keep it.",
+            file=sys.stderr,
+        )
+    return unusable
 
 
 def forget_cpu_peak(precision: str) -> Path | None:

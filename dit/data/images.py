@@ -9,6 +9,7 @@ dropping it; corrupt images surface when they are decoded.
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,7 +111,10 @@ def scan_image_folder(root: str) -> FolderScan:
 
     Empty class folders keep their index (so the labels of later classes do not shift) but are reported.
     Hidden entries are ignored and reported: a ``.ipynb_checkpoints`` folder at the root became class 0 and
-    shifted every label (torchvision's ImageFolder does the same). Links are followed, but a link back to a
+    shifted every label (torchvision's ImageFolder does the same). Two class folders whose names differ only in
+    Unicode normal form (``café`` as NFC and as NFD, as copies between macOS and Linux leave them) look like
+    one name but are two classes: both keep their index (the labels stay those of the sorted names, as a
+    store or checkpoint recorded them) and the later one is reported, so ``--strict`` refuses it. Links are followed, but a link back to a
     folder already walked is not (``os.walk`` followed a loop until ELOOP, listing one image 41 times).
     """
     if not os.path.isdir(root):
@@ -130,6 +134,7 @@ def scan_image_folder(root: str) -> FolderScan:
     scan = FolderScan(root=root, classes=classes)
     scan.skipped += [(e.name, HIDDEN) for e in hidden]
     scan.skipped += [(e.name, "not inside a class folder") for e in entries if not e.is_dir()]
+    scan.skipped += _normal_form_twins(classes)
     for label, name in enumerate(classes):
         found, walked = 0, set()
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
@@ -166,6 +171,23 @@ def scan_image_folder(root: str) -> FolderScan:
     if not scan.samples:
         raise UserError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) under {root}. Check --data-path.")
     return scan
+
+
+def _normal_form(name: str) -> str:
+    return next((form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, name)), "mixed")
+
+
+def _normal_form_twins(classes: list[str]) -> list[tuple[str, str]]:
+    """(class, reason) for each class folder named as an earlier one in another Unicode normal form."""
+    first, twins = {}, []
+    for name in classes:
+        other = first.setdefault(unicodedata.normalize("NFC", name), name)
+        if other != name:
+            twins.append((name, (
+                f"the name of class folder {other} in another Unicode form ({_normal_form(name)}, that one "
+                f"{_normal_form(other)}): kept as a class of its own; rename one, or move its images into the other"
+            )))  # fmt: skip
+    return twins
 
 
 def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:

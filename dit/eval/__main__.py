@@ -85,7 +85,11 @@ class RefConfig(Section):
             raise FieldError("{adm} statistics are Inception-v3 statistics: leave {feature_net} at inception.")
 
 
-REF_FACE = Face("python -m dit.eval ref", RefConfig.__doc__, sections={"ref": RefConfig}, outputs={"out": "file"})
+REF_FACE = Face(
+    "python -m dit.eval ref", RefConfig.__doc__, sections={"ref": RefConfig}, outputs={"out": "file"},
+    inputs={"images": "folder", "npz": "file", "latents": "folder", "adm": "file", "vae": "file",
+            "inception_weights": "file"},
+)  # fmt: skip
 FACE = Face("python -m dit.eval", __doc__, sections={"eval": EvalConfig})
 
 

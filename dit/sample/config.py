@@ -11,6 +11,7 @@ from dit.sample.loading import WeightsSection
 from dit.sampling_plan import FidSamplingSection, SamplingSection
 
 _PRECISION = DeviceSection.__dataclass_fields__["precision"].metadata
+WEIGHTS_INPUTS = {"ckpt": "file", "vae": "file"}  # what WeightsSection's faces read
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,15 @@ SAMPLE_FACE = Face(
     "sample.py",
     """Sample a grid of class-conditional images from a DiT checkpoint (ours or an official release).
 
-python sample.py --ckpt results/000-DiT-XL-2/checkpoints/0400000.pt --guidance-scale 4 --out sample.png
-python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   # official weights""",
+python sample.py --ckpt results/DiT-XL-2-256/checkpoints/0400000.pt --guidance-scale 4 --out sample.png
+python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   # official weights
+
+A run's checkpoints are RESULTS_DIR/checkpoints/STEP.pt: results/DiT-XL-2-256 is the folder of
+`train.py --config configs/DiT-XL-2-256.yaml`, results/run that of a run without a preset or --results-dir.""",
     sections={"weights": WeightsSection, "sampling": SamplingSection, "runtime": SamplingDeviceSection,
               "grid": GridSection},
     outputs={"out": "file"},
+    inputs=WEIGHTS_INPUTS,
 )  # fmt: skip
 FID_FACE = Face(
     "scripts/sample_ddp.py",
@@ -95,6 +100,7 @@ after a kill finishes the set without duplicates or gaps.""",
     sections={"weights": WeightsSection, "sampling": FidSamplingSection, "runtime": SamplingDeviceSection,
               "fid": FidSetSection},
     outputs={"sample_dir": "folder"},
+    inputs=WEIGHTS_INPUTS,
 )  # fmt: skip
 
 

@@ -168,6 +168,15 @@ TRAIN_FACE = Face(
     },
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
     outputs={"results_dir": "folder"},
+    inputs={
+        "data_path": "folder",
+        "feature_path": "folder",
+        "vae": "file",
+        "init_from": "file",
+        "eval_ref": "file",
+        "eval_inception_weights": "file",
+        "repa_encoder_weights": "file",
+    },  # fmt: skip
 )
 
 

@@ -117,6 +117,7 @@ class Trainer:
             trained,
         )  # fmt: skip
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
+        self.unreported_saves: list[tuple[int, str]] = []  # (step, path) saved since the last log line about them
         if ckpt is not None:
             notes += self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
             self.saved_step = self.state.step
@@ -332,6 +333,8 @@ class Trainer:
                     if ckpt_step:
                         with ledger.paused():
                             self.save()
+                    if log_step:
+                        self._report_saves()
                     if grid_every and state.step % grid_every == 0:
                         with ledger.paused():
                             self.sample_grid()
@@ -349,6 +352,7 @@ class Trainer:
                         break
                 self.save()
         finally:
+            self._report_saves()  # the final save, a stop's, or the one before an error: named in the log
             close_workers(it)
             if self.lock is not None:
                 self.lock.release()
@@ -419,9 +423,20 @@ class Trainer:
             payload["model_config"] = self.state.model.config.to_dict()
             payload["lineage"] = self.lineage
             path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.checkpoint.keep_last)
-            self.ledger.sinks.info(f"saved checkpoint {path}")
+            self.unreported_saves.append((self.state.step, str(path)))
         self.saved_step = self.state.step
         self.runtime.barrier()
+
+    def _report_saves(self) -> None:
+        """The checkpoints saved since the last report, in one line: at each log step and at the end of ``run``
+        (``--ckpt-every 1`` printed a line per step)."""
+        saves, self.unreported_saves = self.unreported_saves, []
+        if len(saves) == 1:
+            self.ledger.sinks.info(f"saved checkpoint {saves[0][1]}")
+        elif saves:
+            self.ledger.sinks.info(
+                f"saved {len(saves)} checkpoints, steps {saves[0][0]} to {saves[-1][0]}; the newest {saves[-1][1]}"
+            )
 
     def _whole(self, model: DiT, every_rank: bool = True) -> DiT | None:
         """``model`` itself, or under FSDP an unsharded copy on every rank (or on rank 0 only, None elsewhere);
