@@ -27,8 +27,16 @@ from dit.atomic import atomic_write, atomic_write_bytes
 from dit.cli import run_cli
 from dit.data.digits import load_mnist_5k
 from dit.data.store import sha256_file
-from dit.eval.features import DIGIT_JUDGE_WEIGHTS, DigitJudge, digit_split, digits_to_input
+from dit.eval.features import (
+    DIGIT_JUDGE_REFERENCE,
+    DIGIT_JUDGE_WEIGHTS,
+    DigitJudge,
+    digit_split,
+    digits_to_input,
+    load_digit_judge,
+)
 from dit.eval.metrics import frechet_distance, mean_cov
+from dit.eval.reference import digits_reference, save_stats
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -73,6 +81,9 @@ def embed(model: DigitJudge, x: torch.Tensor) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(DIGIT_JUDGE_WEIGHTS))
+    p.add_argument(
+        "--reference-out", default=str(DIGIT_JUDGE_REFERENCE), help="its statistics of the training digits"
+    )
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -136,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     atomic_write_bytes(args.out, save(state))
     result["sha256"] = sha256_file(args.out)
+    reference = digits_reference(load_digit_judge(args.out))  # the saved weights, named as evaluations name them
+    reference.features = None  # mu and sigma are all a judge needs
+    save_stats(args.reference_out, reference)
     if args.report:
         atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     print(json.dumps(result, indent=1))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dit.errors import UserError
-from dit.eval.features import FeatureNet, judge_key, load_digit_judge, load_dinov2
+from dit.eval.features import DIGIT_JUDGE_REFERENCE, FeatureNet, judge_key, load_digit_judge, load_dinov2
 from dit.eval.metrics import (
     BOOTSTRAP_RESAMPLES,
     PR_BATCH_SIZE,
@@ -34,7 +34,7 @@ from dit.eval.metrics import (
     pairwise_flops,
     precision_recall,
 )
-from dit.eval.reference import ReferenceStats, digits_reference, load_reference
+from dit.eval.reference import ReferenceStats, load_reference
 from dit.runtime import Runtime
 
 METRICS = ("fid", "sfid", "is", "pr", "accuracy")
@@ -55,7 +55,7 @@ def judges_for(
     network: str, judge_ref: str | None = None, dinov2_weights: str | None = None, device="cpu"
 ) -> list[Judge]:
     """The second judges of an evaluation whose reference was made by ``network``: the digit judge against the
-    4,000 training digits wherever the digit classifier scores, and the judge whose statistics ``judge_ref``
+    4,000 training digits (its committed statistics) wherever the digit classifier scores, and the judge whose statistics ``judge_ref``
     holds (FD_DINOv2 with ``dinov2_weights``, or the digit judge against a reference of one's own)."""
     judges = []
     if judge_ref is not None:
@@ -69,8 +69,9 @@ def judges_for(
         net = load_dinov2(dinov2_weights, device) if key == "fd_dinov2" else load_digit_judge(device=device)
         judges.append(Judge(key, net, reference))
     if network.startswith("mnist-") and not any(j.key == "fd_judge" for j in judges):
-        net = load_digit_judge(device=device)
-        judges.append(Judge("fd_judge", net, digits_reference(net)))
+        judges.append(
+            Judge("fd_judge", load_digit_judge(device=device), load_reference(str(DIGIT_JUDGE_REFERENCE)))
+        )
     return judges
 
 
