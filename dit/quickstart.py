@@ -57,16 +57,25 @@ def sample_grid(
     return sm.weights
 
 
+def _score(record: dict, key: str, fmt: str = ".1f") -> str:
+    """A score with its bootstrap interval, as the evaluation recorded them (the judge's FD is on a scale of
+    its own, far below FID's: 3 significant digits)."""
+    interval = record.get("intervals", {}).get(key)
+    return f"{record[key]:{fmt}}" + (f" [{interval[0]:{fmt}}, {interval[1]:{fmt}}]" if interval else "")
+
+
 def quality(metrics_path: Path) -> str:
-    """One line from the run's last evaluation record: the digit FID and the class accuracy of its samples."""
+    """One line from the run's last evaluation record: the digit FID and the digit judge's FD with their 95%
+    bootstrap intervals, and the class accuracy of its samples."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     last = [r for r in rows if r.get("kind") == "eval"][-1]
     return (
-        f"quality: MNIST FID {last['fid']:.1f} and class accuracy {last['class_accuracy']:.1%} over "
+        f"quality: MNIST FID {_score(last, 'fid')}, digit judge FD {_score(last, 'fd_judge', '.3g')} (95% bootstrap "
+        f"intervals) and class accuracy {last['class_accuracy']:.1%} over "
         f"{last['num_images']} EMA samples ({last['eval_sampler']}, guidance {last['eval_guidance_scale']:g}"
         f"{' for t/1000 in [{:g}, {:g}]'.format(*interval) if (interval := last.get('eval_guidance_interval')) else ''}: the "
-        "sampling study's pick, docs/sampling.md), scored by the digit classifier "
-        "against the 4,000 training digits "
+        "sampling study's pick, docs/sampling.md), scored by the digit classifier and the self-supervised digit "
+        "judge against the 4,000 training digits "
         f"(real held-out digits: FID 16.4, accuracy 97.5%; docs/evaluation.md); the evaluation took "
         f"{last['eval_seconds']:.0f} s, outside the MFU"
     )

@@ -22,6 +22,7 @@ from dit.data.store import sha256_file
 from dit.eval import Evaluator, load_feature_net, load_reference
 from dit.eval import features as features_module
 from dit.eval.__main__ import main
+from dit.eval.evaluator import judges_for
 from dit.eval.features import digit_split
 from dit.extract import ExtractConfig, extract_features
 
@@ -69,9 +70,19 @@ def test_digit_evaluation_end_to_end(digits, digit_ref, capsys):
     assert code == 0, err
     noise = json.loads(out)
     assert noise["fid"] > 100 * held["fid"] and noise["class_accuracy"] is None and noise["precision"] < 0.05
+    # the second judge, against the 4,000 training digits, and an interval on each Fréchet distance
+    assert noise["fd_judge"] > 10 * held["fd_judge"] > 0
+    for result in (held, noise):
+        for key in ("fid", "fd_judge"):
+            low, high = result["intervals"][key]
+            assert low <= result[key] <= high and low < high
+    judge_flops = load_feature_net("digit-judge").flops_per_image() * 1000
+    assert held["flops_breakdown"]["judges"] == judge_flops
 
     code, out, _ = cli(["--samples", digits["held_out"], "--ref", digit_ref], capsys)
     assert code == 0 and "class accuracy" in out and "FLOPs" in out and "mnist-cnn-sha256" in out
+    assert re.search(r"^FID +[\d.]+ \[[\d.]+, [\d.]+\]$", out, re.M)
+    assert re.search(r"^digit judge FD +[\d.e+-]+ \[[\d.e+-]+, [\d.e+-]+\]$", out, re.M)
 
 
 def test_a_folder_scores_like_its_npz(digits, digit_ref, tmp_path, capsys):
@@ -97,10 +108,21 @@ def test_in_memory_evaluator_equals_the_command_line(digits, digit_ref, capsys):
     expected = json.loads(out)
     with np.load(digits["held_out"]) as f:
         images, labels = torch.from_numpy(f["arr_0"]).permute(0, 3, 1, 2), torch.from_numpy(f["arr_1"])
-    evaluator = Evaluator(load_feature_net("mnist"), load_reference(str(digit_ref)))
+    reference = load_reference(str(digit_ref))
+    judges = judges_for(reference.feature_network)  # the command line's: the digit judge beside the digit FID
+    evaluator = Evaluator(load_feature_net("mnist"), reference, judges=judges)
     batches = [(images[i : i + 128].float() / 127.5 - 1, labels[i : i + 128]) for i in range(0, 1000, 128)]
     got = evaluator.evaluate(batches)  # floats in [-1, 1], other batch boundaries
-    for key in ("fid", "inception_score", "precision", "recall", "class_accuracy", "num_images", "flops"):
+    for key in (
+        "fid",
+        "fd_judge",
+        "inception_score",
+        "precision",
+        "recall",
+        "class_accuracy",
+        "num_images",
+        "flops",
+    ):
         assert got[key] == pytest.approx(expected[key], rel=1e-6), key
 
 
@@ -240,7 +262,16 @@ def test_two_processes_equal_one(digits, digit_ref):
     two = run(*torchrun)
     alone = run(*torchrun, batch_size=1000)  # one batch: rank 1 has nothing to embed but still gathers
     assert (one["processes"], two["processes"], alone["processes"]) == (1, 2, 2)
-    for key in ("fid", "inception_score", "precision", "recall", "class_accuracy", "num_images", "flops"):
+    for key in (
+        "fid",
+        "fd_judge",
+        "inception_score",
+        "precision",
+        "recall",
+        "class_accuracy",
+        "num_images",
+        "flops",
+    ):
         assert two[key] == one_thread[key], key
         assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-12), key
         assert alone[key] == pytest.approx(one[key], rel=1e-6), key

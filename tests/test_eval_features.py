@@ -154,3 +154,68 @@ def test_digit_classifier_refuses_other_sizes():
         load_digit_classifier()(torch.zeros(2, 1, 32, 32, dtype=torch.uint8))
     with pytest.raises(UserError, match="NCHW"):
         load_digit_classifier()(torch.zeros(2, 28, 28, 3, dtype=torch.uint8))
+
+
+# ---- FD_DINOv2 --------------------------------------------------------------------------------------------
+
+DINOV2_TEST_ARCH = "vit_small_patch14_dinov2"  # ViT-L/14's family at a CPU-test size, random weights
+
+
+@pytest.fixture(scope="module")
+def small_dinov2():
+    from dit.eval.features import DINOv2Features, create_dinov2
+
+    torch.manual_seed(0)
+    return DINOv2Features(create_dinov2(DINOV2_TEST_ARCH), "dinov2-test-random").eval().requires_grad_(False)
+
+
+def test_fd_dinov2_statistics_equal_a_direct_computation(small_dinov2):
+    """Our statistics of a set equal running the timm model directly on dgm-eval's preprocessing (224 px
+    bicubic resize of the uint8 image, [0, 1], ImageNet mean/std, the normalised CLS token)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import v2 as T
+
+    from dit.eval.evaluator import extract_features
+    from dit.eval.reference import stats_from_features
+
+    images = torch.randint(0, 256, (6, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    local, _ = extract_features(small_dinov2, [images[:4], images[4:]])
+    ours = stats_from_features(local, small_dinov2.name, "test")
+
+    transform = T.Compose([
+        T.Resize((224, 224), InterpolationMode.BICUBIC, antialias=True),
+        T.ToDtype(torch.float32, scale=True),
+        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])  # fmt: skip
+    with torch.no_grad():
+        x = torch.stack([transform(image) for image in images])
+        direct = small_dinov2.model.forward_features(x)[:, 0].double().numpy()
+    assert ours.mu == pytest.approx(direct.mean(axis=0), abs=1e-5)
+    assert ours.sigma == pytest.approx(np.cov(direct, rowvar=False), abs=1e-5)
+    assert small_dinov2.model.pos_embed.shape[1] == 1 + 16 * 16  # 224 px at patch 14: CLS and 16 x 16 patches
+
+
+def test_dinov2_flops_are_counted(small_dinov2):
+    """ViT FLOPs from the layer shapes: 2 x (12 T d^2 + 2 T^2 d) a block plus the patch embedding."""
+    m = small_dinov2.model
+    t, d = 1 + 16 * 16, m.embed_dim
+    expected = 2 * (len(m.blocks) * (12 * t * d * d + 2 * t * t * d) + 256 * 3 * 14 * 14 * d)
+    assert small_dinov2.flops_per_image() == pytest.approx(expected, rel=0.01)
+
+
+def test_dinov2_weights_from_a_file(tmp_path):
+    """Meta's layout (mask_token, a 37 x 37 position grid for 518 px) loads with the grid resampled to 16 x 16;
+    a missing file is one line naming where the weights come from."""
+    import timm
+
+    from dit.eval.features import load_dinov2
+
+    source = timm.create_model(DINOV2_TEST_ARCH, pretrained=False, num_classes=0, img_size=518)
+    state = {**source.state_dict(), "mask_token": torch.zeros(1, source.embed_dim)}
+    torch.save(state, tmp_path / "dinov2.pth")
+    net = load_dinov2(str(tmp_path / "dinov2.pth"), arch=DINOV2_TEST_ARCH)
+    assert net.name.startswith(f"dinov2-{DINOV2_TEST_ARCH}-sha256:") and net.model.pos_embed.shape[1] == 257
+    assert torch.equal(net.model.blocks[3].attn.qkv.weight, source.blocks[3].attn.qkv.weight)
+    assert net(torch.zeros(2, 1, 28, 28, dtype=torch.uint8))["pool"].shape == (2, source.embed_dim)
+    with pytest.raises(UserError, match="vit_large_patch14_dinov2.lvd142m.*dinov2_vitl14_pretrain.pth"):
+        load_dinov2(str(tmp_path / "missing.pth"))

@@ -53,6 +53,12 @@ def test_evaluations_are_records_against_the_compute_so_far(tmp_path, digits_ref
     trains = {r["step"]: r for r in rows if r["kind"] == "train"}
     for r in evals:
         assert np.isfinite(r["fid"]) and r["fid"] > 0 and r["num_images"] == 70
+        assert (
+            np.isfinite(r["fd_judge"])
+            and r["fd_judge"] > 0
+            and 0 < r["eval_judge_pflops"] < r["eval_feature_pflops"]
+        )
+        assert set(r["intervals"]) == {"fid", "fd_judge"}
         assert 1 <= r["inception_score"] <= 10 and 0 <= r["class_accuracy"] <= 1
         assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1
         assert r["eval_sampling_pflops"] > 0 and r["eval_feature_pflops"] > 0 and r["eval_seconds"] > 0

@@ -55,7 +55,10 @@ def test_exits_cleanly_and_says_where_everything_is(run):
     assert f"tensorboard --logdir {out / 'run' / 'tensorboard'}" in printed
     assert "EMA weights" in printed
     assert "training cost:" in printed and "MFU" in printed
-    assert re.search(r"quality: MNIST FID [\d.]+ and class accuracy [\d.]+% over 70 EMA samples", printed)
+    assert re.search(
+        r"quality: MNIST FID [\d.]+ \[[\d.]+, [\d.]+\], digit judge FD [\d.e+-]+ \[[\d.e+-]+, [\d.e+-]+\] .*and class accuracy [\d.]+% over 70 EMA samples",
+        printed,
+    )
 
 
 def test_the_printed_commands_run(run):

@@ -4,6 +4,7 @@ python -m dit.eval --samples SET.npz --ref VIRTUAL_imagenet256_labeled.npz [--js
 python -m dit.eval --samples FOLDER --ref REF.npz --inception-weights weights-inception-2015-12-05-6726825d.pth
 python -m dit.eval ref --npz SET.npz --feature-net mnist --out REF.npz      (or --images FOLDER, --latents STORE)
 python -m dit.eval ref --adm VIRTUAL_imagenet256_labeled.npz --out REF.npz  (ADM's statistics + arr_0 features)
+python -m dit.eval --samples SET.npz --ref REF.npz --judge-ref DINO_REF.npz --dinov2-weights FILE  (+ FD_DINOv2)
 
 The feature network is the one the reference was made with. Under torchrun every process embeds a slice of
 the set and rank 0 prints (or writes) the result, equal to a single process's.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from dit.cli import run_cli
 from dit.config import Face, FieldError, Section, option
 from dit.errors import UserError
-from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, shard_batches
+from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, judges_for, shard_batches
 from dit.eval.features import (
     FEATURE_NETS,
     INCEPTION_NAME,
@@ -28,13 +29,14 @@ from dit.eval.features import (
     feature_net_for,
     load_feature_net,
 )
-from dit.eval.metrics import PR_DISTANCES, min_images_for_covariance
+from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES, min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
 from dit.runtime import Runtime
 
-DEFAULT_BATCH = {"inception": 64, "mnist": 500}
+DEFAULT_BATCH = {"inception": 64, "mnist": 500, "dinov2": 64, "digit-judge": 500}
 WEIGHTS_HELP = "Inception-v3 weights file (offline); default: torch-fidelity's download"
+DINOV2_HELP = "DINOv2 ViT-L/14 weights file (timm's vit_large_patch14_dinov2.lvd142m or Meta's .pth) for FD_DINOv2"
 BATCH_HELP = "images per forward pass (default: 64 Inception, 500 digits)"
 
 
@@ -53,6 +55,14 @@ class EvalConfig(Section):
         "published numbers; docs/evaluation.md gives the difference)", choices=PR_DISTANCES,
     )  # fmt: skip
     inception_weights: str | None = option(None, WEIGHTS_HELP)
+    judge_ref: str | None = option(
+        None, "a second judge's statistics (ref --feature-net dinov2 or digit-judge): its FD is printed beside FID"
+    )
+    dinov2_weights: str | None = option(None, DINOV2_HELP)
+    bootstrap: int = option(
+        BOOTSTRAP_RESAMPLES, "bootstrap resamples for the FID/FD intervals (0: none; at 2048-d about 1 s each on a "
+        "CPU)", ge=0,
+    )  # fmt: skip
     batch_size: int | None = option(None, BATCH_HELP, ge=1)
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
 
@@ -71,6 +81,7 @@ class RefConfig(Section):
     vae: str | None = option(None, "for --latents: the VAE (default: the one the store records)")
     features: bool = option(True, "keep the pool features for precision/recall (--no-features: mu and sigma only)")
     inception_weights: str | None = option(None, WEIGHTS_HELP)
+    dinov2_weights: str | None = option(None, DINOV2_HELP)
     batch_size: int | None = option(None, BATCH_HELP, ge=1)
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
 
@@ -95,8 +106,11 @@ FACE = Face("python -m dit.eval", __doc__, sections={"eval": EvalConfig})
 
 def _format(result: dict, wall: float) -> str:
     lines = []
+    intervals = result["intervals"]
     for key, label, fmt in (
         ("fid", "FID", "{:.4f}"),
+        ("fd_dinov2", "FD_DINOv2", "{:.4f}"),
+        ("fd_judge", "digit judge FD", "{:.4g}"),
         ("sfid", "sFID", "{:.4f}"),
         ("inception_score", "IS", "{:.4f}"),
         ("precision", "precision", "{:.4f}"),
@@ -104,14 +118,22 @@ def _format(result: dict, wall: float) -> str:
         ("class_accuracy", "class accuracy", "{:.2%}"),
     ):
         if result[key] is not None:
-            lines.append(f"{label:<15}{fmt.format(result[key])}")
+            interval = (
+                f" [{fmt.format(intervals[key][0])}, {fmt.format(intervals[key][1])}]" if key in intervals else ""
+            )
+            lines.append(f"{label:<15}{fmt.format(result[key])}{interval}")
+    if intervals:
+        lines.append(
+            f"{'intervals':<15}{BOOTSTRAP_LEVEL:.0%} bootstrap over the samples, {result['bootstrap_resamples']} "
+            "resamples (docs/evaluation.md)"
+        )
     flops = result["flops_breakdown"]
     lines += [
         f"{'images':<15}{result['num_images']:,}",
         f"{'network':<15}{result['feature_network']}",
         f"{'wall time':<15}{wall:.2f} s (evaluation {result['seconds']:.2f} s, reading the images excluded)",
-        f"{'FLOPs':<15}{result['flops']:.4g} (network {flops['network']:.4g}, precision/recall "
-        f"{flops['precision_recall']:.4g})",
+        f"{'FLOPs':<15}{result['flops']:.4g} (network {flops['network']:.4g}, judges {flops['judges']:.4g}, "
+        f"precision/recall {flops['precision_recall']:.4g})",
     ]
     for metric in result["sqrtm_eps_used"]:
         lines.append(
@@ -127,6 +149,7 @@ def evaluate_main(argv: list[str]) -> int:
     samples = open_images(args.samples, args.image_size)
     with Runtime(args.device) as runtime:
         net = feature_net_for(reference.feature_network, args.inception_weights, runtime.device)
+        judges = judges_for(reference.feature_network, args.judge_ref, args.dinov2_weights, runtime.device)
         evaluator = Evaluator(
             net,
             reference,
@@ -137,6 +160,8 @@ def evaluate_main(argv: list[str]) -> int:
             pr_batch_size=args.pr_batch_size,
             pr_distances=args.pr_distances,
             runtime=runtime,
+            judges=judges,
+            bootstrap=args.bootstrap,
         )
         evaluator.check_count(len(samples))
         if args.metrics and "accuracy" in evaluator.metrics and samples.labels is None:
@@ -166,7 +191,9 @@ def ref_main(argv: list[str]) -> int:
     args = REF_FACE.parse(argv).sections["ref"]
     with Runtime(args.device) as runtime:
         images, adm = _ref_source(args, runtime.device)
-        net: FeatureNet = load_feature_net(args.feature_net, args.inception_weights, runtime.device)
+        net: FeatureNet = load_feature_net(
+            args.feature_net, args.inception_weights, runtime.device, args.dinov2_weights
+        )
         if adm is not None and net.name != INCEPTION_NAME:
             raise UserError(
                 f"ADM's statistics come from {INCEPTION_NAME}, but these weights are {net.name}: pass "

@@ -1,4 +1,5 @@
-"""The evaluator: images in, FID / sFID / IS / precision / recall / class accuracy and their cost out.
+"""The evaluator: images in, FID / sFID / IS / precision / recall / class accuracy, a second judge's FD (FD_DINOv2
+or the digit judge's), bootstrap intervals on every Fréchet distance, and their cost out.
 
 ``Evaluator(feature_net, reference).evaluate(batches)`` scores images already in memory (a stream of NCHW
 uint8 or [-1, 1] float batches, optionally ``(images, labels)`` pairs), so a training loop can score samples
@@ -12,16 +13,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from dit.errors import UserError
-from dit.eval.features import FeatureNet
+from dit.eval.features import DIGIT_JUDGE_REFERENCE, FeatureNet, judge_key, load_digit_judge, load_dinov2
 from dit.eval.metrics import (
+    BOOTSTRAP_RESAMPLES,
     PR_BATCH_SIZE,
     PR_NEIGHBOURS,
     check_enough_images,
     class_accuracy,
+    fd_interval,
     frechet_distance,
     inception_score,
     knn_radii,
@@ -29,11 +34,61 @@ from dit.eval.metrics import (
     pairwise_flops,
     precision_recall,
 )
-from dit.eval.reference import ReferenceStats
+from dit.eval.reference import ReferenceStats, load_reference
 from dit.runtime import Runtime
 
 METRICS = ("fid", "sfid", "is", "pr", "accuracy")
-SCORES = ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy")  # the keys they fill
+JUDGE_SCORES = ("fd_dinov2", "fd_judge")  # second judges' Fréchet distances
+SCORES = ("fid", "sfid", "inception_score", "precision", "recall", "class_accuracy", *JUDGE_SCORES)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A second judge: a network, its reference statistics, and the key its Fréchet distance is reported as."""
+
+    key: str
+    net: FeatureNet
+    reference: ReferenceStats
+
+
+def judges_for(
+    network: str, judge_ref: str | None = None, dinov2_weights: str | None = None, device="cpu"
+) -> list[Judge]:
+    """The second judges of an evaluation whose reference was made by ``network``: the digit judge against the
+    4,000 training digits (its committed statistics) wherever the digit classifier scores, and the judge whose statistics ``judge_ref``
+    holds (FD_DINOv2 with ``dinov2_weights``, or the digit judge against a reference of one's own)."""
+    judges = []
+    if judge_ref is not None:
+        reference = load_reference(judge_ref)
+        key = judge_key(reference.feature_network)
+        if key is None:
+            raise UserError(
+                f"--judge-ref {judge_ref} holds {reference.feature_network} statistics, not a judge's: write them "
+                "with python -m dit.eval ref --feature-net dinov2 (or digit-judge)."
+            )
+        net = load_dinov2(dinov2_weights, device) if key == "fd_dinov2" else load_digit_judge(device=device)
+        judges.append(Judge(key, net, reference))
+    if network.startswith("mnist-") and not any(j.key == "fd_judge" for j in judges):
+        judges.append(
+            Judge("fd_judge", load_digit_judge(device=device), load_reference(str(DIGIT_JUDGE_REFERENCE)))
+        )
+    return judges
+
+
+class _Panel(FeatureNet):
+    """The scoring network and the judges as one network, so that every batch, which may be sampled on the fly
+    and seen once, is embedded by all of them: the judges' pool features come back as ``KEY/pool``."""
+
+    def __init__(self, net: FeatureNet, judges: list[Judge]):
+        super().__init__()
+        self.net, self.judges = net, nn.ModuleList(j.net for j in judges)
+        self.keys = [j.key for j in judges]
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.net.features(images_uint8)
+        for key, judge in zip(self.keys, self.judges):
+            out[f"{key}/pool"] = judge.features(images_uint8)["pool"]
+        return out
 
 
 def my_batches(num_images: int, batch_size: int, rank: int = 0, world: int = 1) -> list[range]:
@@ -142,7 +197,9 @@ class Evaluator:
     """Scores image sets against one reference with one feature network (the reference's).
 
     ``metrics`` picks among fid, sfid, is, pr, accuracy; by default every one the network and the reference
-    support. The reference's precision/recall radii are computed once, on first use, and kept.
+    support. The reference's precision/recall radii are computed once, on first use, and kept. ``judges`` add
+    their Fréchet distances beside FID; ``bootstrap`` resamples (0: none) give each Fréchet distance an
+    interval (``intervals``, docs/evaluation.md).
     """
 
     def __init__(
@@ -154,18 +211,26 @@ class Evaluator:
         pr_batch_size: int = PR_BATCH_SIZE,
         runtime: Runtime | None = None,
         pr_distances: str = "float32",
+        judges: Iterable[Judge] = (),
+        bootstrap: int = BOOTSTRAP_RESAMPLES,
     ):
-        if reference.feature_network != feature_net.name:
-            raise UserError(
-                f"the reference statistics were computed with {reference.feature_network}, the samples would be "
-                f"embedded with {feature_net.name}: statistics of two networks cannot be compared. Use the weights "
-                "that made the reference, or write new statistics with python -m dit.eval ref."
-            )
-        _check_dimensions(feature_net, reference)
+        self.judges = list(judges)
+        for net, ref in ((feature_net, reference), *((j.net, j.reference) for j in self.judges)):
+            if ref.feature_network != net.name:
+                raise UserError(
+                    f"the reference statistics were computed with {ref.feature_network}, the samples would be "
+                    f"embedded with {net.name}: statistics of two networks cannot be compared. Use the weights "
+                    "that made the reference, or write new statistics with python -m dit.eval ref."
+                )
+            _check_dimensions(net, ref)
         self.net, self.reference, self.runtime = feature_net, reference, runtime
         self.batch_size, self.pr_batch_size, self.pr_distances = batch_size, pr_batch_size, pr_distances
+        self.bootstrap = bootstrap
         self.metrics = self._resolve(metrics)
-        self.flops_per_image = feature_net.flops_per_image()
+        self.network_flops_per_image = feature_net.flops_per_image()
+        self.judge_flops_per_image = sum(j.net.flops_per_image() for j in self.judges)
+        self.flops_per_image = self.network_flops_per_image + self.judge_flops_per_image
+        self._panel = _Panel(feature_net, self.judges) if self.judges else feature_net
         self._ref_pr: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _resolve(self, metrics: Iterable[str] | None) -> tuple[str, ...]:
@@ -173,7 +238,7 @@ class Evaluator:
         available = {
             "fid": True,
             "sfid": net.spatial_dim is not None and ref.mu_s is not None,
-            "is": True,
+            "is": net.num_classes > 0,
             "pr": ref.features is not None or ref.images is not None,
             "accuracy": net.labels_are_classes,
         }
@@ -200,6 +265,8 @@ class Evaluator:
                 check_enough_images(num_images, dim, f"the sample set ({metric})")
                 if self.reference.num_images is not None:
                     check_enough_images(self.reference.num_images, dim, f"the reference ({metric})")
+        for judge in self.judges:
+            check_enough_images(num_images, judge.net.pool_dim, f"the sample set ({judge.key})")
 
     def _reference_for_pr(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """(features, radii) of the reference, computed on first call; with the images embedded and the
@@ -225,25 +292,31 @@ class Evaluator:
 
         ``seconds`` is this process's evaluation time: embedding, gathering and the metrics, not the time the
         iterable spends producing batches (sampling them, reading files)."""
-        local, feature_seconds = extract_features(self.net, batches)
+        local, feature_seconds = extract_features(self._panel, batches)
         start = time.perf_counter()
         feats = gather_features(local, self.runtime)
         if not feats:
             raise UserError("no images to evaluate: the batches were empty.")
         n = len(feats["pool"])
         out = dict.fromkeys(SCORES)
-        eps_used, flops = [], {"network": self.flops_per_image * n, "precision_recall": 0}
+        eps_used, intervals = [], {}
+        flops = {"network": self.network_flops_per_image * n, "judges": self.judge_flops_per_image * n,
+                 "precision_recall": 0}  # fmt: skip
 
         self.check_count(n)
         for key, metric, mu, sigma in (
             ("pool", "fid", self.reference.mu, self.reference.sigma),
             ("spatial", "sfid", self.reference.mu_s, self.reference.sigma_s),
+            *((f"{j.key}/pool", j.key, j.reference.mu, j.reference.sigma) for j in self.judges),
         ):
-            if metric in self.metrics:
+            if metric in self.metrics or metric in JUDGE_SCORES:
                 result = frechet_distance(*mean_cov(feats[key].double().cpu().numpy()), mu, sigma)
                 out[metric] = result.value
                 if result.eps_used:
                     eps_used.append(metric)
+                if self.bootstrap and metric != "sfid":  # sFID: 2023-d spatial features, a score of its own
+                    interval = fd_interval(result.value, feats[key], mu, sigma, self.bootstrap)
+                    intervals[metric] = [interval.low, interval.high]
         if "is" in self.metrics:
             out["inception_score"] = inception_score(feats["logits"])
         if "pr" in self.metrics:
@@ -253,7 +326,7 @@ class Evaluator:
             out["precision"], out["recall"] = precision_recall(
                 ref, ref_radii, samples, radii, self.pr_batch_size, self.pr_distances
             )
-            flops["network"] += self.flops_per_image * embedded
+            flops["network"] += self.network_flops_per_image * embedded
             flops["precision_recall"] = (
                 ref_flops + pairwise_flops(n, n, samples.shape[1]) + pairwise_flops(len(ref), n, samples.shape[1])
             )
@@ -268,4 +341,6 @@ class Evaluator:
             "flops_breakdown": flops,
             "seconds": feature_seconds + time.perf_counter() - start,  # producing the batches not included
             "sqrtm_eps_used": eps_used,
+            "intervals": intervals,  # bootstrap intervals of the Fréchet distances, by score
+            "bootstrap_resamples": self.bootstrap,
         }

@@ -6,9 +6,11 @@ sFID where it has them), carries a ``name`` that identifies architecture *and* w
 record it, so two networks' statistics are never compared), and knows its FLOPs per image, counted once with
 FlopCounterMode on the meta device.
 
-Two networks: torch-fidelity's TF-compatible Inception-v3 (the ADM evaluator's network, docs/evaluation.md
+Scoring networks: torch-fidelity's TF-compatible Inception-v3 (the ADM evaluator's network, docs/evaluation.md
 says why this library) and a small MNIST digit classifier whose committed weights make an offline, CPU-cheap
-quality metric for the quick start's digits.
+quality metric for the quick start's digits. Second judges, whose Fréchet distance is reported beside those
+FIDs: DINOv2 ViT-L/14 (FD_DINOv2, as dgm-eval and EDM2 compute it) and a self-supervised digit encoder that
+no training of the scored models or of the classifier saw (``fd_judge``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ INCEPTION_NAME = "inception-v3-tf-2015-12-05"  # the network behind ADM's refere
 INCEPTION_SHA256_PREFIX = "6726825d"
 SFID_CHANNELS = 7  # sFID: the first 7 channels of Mixed_6d.branch1x1 (TF mixed_6/conv) in NHWC order, 17·17·7
 DIGIT_WEIGHTS = Path(__file__).parent / "weights" / "mnist_classifier.safetensors"
+DIGIT_JUDGE_WEIGHTS = Path(__file__).parent / "weights" / "digits_judge.safetensors"
+# its statistics of the 4,000 training digits, written by the same script: embedding them costs seconds on a
+# busy 2-core CPU (5 s measured), more than the whole judged evaluation of the quick start's 500 samples
+DIGIT_JUDGE_REFERENCE = Path(__file__).parent / "weights" / "digits_judge_reference.npz"
 DIGITS_HELD_OUT_PER_CLASS = 100
 
 
@@ -72,7 +78,7 @@ class FeatureNet(nn.Module):
 
     name: str
     pool_dim: int  # FID and precision/recall features
-    num_classes: int  # logits (IS)
+    num_classes: int  # logits (IS); 0 for a judge, which gives pool features only
     spatial_dim: int | None = None  # sFID features, if any
     labels_are_classes: bool = False  # True if logit i is the class a generator's label i asks for (accuracy)
     input_size: int  # the image side the FLOPs are counted at
@@ -275,16 +281,176 @@ def load_digit_classifier(
     return net.to(device).eval().requires_grad_(False)
 
 
-FEATURE_NETS = ("inception", "mnist")
+# ------------------------------------------------------------------------------------------------------------
+# The digit judge: self-supervised, trained on the held-out digits only
+# ------------------------------------------------------------------------------------------------------------
+
+
+class DigitJudge(nn.Module):
+    """A 28x28 digit encoder trained without labels (SimCLR, scripts/train_digit_judge.py) on the 1,000
+    held-out digits: three conv stages, global average pooling, a 64-d feature layer (the FD features) and a
+    projection head that only the contrastive loss sees. Another architecture, split and objective than the
+    classifier's, so that the two judges do not share a feature space by construction."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.conv3 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc = nn.Linear(64, 64)
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(64, 64))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """64-d features of images in [-1, 1], shape (N, 1, 28, 28)."""
+        x = F.avg_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.avg_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(F.relu(self.conv3(x)).mean(dim=(2, 3)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+class DigitJudgeFeatures(FeatureNet):
+    """The digit judge as a feature network: 64-d pool features, no logits."""
+
+    pool_dim, num_classes, input_size = 64, 0, 28
+
+    def __init__(self, judge: DigitJudge, name: str):
+        super().__init__()
+        self.name, self.judge = name, judge
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        _check_nchw(images_uint8, 28, "the digit judge")
+        return {"pool": self.judge.embed(digits_to_input(images_uint8))}
+
+
+def load_digit_judge(
+    path: str | os.PathLike = DIGIT_JUDGE_WEIGHTS, device: str | torch.device = "cpu"
+) -> DigitJudgeFeatures:
+    """The committed judge (scripts/train_digit_judge.py made it), named by its file's sha256."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise UserError(f"digit judge weights {path} are missing: run `python scripts/train_digit_judge.py`.")
+    judge = DigitJudge()
+    judge.load_state_dict(_read_state_dict(path, "digit judge weights"))
+    net = DigitJudgeFeatures(judge, f"digit-judge-sha256:{sha256_file(path)[:16]}")
+    return net.to(device).eval().requires_grad_(False)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# DINOv2 ViT-L/14 (FD_DINOv2)
+# ------------------------------------------------------------------------------------------------------------
+
+DINOV2_ARCH = "vit_large_patch14_dinov2.lvd142m"
+DINOV2_SIZE = 224
+DINOV2_WHERE = (
+    "timm's vit_large_patch14_dinov2.lvd142m (huggingface.co/timm/vit_large_patch14_dinov2.lvd142m, "
+    "model.safetensors) or Meta's https://dl.fbaipublicfiles.com/dinov2/dinov2_vitl14/dinov2_vitl14_pretrain.pth"
+)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def create_dinov2(arch: str = DINOV2_ARCH) -> nn.Module:
+    """timm's DINOv2 ViT at 224 px without a head, randomly initialised (tests use it so; a real file is
+    loaded by ``load_dinov2``)."""
+    from dit.errors import require
+
+    timm = require("timm", "repa", "FD_DINOv2 (--dinov2-weights)")
+    return timm.create_model(arch, pretrained=False, num_classes=0, img_size=DINOV2_SIZE)
+
+
+def _dinov2_pos_embed(pos_embed: torch.Tensor, grid: int) -> torch.Tensor:
+    """The 518 px checkpoint's position embeddings at ``grid`` x ``grid`` patches, as DINOv2's own
+    ``interpolate_pos_encoding`` does it on every forward of the hub model dgm-eval runs: bicubic, no
+    antialiasing, scale factor (grid + 0.1) / old grid; the class token's embedding kept as it is."""
+    cls, patches = pos_embed[:, :1], pos_embed[:, 1:]
+    old = math.isqrt(patches.shape[1])
+    if old == grid:
+        return pos_embed
+    x = patches.reshape(1, old, old, -1).permute(0, 3, 1, 2).float()
+    scale = (grid + 0.1) / old
+    x = F.interpolate(x, scale_factor=(scale, scale), mode="bicubic", antialias=False)
+    return torch.cat([cls, x.permute(0, 2, 3, 1).reshape(1, grid * grid, -1).to(pos_embed.dtype)], dim=1)
+
+
+class DINOv2Features(FeatureNet):
+    """DINOv2's CLS token after the final LayerNorm (1024-d for ViT-L/14), dgm-eval's FD_DINOv2 features.
+
+    The semantics matched are dgm-eval's (layer6ai-labs/dgm-eval, dgm_eval/models/dinov2.py, read, not
+    copied): the image resized to 224x224 with bicubic interpolation on the uint8 image (PIL there, torchvision's
+    uint8 kernel here, with antialiasing as PIL has; within 2 grey levels of PIL), scaled to [0, 1], normalised
+    with ImageNet's mean and std, and the hub model's output, which is the normalised CLS token. Grey images
+    are repeated to RGB."""
+
+    num_classes, input_size = 0, DINOV2_SIZE
+
+    def __init__(self, model: nn.Module, name: str):
+        super().__init__()
+        self.name, self.model, self.pool_dim = name, model, model.embed_dim
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2.functional import resize
+
+        _check_nchw(images_uint8, None, "DINOv2")
+        if images_uint8.shape[1] == 1:
+            images_uint8 = images_uint8.expand(-1, 3, -1, -1)
+        if tuple(images_uint8.shape[2:]) != (DINOV2_SIZE, DINOV2_SIZE):
+            size = [DINOV2_SIZE, DINOV2_SIZE]
+            images_uint8 = resize(images_uint8, size, InterpolationMode.BICUBIC, antialias=True)
+        x = (images_uint8.float() / 255 - self.mean) / self.std
+        return {"pool": self.model.forward_features(x)[:, 0]}
+
+
+def load_dinov2(
+    weights: str | None, device: str | torch.device = "cpu", arch: str = DINOV2_ARCH
+) -> DINOv2Features:
+    """DINOv2 with the weights in ``weights`` (timm's or Meta's layout, .safetensors or .pth, read with
+    weights_only), named by the file's sha256 so statistics of other weights never meet."""
+    if weights is None or not os.path.isfile(weights):
+        given = f" {weights}: no such file" if weights is not None else " is needed"
+        raise UserError(f"--dinov2-weights{given}. FD_DINOv2 runs offline from a weights file: {DINOV2_WHERE}.")
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    model = create_dinov2(arch)
+    state = _read_state_dict(weights, "--dinov2-weights")
+    if "pos_embed" in state:
+        state["pos_embed"] = _dinov2_pos_embed(state["pos_embed"], model.patch_embed.grid_size[0])
+    try:
+        model.load_state_dict(checkpoint_filter_fn(state, model))
+    except (RuntimeError, KeyError) as e:
+        raise UserError(
+            f"--dinov2-weights {weights} does not fit {arch} ({str(e).splitlines()[0][:200]}): pass {DINOV2_WHERE}."
+        ) from None
+    net = DINOv2Features(model, f"dinov2-{arch}-sha256:{sha256_file(weights)[:16]}")
+    return net.to(device).eval().requires_grad_(False)
+
+
+FEATURE_NETS = ("inception", "mnist", "dinov2", "digit-judge")
+JUDGE_PREFIXES = {"dinov2-": "fd_dinov2", "digit-judge-": "fd_judge"}  # a judge's name -> its score's key
+
+
+def judge_key(network: str) -> str | None:
+    """The score a second judge's statistics give (``fd_dinov2``, ``fd_judge``); None for a scoring network."""
+    return next((key for prefix, key in JUDGE_PREFIXES.items() if network.startswith(prefix)), None)
 
 
 def load_feature_net(
-    kind: str, inception_weights: str | None = None, device: str | torch.device = "cpu"
+    kind: str,
+    inception_weights: str | None = None,
+    device: str | torch.device = "cpu",
+    dinov2_weights: str | None = None,
 ) -> FeatureNet:
     if kind == "inception":
         return load_inception(inception_weights, device)
     if kind == "mnist":
         return load_digit_classifier(device=device)
+    if kind == "dinov2":
+        return load_dinov2(dinov2_weights, device)
+    if kind == "digit-judge":
+        return load_digit_judge(device=device)
     raise UserError(f"unknown feature network {kind!r}: choose one of {', '.join(FEATURE_NETS)}.")
 
 
@@ -292,4 +458,9 @@ def feature_net_for(
     network: str, inception_weights: str | None = None, device: str | torch.device = "cpu"
 ) -> FeatureNet:
     """The network a reference was made with, by its recorded name (digits, or Inception from its weights)."""
+    if judge_key(network) is not None:
+        raise UserError(
+            f"the reference holds {network} statistics, a second judge's: pass it as --judge-ref beside the "
+            "scoring network's reference (Inception or the digit classifier)."
+        )
     return load_feature_net("mnist" if network.startswith("mnist-") else "inception", inception_weights, device)

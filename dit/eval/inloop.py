@@ -18,7 +18,7 @@ from dit.config import FieldError, Section, option
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.data.images import to_uint8
 from dit.errors import UserError
-from dit.eval.evaluator import SCORES, Evaluator, my_batches
+from dit.eval.evaluator import SCORES, Evaluator, judges_for, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
 from dit.models import DiT
@@ -37,6 +37,8 @@ class EvalSection(Section):
     num_samples: int = option(1000, "images per evaluation (FID needs more than the feature dimension)", ge=1)
     batch_size: int = option(64, "evaluation images per batch on each process", ge=1)
     inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
+    judge_ref: str | None = option(None, "a second judge's statistics (FD_DINOv2's, python -m dit.eval ref)")
+    dinov2_weights: str | None = option(None, "DINOv2 ViT-L/14 weights file, for a FD_DINOv2 --eval-judge-ref")
 
     def check(self) -> None:
         if self.every and not self.ref:
@@ -94,7 +96,8 @@ class InLoopEval:
         self.image_size, self.run_record = image_size, run
         reference = load_reference(section.ref)
         net = feature_net_for(reference.feature_network, section.inception_weights, runtime.device)
-        self.evaluator = Evaluator(net, reference, batch_size=section.batch_size, runtime=runtime)
+        judges = judges_for(reference.feature_network, section.judge_ref, section.dinov2_weights, runtime.device)
+        self.evaluator = Evaluator(net, reference, batch_size=section.batch_size, runtime=runtime, judges=judges)
         self.evaluator.check_count(section.num_samples)
         model_config = model.config
         null_class = model_config.num_classes > 0 and model_config.class_dropout_prob > 0
@@ -127,7 +130,8 @@ class InLoopEval:
         return (
             f"evaluation every {c.every} steps: {c.num_samples:,} EMA samples ({self.planner.describe()} "
             f"{s.num_sampling_steps} steps, guidance {self.guidance_scale:g}) against {c.ref} "
-            f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}); about "
+            f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}"
+            f"{''.join(', ' + j.key for j in self.evaluator.judges)}); about "
             f"{self.cost_flops() / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
         )
 
@@ -170,11 +174,13 @@ class InLoopEval:
             "num_images": result["num_images"],
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
+            "intervals": result["intervals"],
             "eval_guidance_scale": self.guidance_scale,
             "eval_guidance_interval": list(self.sampling.guidance_interval or ()) or None,
             "eval_sampler": f"{sampler.describe()} {steps} steps, {sampler.planned_nfe} evaluations",
             "eval_sampling_pflops": sampling_flops / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
+            "eval_judge_pflops": result["flops_breakdown"]["judges"] / 1e15,  # part of eval_feature_pflops
             "eval_seconds": seconds,
             "eval_sampling_seconds": seconds - result["seconds"],
         }

@@ -165,3 +165,131 @@ def class_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     if len(logits) != len(labels):
         raise UserError(f"{len(logits)} images but {len(labels)} labels: give one class label per image.")
     return (torch.as_tensor(logits).argmax(dim=1).cpu() == torch.as_tensor(labels).cpu()).float().mean().item()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Bootstrap intervals and paired comparisons (docs/evaluation.md, "Intervals")
+# ------------------------------------------------------------------------------------------------------------
+
+BOOTSTRAP_RESAMPLES = 200
+BOOTSTRAP_LEVEL = 0.95
+
+
+class FrechetToReference:
+    """Fréchet distances of many (μ, Σ) against one fixed reference, for the bootstrap's hundreds of them.
+
+    Tr √(Σ Σr) = Σ √λ(Σr^½ Σ Σr^½): the two matrices are similar, and the second is symmetric positive
+    semi-definite, so one ``eigvalsh`` per resample replaces scipy's ``sqrtm`` of a non-symmetric product, and
+    Σr^½ is computed once. It equals ``frechet_distance`` to rounding (tested), in float64 on ``device``.
+    """
+
+    def __init__(self, mu: np.ndarray, sigma: np.ndarray, device: torch.device | str = "cpu"):
+        self.mu = torch.as_tensor(np.asarray(mu, np.float64), device=device)
+        sigma = torch.as_tensor(np.asarray(sigma, np.float64), device=device)
+        w, v = torch.linalg.eigh((sigma + sigma.T) / 2)
+        self.root = (v * w.clamp(min=0).sqrt()) @ v.T
+        self.trace = torch.trace(sigma)
+
+    def __call__(self, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Distances of ``mu`` (..., d) and ``sigma`` (..., d, d), batched over the leading dimensions."""
+        product = self.root @ sigma @ self.root
+        eig = torch.linalg.eigvalsh((product + product.mT) / 2).clamp(min=0)
+        diff = mu - self.mu
+        trace = sigma.diagonal(dim1=-2, dim2=-1).sum(-1)
+        return (diff * diff).sum(-1) + trace + self.trace - 2 * eig.sqrt().sum(-1)
+
+
+def resample_indices(n: int, resamples: int, seed: int) -> torch.Tensor:
+    """(resamples, n) row indices drawn with replacement, from a generator of their own (the same for a seed)."""
+    return torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(seed))
+
+
+def bootstrap_fd(
+    features: torch.Tensor | np.ndarray, reference: FrechetToReference, indices: torch.Tensor
+) -> np.ndarray:
+    """The Fréchet distance of every resample of ``features`` (rows picked by ``indices``) to the reference.
+
+    A resample is a count per row, so its moments are weighted sums over the centred rows: one n·d² matmul a
+    resample and no copy of the rows (2x faster than gathering them at 64-d; at 2048-d a copy would be 0.8 GB
+    per resample of 50,000)."""
+    x = torch.as_tensor(features).to(device=reference.mu.device, dtype=torch.float64)
+    n = len(x)
+    mean = x.mean(dim=0)
+    centred = x - mean
+    counts = torch.zeros(len(indices), n, dtype=torch.float64, device=x.device)
+    counts.scatter_add_(1, indices.to(x.device), torch.ones_like(counts))
+    shift = counts @ centred / n  # each resample's mean, minus the full set's
+    sigmas = torch.stack([(centred.T * w) @ centred for w in counts])
+    sigmas = (sigmas - n * shift[:, :, None] * shift[:, None, :]) / (n - 1)
+    return reference(mean + shift, sigmas).cpu().numpy()
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+    def covers(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def __str__(self) -> str:
+        return f"[{self.low:.4g}, {self.high:.4g}]"
+
+
+def bootstrap_interval(value: float, values: np.ndarray, level: float = BOOTSTRAP_LEVEL) -> Interval:
+    """The central ``level`` share of the bootstrap values (Efron's percentile interval), moved by the
+    bootstrap's bias estimate, mean(values) − value, so that it is the spread of ``value`` itself.
+
+    FD is biased upwards, the more the fewer distinct rows a set has, and a resample with replacement holds
+    only about 63% of them: on 500 held-out digits the raw percentile interval was [25.1, 64.1] around a
+    full-set digit FID of 24.1 (docs/evaluation.md). The shift removes that resampling bias, not FD's own
+    finite-sample bias, which every score of the same sample count shares. The low end stops at 0."""
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(values, [tail, 100 - tail]) - (np.mean(values) - value)
+    return Interval(max(float(low), 0.0), float(high))  # a distance is not negative
+
+
+def fd_interval(
+    value: float,
+    features: torch.Tensor | np.ndarray,
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    level: float = BOOTSTRAP_LEVEL,
+) -> Interval:
+    """Bootstrap interval of a sample set's FD (``value``) against fixed reference statistics: the sample
+    features are resampled with replacement, the reference is not (it is the yardstick, not the measurement)."""
+    x = torch.as_tensor(features)
+    reference = FrechetToReference(mu, sigma, x.device)
+    return bootstrap_interval(value, bootstrap_fd(x, reference, resample_indices(len(x), resamples, seed)), level)
+
+
+@dataclass(frozen=True)
+class Paired:
+    share_a_ahead: float  # share of resamples in which A's distance is strictly lower than B's
+    a: np.ndarray  # each resample's distance, A and B on the same rows
+    b: np.ndarray
+
+
+def paired_bootstrap(
+    features_a: torch.Tensor | np.ndarray,
+    features_b: torch.Tensor | np.ndarray,
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Paired:
+    """Two sample sets against one reference on the *same* resample indices, so that the noise they share
+    (the same noise seeds and labels, row for row) cancels in the comparison. The sets must be aligned: row i
+    of A and of B sampled from the same seed and label."""
+    a, b = torch.as_tensor(features_a), torch.as_tensor(features_b)
+    if a.shape != b.shape:
+        raise UserError(
+            f"a paired comparison needs two aligned sets of the same size and features, got {tuple(a.shape)} and "
+            f"{tuple(b.shape)}: sample both with the same seeds and labels."
+        )
+    reference = FrechetToReference(mu, sigma, a.device)
+    indices = resample_indices(len(a), resamples, seed)
+    values_a, values_b = bootstrap_fd(a, reference, indices), bootstrap_fd(b, reference, indices)
+    return Paired(float(np.mean(values_a < values_b)), values_a, values_b)
