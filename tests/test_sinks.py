@@ -77,7 +77,7 @@ def test_wandb_offline_keeps_the_step_metrics_and_a_resume_continues_the_same_ru
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
     common = dict(sinks=("tensorboard", "wandb"), log_every=2, ckpt_every=2, mfu_warmup_steps=0)
-    train(tiny_config(tmp_path, max_steps=4, **common), Pixels())
+    train(tiny_config(tmp_path, max_steps=4, sample_every=4, **common), Pixels())
     train(tiny_config(tmp_path, max_steps=6, resume="auto", **common), Pixels())
     run_id = (run / "wandb" / "run-id").read_text()
     folders = list((run / "wandb").glob("offline-run-*"))
@@ -90,6 +90,7 @@ def test_wandb_offline_keeps_the_step_metrics_and_a_resume_continues_the_same_ru
     for row, record in zip(logged, kept):
         assert row["train/loss"] == pytest.approx(record["loss"], rel=1e-12)
         assert row["train/mfu"] == pytest.approx(record["mfu"], rel=1e-12)
+    assert logged[1]["samples/ema/_type"] == "image-file"  # the grid, in the row of its step
     assert (run / "tensorboard").is_dir()  # and TensorBoard beside it
 
 
