@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A pixel-space run end to end (train, checkpoint, sample) with the optional packages made unimportable.
 SCRIPT = r"""
 import sys
-for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm"):
+for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm", "wandb"):
     sys.modules[name] = None  # "import diffusers" now raises ImportError
 import torch
 from dit.errors import UserError

@@ -1,5 +1,5 @@
 """The run's ledger: what a step costs (analytic and measured FLOPs, the VAE, the peak, memory), the meter
-that turns host-side counts into MFU/HFU per window, and the sinks every record goes to.
+that turns host-side counts into MFU/HFU per window, and the sinks every record goes to (``SINKS``).
 
 The training loop only calls ``count`` each step and ``log`` at log steps; all accounting lives here, and
 none of it touches the device between log steps.
@@ -23,8 +23,11 @@ from dit.cost.peaks import forget_cpu_peak, peak_for_device
 from dit.models import DiT, describe
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
-from dit.train.sinks import MetricSinks
+from dit.train.sinks import Sinks, TensorBoard
+from dit.train.sinks_wandb import WandB
 from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae
+
+SINKS = {"tensorboard": TensorBoard, "wandb": WandB}  # --sinks; console, log.txt and metrics.jsonl always
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,11 @@ class LedgerSection(Section):
     mfu_warmup_steps: int = option(3, "first steps kept out of the MFU windows", ge=0)
     price_per_hour: float | None = option(None, "device-hour price for the cost projection", ge=0)
     progress: bool = option(True, "show progress with an ETA on rank 0 (plain lines when not on a terminal)")
-    sample_every: int = option(0, "steps per EMA sample grid in TensorBoard (0: off)", ge=0)
+    sample_every: int = option(0, "steps per EMA sample grid to the sinks (0: off)", ge=0)
+    sinks: tuple[str, ...] = option(("tensorboard",), "where records go besides the console, log.txt and "
+                                    "metrics.jsonl; wandb needs dit-ledger[wandb]", choices=tuple(SINKS))  # fmt: skip
+    wandb_project: str = option("dit-ledger", "the W&B project of --sinks wandb")
+    wandb_entity: str | None = option(None, "the W&B team or user of --sinks wandb (none: W&B's default)")
 
 
 class StepCounters:
@@ -121,21 +128,24 @@ class Ledger:
         data: TrainData,
         runtime: Runtime,
         out: Path,
+        record: dict,
         image_size: int,
         total_steps: int,
         local_images_done: int = 0,
         repa=None,
     ):
-        """``local_images_done``: this rank's images in the steps before a resume, so that the run's total
-        FLOPs (``total_model_pflops``, the x axis of quality against compute) count them too. ``repa``
-        (``dit.train.repa.Repa``): its projector and encoder are auxiliary FLOPs, counted apart from the DiT's."""
+        """``record``: the run's resolved configuration, for the sinks. ``local_images_done``: this rank's images
+        in the steps before a resume, so that the run's total FLOPs (``total_model_pflops``, the x axis of quality
+        against compute) count them too. ``repa`` (``dit.train.repa.Repa``): its projector and encoder are
+        auxiliary FLOPs, counted apart from the DiT's."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
         self.fused_attention = attention not in ("explicit", "math")  # the T x T matrix is recomputed
         self.checkpointed = model.num_checkpointed_blocks
         self.params = sum(p.numel() for p in model.parameters())
-        self.sinks = MetricSinks(out, enabled=runtime.is_main)
+        chosen = [SINKS[name] for name in dict.fromkeys(section.sinks)]
+        self.sinks = Sinks(section, out, record, chosen, enabled=runtime.is_main)
         mc = self.model_cfg
         self.flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention)
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
@@ -159,8 +169,8 @@ class Ledger:
 
     # ---- the start-up report -------------------------------------------------------------------------
 
-    def report(self, batch_per_device: int, sharded: bool, config_text: str) -> None:
-        """The start-up lines: model, FLOPs per image, VAE, memory, peak; ``config_text`` to TensorBoard."""
+    def report(self, batch_per_device: int, sharded: bool) -> None:
+        """The start-up lines: model, FLOPs per image, VAE, memory, peak."""
         precision, mc, s = self.device.precision, self.model_cfg, self.sinks
         # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
         comparable = training_flops_per_image(mc, self.checkpointed, fused_attention=False).hardware
@@ -195,7 +205,6 @@ class Ledger:
             f"checkpointed, {self.attention} attention)"
         )
         s.info(f"peak for {precision}: {self.peak.describe()}")
-        s.text("config", config_text)
 
     def _vae_line(self) -> str:
         data, vae = self.data, self.vae
@@ -241,7 +250,7 @@ class Ledger:
     def log(
         self, *, step: int, epoch: int, counters: dict, grad_norm, lr: float, in_warmup: bool, loss_scale=None
     ) -> dict:
-        """One record to the console, TensorBoard and metrics.jsonl; right after the log step's one sync."""
+        """One record to the sinks; right after the log step's one sync."""
         self.runtime.sync()
         window = self.meter.window(time.perf_counter())
         if grad_norm is not None:
@@ -267,9 +276,7 @@ class Ledger:
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
         if cuda:
             if not self.memory_compared:  # the first window on a device: the estimate --activation-checkpointing
-                self.memory_compared = (
-                    True  # auto trusts, checked so far on CPU traces only, against the allocator
-                )
+                self.memory_compared = True  # auto trusts, checked so far on CPU traces only, vs the allocator
                 self.sinks.info(
                     f"memory, first window: {record['max_memory_reserved_gib']:.3g} GiB reserved at most "
                     f"({record['max_memory_gib']:.3g} GiB allocated), estimate {self.memory_estimate / 2**30:.3g} GiB "

@@ -1,4 +1,6 @@
-"""Metric sinks: the console, TensorBoard and ``metrics.jsonl``; each gets the same dict per log step."""
+"""Where the ledger's records go: ``Sink``s behind one fan-out. The run's own record (the console with
+``log.txt``, and ``metrics.jsonl``) is always kept; the others are chosen with ``--sinks`` from
+``dit.train.ledger.SINKS``."""
 
 from __future__ import annotations
 
@@ -7,30 +9,73 @@ import math
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
+
+import yaml
 
 from dit.atomic import cannot_write, utc_now
 from dit.progress import write
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+class Sink(Protocol):
+    """One place the records go, on rank 0 only, built as ``Sink(section, out, record)``: the ledger's section,
+    the results folder and the run's resolved configuration. ``scalars`` takes a log record (its ``kind``: train,
+    eval; ``time``, UTC; numbers, switches, Nones) at its step, ``image`` a CHW image in [0, 1], ``text`` a line
+    for people and its UTC time; a subclass leaves out what it has no use for. ``path`` is what it writes:
+    a write the OS refuses there (an ``OSError``: a full disk) is the one line naming it."""
+
+    path: Path
+
+    def scalars(self, record: dict, step: int) -> None: ...
+    def image(self, tag: str, image_chw, step: int) -> None: ...
+    def text(self, message: str, stamp: str) -> None: ...
+    def close(self) -> None: ...
 
 
-@contextmanager
-def _writing(path: Path, checkpoints: Path):
-    """A write the OS refuses (a full disk: the line-buffered files, TensorBoard's event file) is the one
-    line that names what is kept, not a traceback from inside the log call."""
-    try:
-        yield
-    except OSError as e:
-        raise cannot_write(path, e, checkpoints) from None
+def numbers(record: dict) -> dict:
+    """A record's numbers as ``KIND/key``, KIND its ``kind``: what the sinks that plot them show."""
+    group = record.get("kind", "train")
+    return {f"{group}/{k}": v for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}  # fmt: skip
+
+
+class _Lines(Sink):
+    """An appended file of ``name``, line-buffered: each line is on disk as it is written."""
+
+    name = ""
+
+    def __init__(self, section, out: Path, record: dict):
+        self.path = out / self.name
+        self.file = open(self.path, "a", buffering=1)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Log(_Lines):
+    """The console as it is, and log.txt with the time before each line, for lining a run up with a cluster's
+    events (the console is watched live, or has its own times)."""
+
+    name = "log.txt"
+
+    def text(self, message: str, stamp: str) -> None:
+        write(message)
+        self.file.write("".join(f"{stamp} {line}\n" for line in message.split("\n")))
+
+
+class Metrics(_Lines):
+    """metrics.jsonl: each record a JSON line, a non-finite number as null (JSON has no NaN)."""
+
+    name = "metrics.jsonl"
+
+    def scalars(self, record: dict, step: int) -> None:
+        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        self.file.write(json.dumps(clean) + "\n")
 
 
 def _quiet_tensorboard_thread() -> None:
-    """TensorBoard's writer thread re-raises a failed write (a full disk) in the next log call, which
-    ``_writing`` turns into the one line; the thread's own traceback, printed as it dies, would be a second
+    """TensorBoard's writer thread re-raises a failed write (a full disk) in the next log call, which the
+    fan-out turns into the one line; the thread's own traceback, printed as it dies, would be a second
     report of the same error."""
     previous = threading.excepthook
     if getattr(previous, "quiet_tensorboard", False):
@@ -44,79 +89,70 @@ def _quiet_tensorboard_thread() -> None:
     threading.excepthook = hook
 
 
-class MetricSinks:
-    """Writes on rank 0 only; other ranks get a no-op object with the same methods."""
+class TensorBoard(Sink):
+    """Event files in tensorboard/: numbers (with TensorBoard's own wall time), images, the configuration."""
 
-    CONSOLE_KEYS = (
-        "step",
-        "loss",
-        "grad_norm",
-        "steps_per_sec",
-        "images_per_sec",
-        "mfu",
-        "hfu",
-        "host_data_wait_frac",
-    )
-
-    def __init__(self, out_dir: str | Path, enabled: bool = True):
-        self.enabled = enabled
-        self.out_dir = Path(out_dir)
-        self.writer = None
-        self.jsonl = None
-        self.checkpoints = self.out_dir / "checkpoints"
-        if not enabled:
-            return
+    def __init__(self, section, out: Path, record: dict):
         from torch.utils.tensorboard import SummaryWriter
 
         _quiet_tensorboard_thread()
-        with _writing(self.out_dir, self.checkpoints):
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.jsonl = open(self.out_dir / "metrics.jsonl", "a", buffering=1)
-            self.log_file = open(self.out_dir / "log.txt", "a", buffering=1)
-            self.writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+        self.path = out / "tensorboard"
+        self.writer = SummaryWriter(str(self.path))
+        self.writer.add_text("config", yaml.safe_dump(record, sort_keys=False), 0)
 
-    def info(self, message: str, stamp: str | None = None):
-        """A line for people: the console as it is, and log.txt with the time (``utc_now``) before each line,
-        for lining a run up with a cluster's events (the console is watched live, or has its own times)."""
-        if self.enabled:
-            write(message)
-            stamp = stamp or utc_now()
-            with _writing(self.out_dir / "log.txt", self.checkpoints):
-                self.log_file.write("".join(f"{stamp} {line}\n" for line in message.split("\n")))
+    def scalars(self, record: dict, step: int) -> None:
+        for key, value in numbers(record).items():
+            self.writer.add_scalar(key, value, step)
 
-    def log(self, metrics: dict, console_keys: tuple[str, ...] = CONSOLE_KEYS):
-        """One record to metrics.jsonl (with its ``time``), TensorBoard (as ``KIND/key``, KIND the record's
-        ``kind``; it keeps its own wall time) and a line."""
-        if not self.enabled:
-            return
+    def image(self, tag: str, image_chw, step: int) -> None:
+        self.writer.add_image(tag, image_chw, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Sinks:
+    """What the ledger writes to: ``Log`` and ``Metrics`` (the run's record), then the ``chosen`` sink classes,
+    on rank 0; other ranks (``enabled=False``) get none. Records and lines share one time (``utc_now``)."""
+
+    CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu",
+                    "host_data_wait_frac")  # fmt: skip
+
+    def __init__(self, section, out: str | Path, record: dict, chosen=(), enabled: bool = True):
+        self.out, self.sinks = Path(out), []
+        if enabled:
+            with self._writing(self.out):
+                self.out.mkdir(parents=True, exist_ok=True)
+                self.sinks = [kind(section, self.out, record) for kind in (Log, Metrics, *chosen)]
+
+    @contextmanager
+    def _writing(self, path: Path):
+        """A refused write (the line-buffered files, TensorBoard's event file) is the one line that names what
+        is kept, not a traceback from inside the log call."""
+        try:
+            yield
+        except OSError as e:
+            raise cannot_write(path, e, self.out / "checkpoints") from None
+
+    def _each(self, method: str, *args) -> None:
+        for sink in self.sinks:
+            with self._writing(sink.path):
+                getattr(sink, method)(*args)
+
+    def info(self, message: str, stamp: str | None = None) -> None:
+        self._each("text", message, stamp or utc_now())
+
+    def log(self, record: dict, console_keys: tuple[str, ...] = CONSOLE_KEYS) -> None:
+        """One record to every sink, with its ``time``, and a line of ``console_keys`` at the same time."""
         stamp = utc_now()
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        clean["time"] = stamp
-        with _writing(self.out_dir / "metrics.jsonl", self.checkpoints):
-            self.jsonl.write(json.dumps(clean) + "\n")
-        group = metrics.get("kind", "train")
-        if self.writer is not None:
-            with _writing(self.out_dir / "tensorboard", self.checkpoints):
-                for k, v in metrics.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and v is not None:
-                        self.writer.add_scalar(f"{group}/{k}", v, metrics["step"])
-        shown = " ".join(f"{k}={_fmt(metrics[k])}" for k in console_keys if metrics.get(k) is not None)
+        self._each("scalars", {**record, "time": stamp}, record["step"])
+        group = record.get("kind", "train")
+        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k in console_keys if (v := record.get(k)) is not None)  # fmt: skip
         self.info(shown if group == "train" else f"{group}: {shown}", stamp)
 
-    def text(self, tag: str, text: str, step: int = 0):
-        if self.writer is not None:
-            with _writing(self.out_dir / "tensorboard", self.checkpoints):
-                self.writer.add_text(tag, text, step)
+    def image(self, tag: str, image_chw, step: int) -> None:
+        self._each("image", tag, image_chw, step)
 
-    def image(self, tag: str, image_chw, step: int):
-        if self.writer is not None:
-            with _writing(self.out_dir / "tensorboard", self.checkpoints):
-                self.writer.add_image(tag, image_chw, step)
-
-    def close(self):
-        if self.enabled:
-            with _writing(self.out_dir, self.checkpoints):
-                self.jsonl.close()
-                self.log_file.close()
-                if self.writer is not None:
-                    self.writer.close()
+    def close(self) -> None:
+        self._each("close")

@@ -132,10 +132,10 @@ class Trainer:
         done = self.state.step * self.micro * optim.grad_accum_steps
         self.ledger = Ledger(
             cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=runtime,
-            out=self.out, image_size=cfg.model.image_size, total_steps=self.total_steps, local_images_done=done,
-            repa=self.repa,
+            out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
+            local_images_done=done, repa=self.repa,
         )  # fmt: skip
-        self.ledger.report(self.micro, sharded, yaml.safe_dump(self.record, sort_keys=False))
+        self.ledger.report(self.micro, sharded)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
         self.resumed_from, self.resumed_step = resume_from, self.state.step

@@ -1,0 +1,40 @@
+"""Weights & Biases (``--sinks wandb``; ``pip install 'dit-ledger[wandb]'``): a record's numbers as ``KIND/key`` at
+its step, sample grids, the run's configuration. ``WANDB_MODE=offline`` keeps the run in the results folder
+(``wandb sync`` uploads it later); W&B's other variables (``WANDB_API_KEY``, ...) apply as usual."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from dit.atomic import atomic_write_bytes
+from dit.errors import UserError, require
+from dit.train.sinks import Sink, numbers
+
+
+class WandB(Sink):
+    """One W&B run per results folder: its id is kept there (``wandb/run-id``), so a resumed run continues it.
+    Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy."""
+
+    def __init__(self, section, out: Path, record: dict):
+        self.wandb = require("wandb", "wandb", "--sinks wandb")
+        self.path, kept = out / "wandb", out / "wandb" / "run-id"
+        run_id = kept.read_text().strip() if kept.is_file() else secrets.token_hex(6)
+        atomic_write_bytes(kept, run_id.encode())
+        try:
+            self.run = self.wandb.init(project=section.wandb_project, entity=section.wandb_entity, name=out.name,
+                                       dir=out, config=record, id=run_id, resume="allow")  # fmt: skip
+        except self.wandb.errors.Error as e:
+            raise UserError(
+                f"--sinks wandb: W&B did not start: {e}. Log in (wandb login), or set WANDB_MODE=offline to keep "
+                f"the run in {self.path} and upload it later with wandb sync."
+            ) from None
+
+    def scalars(self, record: dict, step: int) -> None:
+        self.run.log(numbers(record), step=step)
+
+    def image(self, tag: str, image_chw, step: int) -> None:
+        self.run.log({tag: self.wandb.Image(image_chw)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
