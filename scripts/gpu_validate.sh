@@ -36,7 +36,7 @@ fi
 if [ $dry = 1 ]; then
     flag=(--dry-run) limits=(env:60 flags:120 numerics:180 sync:120 bench:180 e2e:180 sample:120)
 else
-    flag=() limits=(env:30 flags:60 numerics:90 sync:45 bench:195 e2e:120 sample:45)
+    flag=() limits=(env:20 flags:45 numerics:120 sync:40 bench:200 e2e:120 sample:40)
 fi
 mkdir -p "$out/sections" "$out/logs"
 rm -f "$out"/sections/*.json "$out/gpu_validate.json"
