@@ -32,12 +32,17 @@ if [ $dry = 0 ] && ! "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_ava
     echo "error: no CUDA device here: run it on a GPU machine, or pass --dry-run to check the script on the CPU" >&2
     exit 2
 fi
-# seconds per section: 585 in all on the GPU; the dry run's are for two shared CPU cores
+# seconds per section: 550 in all on the GPU, 585 with the 5 s each may take to die when killed; the dry run's
+# are for two shared CPU cores
 if [ $dry = 1 ]; then
     flag=(--dry-run) limits=(env:60 flags:120 numerics:180 sync:120 bench:180 e2e:180 sample:120)
 else
-    flag=() limits=(env:20 flags:45 numerics:120 sync:40 bench:200 e2e:120 sample:40)
+    flag=() limits=(env:20 flags:40 numerics:110 sync:35 bench:190 e2e:120 sample:35)
 fi
+case " ${limits[*]} " in
+    *" $fail:"* | "  ") ;;
+    *) [ -z "$fail" ] || { echo "error: --fail $fail: not a section (${limits[*]%%:*})" >&2; exit 2; } ;;
+esac
 mkdir -p "$out/sections" "$out/logs"
 rm -f "$out"/sections/*.json "$out/gpu_validate.json"
 failed=0
@@ -48,7 +53,7 @@ for entry in "${limits[@]}"; do
     logs=()
     [ "$name" = numerics ] && logs=(TORCH_LOGS=recompiles,graph_breaks)
     start=$(date +%s%N)
-    env "${logs[@]}" timeout -k 10 "$limit" "$py" scripts/gpu_validate.py "$name" --out "$out" --budget "$limit" \
+    env "${logs[@]}" timeout -k 5 "$limit" "$py" scripts/gpu_validate.py "$name" --out "$out" --budget "$limit" \
         "${flag[@]}" "${extra[@]}" >"$out/logs/$name.log" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - start) / 1000000))
