@@ -11,7 +11,9 @@
   python scripts/benchmark.py attention --model DiT-B/2 --precision bf16   # attention kernels, one block
   python scripts/benchmark.py repeat --repeats 3                              # MFU over repeated runs
 
-Each run prints a table and, with --json FILE, writes every row (the machine's measured matmul peaks too).
+Each run prints a table and, with --out FILE, writes every row (the machine's measured matmul peaks too); train
+and sample rewrite FILE as each row finishes ("complete": false until the run ends). On CUDA, train skips a
+configuration that dit-cost's memory estimate says does not fit the device (the reason is in its row).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import sys
 
 from dit import bench
+from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
 from dit.config import Face
 from dit.runtime import Runtime
@@ -48,26 +51,36 @@ def _table(rows: list[dict], keys: list[str]) -> str:
 def main(argv=None) -> int:
     parsed = FACE.parse(argv)
     mode, cfg = parsed.command, parsed.sections["bench"]
+    out = getattr(cfg, "out", None)
+    done = []
+
+    def write(extra: dict, complete: bool) -> None:
+        """The rows so far, atomically: a configuration that kills the process (out of memory) loses only itself."""
+        record = {
+            "rows": done,
+            **extra,
+            "complete": complete,
+            "config": FACE.commands[mode].record({"bench": cfg})["bench"],
+            "argv": sys.argv[1:] if argv is None else argv,
+        }
+        atomic_write_bytes(out, json.dumps(record, indent=2).encode())
+
+    def on_row(row: dict) -> None:
+        done.append(row)
+        if out:
+            write({}, complete=False)
+
     with Runtime(getattr(cfg, "device", None)):  # the process: host-memory tuning on CPU, as training has it
-        result = bench.run(mode, cfg)
+        result = bench.run(mode, cfg, on_row)
     if result.text is not None:
         print(result.text)
         return 0
     print(_table(result.rows, result.keys))
     for note in result.notes:
         print(note)
-    if getattr(cfg, "out", None):
-        with open(cfg.out, "w") as f:
-            json.dump(
-                {
-                    "rows": result.rows,
-                    **result.extra,
-                    "config": FACE.commands[mode].record({"bench": cfg})["bench"],
-                    "argv": sys.argv[1:] if argv is None else argv,
-                },
-                f,
-                indent=2,
-            )
+    if out:
+        done[:] = result.rows
+        write(result.extra, complete=True)
     return 0
 
 

@@ -107,3 +107,22 @@ def test_repeat_mode_runs_the_quick_start_with_in_loop_evaluations(tmp_path):
           "--out", str(tmp_path / "r.json"))  # fmt: skip
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert row["evaluations"] == 2 and 0 < row["mfu"] < 1.5 and row["steps"] == 20
+
+
+def test_train_skips_a_configuration_that_does_not_fit_and_says_why(tmp_path):
+    from dit.cost.memory import estimate_training_memory
+    from dit.model_config import model_config
+
+    rows_file = tmp_path / "rows.json"
+    argv = ["--model", "DiT-XL/2", "--global-batch-size", "256", "--precision", "bf16", "--attention", "sdpa"]
+    out = bench("train", *argv, "--peak-probe", "0", "--memory-gib", "80", "--out", str(rows_file))  # an H100
+    data = json.loads(rows_file.read_text())
+    (row,) = data["rows"]
+    assert data["complete"] and "median_s" not in row  # no step was run
+    need = estimate_training_memory(model_config("DiT-XL/2"), 256, "bf16").total / 2**30
+    assert need > 72  # the 80 GiB less 10% kept free
+    assert (
+        row["skipped"].startswith(f"dit-cost memory estimates {need:.1f} GiB")
+        and "72.0 GiB usable" in row["skipped"]
+    )
+    assert "skipped: dit-cost memory estimates" in out.stderr

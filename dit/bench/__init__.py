@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,16 +48,85 @@ class Result:
     text: str | None = None  # a mode whose output is text (profile)
 
 
-def run(mode: str, cfg) -> Result:
-    return globals()[f"_{mode}"](cfg)
+def run(mode: str, cfg, on_row: Callable[[dict], None] | None = None) -> Result:
+    """The mode's rows; ``on_row`` (train and sample) is called with each row as it finishes, so that a
+    later configuration that crashes the process loses nothing measured before it."""
+    return globals()[f"_{mode}"](cfg, on_row or (lambda row: None))
 
 
-def _train(a: c.TrainBench) -> Result:
-    r = Result(extra={"matmul_peak_tflops": bench_matmul_peaks(("fp32", "bf16"), device=a.device)})
+def _device_memory(a: c.TrainBench) -> int | None:
+    """The bytes the fit check allows for, None for no check."""
+    import torch
+
+    if a.memory_gib is not None:
+        return int(a.memory_gib * 2**30) or None
+    if a.device == "cpu" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.device(a.device or "cuda")).total_memory
+
+
+def _unfit(
+    a: c.TrainBench, capacity: int | None, model: str, batch: int, ckpt: str, attention: str, precision: str
+):
+    """Why this configuration would not fit the device by dit-cost's estimate; None if it fits or cannot be told
+    (no check, ``auto`` checkpointing, which the trainer fits itself, or a flag the trainer will refuse)."""
+    import torch
+
+    from dit.config import FieldError
+    from dit.cost.memory import estimate_training_memory, usable_memory
+    from dit.model_config import model_config, parse_activation_checkpointing
+    from dit.models import attention_kernel
+    from dit.runtime import Precision
+
+    if capacity is None:
+        return None
+    cfg = model_config(model, input_size=a.image_size // 8)
+    try:
+        blocks = parse_activation_checkpointing(ckpt, cfg.depth)
+    except FieldError:
+        return None
+    if blocks == "auto":
+        return None
+    device_type = "cuda" if a.device != "cpu" and torch.cuda.is_available() else "cpu"
+    kernel = attention_kernel(attention, device_type, Precision(precision, "cuda").compute_dtype)
+    estimate = estimate_training_memory(
+        cfg,
+        batch,
+        precision,
+        checkpointed_blocks=blocks,
+        attention="explicit" if kernel in ("explicit", "math") else "fused",
+    ).total
+    budget = usable_memory(capacity)
+    if estimate <= budget:
+        return None
+    return (
+        f"dit-cost memory estimates {estimate / 2**30:.1f} GiB for {model} {precision} at batch {batch} with "
+        f"{blocks} checkpointed blocks, over the {budget / 2**30:.1f} GiB usable of {capacity / 2**30:.1f} GiB: "
+        "checkpoint more blocks or lower the batch"
+    )
+
+
+def _train(a: c.TrainBench, on_row) -> Result:
+    # Without probes between rounds the ceilings are only context for the fraction column: a short look.
+    probe_s = 2.0 if a.peak_probe else 0.25
+    r = Result(extra={"matmul_peak_tflops": bench_matmul_peaks(("fp32", "bf16"), probe_s, a.device)})
+    capacity = _device_memory(a)
     grid = itertools.product(a.model, a.global_batch_size, a.activation_checkpointing, a.compile, a.attention)
     for model, batch, ckpt, comp, attention in grid:
+        unfit = {p: _unfit(a, capacity, model, batch, ckpt, attention, p) for p in a.precision}
+        for precision, reason in unfit.items():
+            if reason is not None:
+                row = {"mode": "train", "model": model, "image_size": a.image_size, "precision": precision,
+                       "batch_per_device": batch, "activation_checkpointing": ckpt, "compile": comp == "on",
+                       "attention": attention, "skipped": reason}  # fmt: skip
+                print(f"skipped: {reason}", file=sys.stderr)
+                r.rows.append(row)
+                on_row(row)
+        precisions = tuple(p for p, reason in unfit.items() if reason is None)
+        if not precisions:
+            continue
         group = bench_train(
-            model=model, image_size=a.image_size, precisions=tuple(a.precision), batch_size=batch,
+            model=model, image_size=a.image_size, precisions=precisions, batch_size=batch,
             activation_checkpointing=ckpt, compile=comp == "on", steps=a.timed_steps, warmup=a.untimed_steps,
             device=a.device, peak_tflops=a.peak_tflops, attention=attention, peak_probe_s=a.peak_probe,
         )  # fmt: skip
@@ -71,12 +141,15 @@ def _train(a: c.TrainBench) -> Result:
                 f"attention {row['attention']}: {row['median_s']:.4g} s/step",
                 file=sys.stderr,
             )
+            on_row(row)
         r.rows += group
     r.keys = ["model", "precision", "batch_per_device", "checkpointed_blocks", "compile", "attention", "median_s",
               "p10_s", "p90_s", "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source",
               "fraction_of_fp32_matmul_peak", "speedup_vs_fp32"]  # fmt: skip
+    if any("skipped" in row for row in r.rows):
+        r.keys.append("skipped")
     # Measured again at the end: a drift between the two says the machine's speed changed during the run.
-    r.extra["matmul_peak_tflops_after"] = bench_matmul_peaks(("fp32", "bf16"), device=a.device)
+    r.extra["matmul_peak_tflops_after"] = bench_matmul_peaks(("fp32", "bf16"), probe_s, a.device)
     r.notes.append(
         f"matmul peaks measured in this run (TFLOP/s): before {r.extra['matmul_peak_tflops']}, "
         f"after {r.extra['matmul_peak_tflops_after']}"
@@ -86,7 +159,7 @@ def _train(a: c.TrainBench) -> Result:
 
         # an MFU above 1 divides by a peak below what the step reached (a CPU's bf16 probe runs slower than
         # autocast's mixed fp32/bf16 step: 2.04 measured here once): such a row cannot calibrate anything
-        usable = [row for row in r.rows if 0 < row["mfu"] <= 1]
+        usable = [row for row in r.rows if 0 < row.get("mfu", 0) <= 1]
         if not usable:
             raise UserError("--calibration: every row's MFU is above 1 (its peak is too low): pass --peak-tflops.")
         best = max(usable, key=lambda row: row["mfu"])
@@ -96,7 +169,7 @@ def _train(a: c.TrainBench) -> Result:
     return r
 
 
-def _sample(a: c.SampleBench) -> Result:
+def _sample(a: c.SampleBench, on_row) -> Result:
     r = Result()
     for model, precision, batch, attention in itertools.product(a.model, a.precision, a.batch_size, a.attention):
         r.rows.append(
@@ -113,12 +186,13 @@ def _sample(a: c.SampleBench) -> Result:
                 attention,
             )  # fmt: skip
         )
+        on_row(r.rows[-1])
     r.keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "guidance_scale", "median_s",
               "images_per_sec", "model_tflops", "mfu", "peak_source"]  # fmt: skip
     return r
 
 
-def _accounting(a: c.AccountingBench) -> Result:
+def _accounting(a: c.AccountingBench, on_row) -> Result:
     rows = [
         bench_accounting(model, batch, a.log_every, precision, a.image_size)
         for model, precision, batch in itertools.product(a.model, a.precision, a.global_batch_size)
@@ -128,7 +202,7 @@ def _accounting(a: c.AccountingBench) -> Result:
     )
 
 
-def _reader(a: c.ReaderBench) -> Result:
+def _reader(a: c.ReaderBench, on_row) -> Result:
     import torch
 
     torch.set_num_threads(a.threads)
@@ -140,18 +214,18 @@ def _reader(a: c.ReaderBench) -> Result:
     )
 
 
-def _profile(a: c.ProfileBench) -> Result:
+def _profile(a: c.ProfileBench, on_row) -> Result:
     return Result(text=profile_train_step(a.model, a.precision, a.global_batch_size, a.image_size, a.rows))
 
 
-def _attention(a: c.AttentionBench) -> Result:
+def _attention(a: c.AttentionBench, on_row) -> Result:
     rows = bench_attention(
         a.model, a.precision, a.global_batch_size, a.image_size, tuple(a.attention), device=a.device
     )
     return Result(rows, ["model", "precision", "batch", "attention", "median_s", "p10_s", "p90_s"])
 
 
-def _repeat(a: c.RepeatBench) -> Result:
+def _repeat(a: c.RepeatBench, on_row) -> Result:
     rows = bench_repeat(a.repeats, a.max_steps, fresh_peak=a.peak == "fresh", eval_every=a.eval_every)
     mfus = [row["mfu"] for row in rows]
     r = Result(rows, ["run", "steps", "mfu", "steps_per_sec", "peak_tflops", "fresh_peak", "evaluations"])
@@ -162,7 +236,7 @@ def _repeat(a: c.RepeatBench) -> Result:
     return r
 
 
-def _precision(a: c.PrecisionBench) -> Result:
+def _precision(a: c.PrecisionBench, on_row) -> Result:
     rows = bench_precision_quality(a.max_steps, tuple(a.precision), tuple(a.seeds), a.eval_samples, a.device)
     r = Result(
         rows, ["precision", "seed", "steps", "fid", "class_accuracy", "precision_metric", "recall", "final_loss"]
@@ -173,7 +247,7 @@ def _precision(a: c.PrecisionBench) -> Result:
     return r
 
 
-def _loss(a: c.LossBench) -> Result:
+def _loss(a: c.LossBench, on_row) -> Result:
     """The quick-start model and digits, trained with DiT's own objective (linear schedule, learned sigma)."""
     from dit.data.digits import DigitDataset
     from dit.train.recipes import PRESETS, digits_train_config

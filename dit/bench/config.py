@@ -28,13 +28,20 @@ class TrainBench(Section):
     untimed_steps: int = option(3, "warm-up steps before timing")
     peak_probe: float = option(
         0.25,
-        "seconds of fp32 and bf16 matmul-peak probes between step rounds (0: off); the fp32 fraction divides "
-        "by their median",
+        "seconds of fp32 and bf16 matmul-peak probes between step rounds (0: off, and 0.25 s instead of 2 s "
+        "for the ceilings measured before and after the run); the fp32 fraction divides by their median",
     )
     calibration: str | None = option(None, "write the best row as a dit-cost calibration JSON")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
     peak_tflops: float | None = option(None, "override the peak used for MFU")
-    out: str | None = option(None, OUT_HELP)
+    memory_gib: float | None = option(
+        None,
+        "device memory for the fit check: a configuration whose dit-cost memory estimate exceeds the usable part "
+        "(10%, at least 2 GiB, kept free) is skipped, its reason in its row (default: the CUDA device's, no "
+        "check on CPU; 0: no check)",
+        ge=0,
+    )
+    out: str | None = option(None, OUT_HELP + "; rewritten as each row finishes")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from dit.bench.steps import spread
+from dit.bench.steps import _fresh_device_memory, spread
 from dit.cost.analytic import sampling_flops_per_image
 from dit.cost.peaks import device_name, measure_matmul_peak, peak_for_device
 from dit.models import Attention, DiT_models, attention_context, attention_kernel, model_config
@@ -46,6 +46,7 @@ def bench_sample(
         sm = SamplingModel(net, "random", image_size, None, None)
         sampler = Sampler(sm, num_sampling_steps, "ddpm", guidance=Guidance(guidance_scale))
         labels, seeds = [i % 1000 for i in range(batch_size)], list(range(batch_size))
+        _fresh_device_memory(dev)
         times = []
         for i in range(repeats + 1):
             runtime.sync()
@@ -55,6 +56,12 @@ def bench_sample(
             if i:  # the first run warms up
                 times.append(time.perf_counter() - start)
         peak = peak_for_device(dev, precision, peak_tflops)
+        memory = {}
+        if dev.type == "cuda":
+            memory = {
+                "max_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+                "max_memory_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30,
+            }
     timing = spread(times)
     flops = sampling_flops_per_image(net.config, num_sampling_steps, guidance_scale).model
     rate = batch_size / timing["median_s"]
@@ -74,6 +81,7 @@ def bench_sample(
         "peak_tflops": peak.flops / 1e12,
         "peak_source": peak.source,
         "mfu": rate * flops / peak.flops,
+        **memory,
     }
 
 

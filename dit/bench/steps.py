@@ -7,6 +7,7 @@ median with the 10th and 90th percentiles.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -101,9 +102,18 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
         "hfu": rate * flops.hardware / peak.flops,
         "losses": losses,
     }
-    if trainer.runtime.device.type == "cuda":
+    if trainer.runtime.device.type == "cuda":  # since bench_train's reset: this row's steps (and its pairing's)
         row["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.runtime.device) / 2**30
+        row["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved(trainer.runtime.device) / 2**30
     return row
+
+
+def _fresh_device_memory(device: torch.device) -> None:
+    """Free what earlier rows left cached and restart the peaks, so that a row's peak memory is its own."""
+    if device.type == "cuda":
+        gc.collect()  # the previous rows' trainers hold reference cycles
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def bench_train(
@@ -127,8 +137,14 @@ def bench_train(
     whose speed drifts by 10% from minute to minute, separate runs would measure the drift. With
     ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
     gets the median of those probes: a peak measured under the same conditions as the steps.
+
+    On CUDA the peak-memory figures start at this call (paired precisions share one peak). With ``compile``
+    Dynamo's caches are cleared first: a second configuration in the same process would otherwise be
+    compiled for dynamic shapes (automatic dynamic after a shape change) and time another graph.
     """
     runs = []
+    if compile:
+        torch._dynamo.reset()
     with tempfile.TemporaryDirectory() as out:
         for precision in precisions:
             trainer, batches = bench_trainer(
@@ -145,6 +161,7 @@ def bench_train(
                 peak_tflops=peak_tflops,
             )
             runs.append((trainer, batches, [], []))
+        _fresh_device_memory(runs[0][0].runtime.device)
         probes = {"fp32": [], "bf16": []}
         for i in range(warmup + steps):
             for trainer, batches, times, losses in runs:
