@@ -8,7 +8,7 @@ import torch
 from helpers import make_image_folder, run_face
 
 from dit.checkpoint import checksum_path, list_checkpoints, save_training_checkpoint
-from dit.train.lineage import begin_segment, follow, plan_segment
+from dit.checkpoint.lineage import begin_segment, follow, plan_segment
 
 
 def steps_in(folder: Path) -> list[int]:
