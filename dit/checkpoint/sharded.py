@@ -95,10 +95,13 @@ def seal(folder: Path, final: Path, step: int, record: dict, digests: dict[str, 
 def verify(folder: Path) -> bool:
     """Whether every file the manifest lists is there with the content its save hashed (False without a
     manifest: a folder can only be renamed into place with one). A newer folder format is refused."""
-    manifest_path = folder / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    if isinstance(manifest, dict):
         refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    try:
         files = manifest["files"]
         key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
         if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
@@ -157,19 +160,23 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not DCP metadata")
 
 
+def _metadata(path: Path):
+    """DCP's metadata, through the allow-list (checked before DCP reads, which would wrap our error)."""
+    try:
+        return _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except Exception as e:
+        raise UserError(f"cannot read {path} safely ({e}): it is not a dit-ledger checkpoint.") from None
+
+
 def _reader(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    _metadata(folder / ".metadata")
+
     class Reader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            data = (Path(self.path) / ".metadata").read_bytes()
-            try:
-                metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-            except Exception as e:
-                raise UserError(
-                    f"cannot read {folder}/.metadata safely ({e}): it is not a dit-ledger checkpoint."
-                ) from None
+            metadata = _metadata(Path(self._get_metadata_path(kwargs.get("rank"))))  # a rank's own, or the one
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
