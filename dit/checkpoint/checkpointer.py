@@ -59,6 +59,11 @@ class Checkpointer:
             self.saved.append((step, str(final)))
         self.runtime.barrier()
 
+    def take_saved(self) -> list[tuple[int, str]]:
+        """(step, path) of the checkpoints saved since the last call, for the log."""
+        saved, self.saved = self.saved, []
+        return saved
+
     def _async_group(self):
         """A gloo group of its own for the background writer: its collectives never meet the step's."""
         if not self.background:

@@ -423,7 +423,7 @@ class Trainer:
     def _report_saves(self) -> None:
         """The checkpoints saved since the last report, in one line: at each log step and at the end of ``run``
         (``--ckpt-every 1`` printed a line per step)."""
-        saves, self.checkpointer.saved = self.checkpointer.saved, []
+        saves = self.checkpointer.take_saved()
         if len(saves) == 1:
             self.ledger.sinks.info(f"saved checkpoint {saves[0][1]}")
         elif saves:
