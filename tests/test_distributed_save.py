@@ -13,11 +13,13 @@ from dit.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Each rank builds the same TrainState, counts the host copies ``state_dict`` makes, and writes what it got.
+# Each rank builds the same TrainState, counts the host copies ``state_dict`` makes and the whole tensors FSDP
+# gathers, and writes what it got.
 SPY = """
 import json, os, sys
 import torch
 import dit.train.state as state_mod
+from torch.distributed.tensor import DTensor
 from dit.runtime import Runtime
 from dit.train.ema import EMA
 from dit.train.state import TrainState
@@ -25,20 +27,22 @@ from helpers import tiny_dit
 
 from dit.train.parallel import shard
 
-copies = []  # (function, tensors it returned on this rank)
-for name in ("full_model_state", "full_optimizer_state"):
+copies, gathers = [], []  # (function, tensors it returned on this rank); DTensor.full_tensor calls
+for name in ("model_state", "optimizer_state"):
     real = getattr(state_mod, name)
 
     def spy(*a, _real=real, _name=name):
         out = _real(*a)
-        copies.append((_name, len(out) if _name == "full_model_state" else len(out.get("state", {}))))
+        copies.append((_name, len(out) if _name == "model_state" else len(out.get("state", {}))))
         return out
 
     setattr(state_mod, name, spy)
+full_tensor = DTensor.full_tensor
+DTensor.full_tensor = lambda self, *a, **k: gathers.append(1) or full_tensor(self, *a, **k)
 out = {}
 with Runtime("cpu") as rt:
     for sharded in (False, True):
-        copies.clear()
+        copies.clear(), gathers.clear()
         model = tiny_dit(0)
         ema = EMA(model)
         if sharded:
@@ -47,13 +51,17 @@ with Runtime("cpu") as rt:
         model(torch.randn(2, 4, 8, 8), torch.rand(2), torch.tensor([0, 1])).sum().backward()
         opt.step()  # an optimizer state to copy
         payload = TrainState(model, ema, opt, None, sharded, 16, 2).state_dict(rt)
-        out["fsdp" if sharded else "ddp"] = {"copies": sorted(copies), "payload": payload and sorted(payload)}
+        local = payload and {k: v.to_local().numel() if isinstance(v, DTensor) else -1
+                             for k, v in payload["model"].items()}
+        out["fsdp" if sharded else "ddp"] = {"copies": sorted(copies), "payload": payload and sorted(payload),
+                                             "gathers": len(gathers), "local": local,
+                                             "whole": {k: v.numel() for k, v in model.state_dict().items()}}
     with open(os.path.join(sys.argv[1], f"rank{rt.rank}.json"), "w") as f:
         json.dump(out, f)
 """
 
 
-def test_only_rank_0_holds_a_host_copy_of_the_state_under_ddp_and_fsdp(tmp_path):
+def test_only_rank_0_holds_a_host_copy_under_ddp_and_fsdp_ranks_keep_their_shards(tmp_path):
     script = tmp_path / "spy.py"
     script.write_text(SPY)
     env = {**__import__("os").environ}
@@ -62,15 +70,22 @@ def test_only_rank_0_holds_a_host_copy_of_the_state_under_ddp_and_fsdp(tmp_path)
     done = subprocess.run([*cmd, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    for kind in ("ddp", "fsdp"):
-        names = [name for name, _ in rank0[kind]["copies"]]
-        assert names == ["full_model_state", "full_model_state", "full_optimizer_state"], kind
-        assert all(n > 0 for _, n in rank0[kind]["copies"]) and {"model", "ema", "optimizer", "rng"} <= set(
-            rank0[kind]["payload"]
-        )
-    assert rank1["ddp"] == {"copies": [], "payload": None}  # no host copy of model, EMA or optimizer on rank 1
-    # FSDP: rank 1 takes part in the gather (a collective) but is handed nothing (rank 0 alone holds the copy)
-    assert rank1["fsdp"]["payload"] is None and all(n == 0 for _, n in rank1["fsdp"]["copies"])
+    names = [name for name, _ in rank0["ddp"]["copies"]]
+    assert names == ["model_state", "model_state", "optimizer_state"]
+    assert all(n > 0 for _, n in rank0["ddp"]["copies"]) and {"model", "ema", "optimizer", "rng"} <= set(
+        rank0["ddp"]["payload"]
+    )
+    assert rank1["ddp"]["copies"] == [] and rank1["ddp"]["payload"] is None  # no host copy on rank 1
+    # FSDP: every rank holds its own shards of the whole payload, and no tensor is gathered whole
+    for rank in (rank0, rank1):
+        assert {"model", "ema", "optimizer", "rng", "config", "lineage"} <= set(rank["fsdp"]["payload"])
+        assert rank["fsdp"]["gathers"] == 0
+    for k, whole in rank0["fsdp"][
+        "whole"
+    ].items():  # each tensor split between the ranks (dim 0: 1-row ones whole)
+        assert rank0["fsdp"]["local"][k] + rank1["fsdp"]["local"][k] == whole, k
+    total = sum(rank0["fsdp"]["whole"].values())
+    assert all(sum(rank["fsdp"]["local"].values()) < 0.6 * total for rank in (rank0, rank1))  # none holds it all
 
 
 class _Joined(Exception):

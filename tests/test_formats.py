@@ -11,6 +11,7 @@ from helpers import make_image_folder, run_face, write_our_checkpoint
 
 from dit import __version__
 from dit.checkpoint import FORMAT, atomic_torch_save, load_checkpoint, load_training_checkpoint
+from dit.checkpoint.lineage import HEAD, HEAD_FORMAT, follow, read_head
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import FORMAT_VERSION, MANIFEST, check_existing_store, write_manifest, write_moments_store
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
@@ -18,7 +19,6 @@ from dit.eval.reference import FORMAT as STATS_FORMAT
 from dit.eval.reference import checksum, load_reference, save_stats
 from dit.sample.loading import load_sampling_model
 from dit.train import parse_train_config
-from dit.train.lineage import HEAD, HEAD_FORMAT, follow, read_head
 
 DATA = Path(__file__).parent / "data"
 LATER = "9.9.0"  # the dit-ledger a newer file names as its writer

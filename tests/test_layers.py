@@ -32,7 +32,10 @@ LAYERS = [  # module prefixes, top layer first
         "engine",
         ("dit.runtime", "dit.checkpoint", "dit.train", "dit.sample", "dit.extract", "dit.bench", "dit.eval"),
     ),
-    ("faces", ("dit.quickstart", "dit.cost.__main__", "dit.eval.__main__")),  # python -m dit.cost / dit.eval
+    (
+        "faces",
+        ("dit.quickstart", "dit.cost.__main__", "dit.eval.__main__", "dit.checkpoint.__main__"),
+    ),  # python -m
 ]
 
 

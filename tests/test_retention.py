@@ -8,7 +8,7 @@ import torch
 from helpers import make_image_folder, run_face
 
 from dit.checkpoint import checksum_path, list_checkpoints, save_training_checkpoint
-from dit.train.lineage import begin_segment, follow, plan_segment
+from dit.checkpoint.lineage import begin_segment, follow, plan_segment
 
 
 def steps_in(folder: Path) -> list[int]:
@@ -136,3 +136,33 @@ def test_train_py_keeps_the_default_five(tmp_path, capsys):
     code, _, err = run_face("train.py", argv, capsys)
     assert code == 0, err
     assert steps_in(tmp_path / "run" / "checkpoints") == [4, 5, 6, 7, 8]
+
+
+def sharded_save(folder: Path, step: int, keep: int) -> None:
+    """A sharded checkpoint as an FSDP run seals one (shards, record, manifest, rename), then its retention."""
+    import warnings
+
+    from dit.checkpoint import sharded
+    from dit.checkpoint.format import checkpoint_path, retire, stamped
+
+    final = checkpoint_path(folder, step, sharded=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "no process group: one process" note
+        sharded.write(sharded.temp_folder(final), {"model": {"w": torch.full((2,), float(step))}})
+    sharded.seal(sharded.temp_folder(final), final, step, stamped(step, {"optimizer": {}}), {})
+    retire(folder, step, keep)
+
+
+@pytest.mark.parametrize("keep", (1, 2, 3))
+def test_keep_last_counts_sharded_folders_and_files_alike(tmp_path, keep):
+    """An FSDP run's folders and a one-process run's files in one run folder (a resume on another world size)."""
+    folder = tmp_path / "checkpoints"
+    for n in range(1, 7):
+        if n % 2:
+            sharded_save(folder, n, keep)
+        else:
+            save_training_checkpoint(folder, n, {"model": {}}, keep)
+        assert [s for s, _ in list_checkpoints(folder)] == newest(range(1, n + 1), keep), f"after save {n}"
+        assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [
+            f"{s:07d}" for s in newest(range(1, n + 1), keep) if s % 2
+        ]

@@ -4,8 +4,9 @@ torch's ``DistributedDataParallel`` and ``fully_shard`` are used directly: both 
 which is how they are tested, and neither needs a launcher of its own (torchrun, or any launcher that
 sets the usual environment variables, starts the processes; ``dit.runtime`` joins the group).
 
-Checkpoints always hold full state dicts, and the optimizer's keyed by parameter name, so a run can be
-resumed with or without FSDP, on any number of devices.
+State dicts are whole (gathered, on rank 0) or, under FSDP, each rank's shards (a sharded checkpoint); the
+optimizer's is keyed by parameter name in both, so a run can be resumed with or without FSDP, on any number
+of devices.
 """
 
 from __future__ import annotations
@@ -127,17 +128,18 @@ def optimizer_state_by_id(model: nn.Module, state: dict) -> dict:
     }
 
 
-def full_model_state(model: nn.Module, sharded: bool) -> dict:
-    """The whole state dict on CPU; collective when ``sharded`` (every rank calls it, rank 0 gets it)."""
+def model_state(model: nn.Module, sharded: bool) -> dict:
+    """The whole state dict on CPU, or when ``sharded`` this rank's shards as they are (nothing gathered)."""
     if not sharded:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model)
 
 
 def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str = "checkpoint") -> None:
-    """A full state dict into ``model``: strict with every differing key named, or scattered into the shards."""
+    """A full state dict into ``model``: strict with every differing key named, or scattered into the shards
+    (or shards of a sharded checkpoint into their places)."""
     if not sharded:
         if hasattr(model, "load_weights"):  # the DiT names every differing key
             model.load_weights(state, source=source)
@@ -146,17 +148,15 @@ def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str =
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=_whole(state), strict=True))
 
 
-def full_optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:
+def optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:
     if not sharded:
         return optimizer_state_by_name(model, optimizer.state_dict())
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    return get_optimizer_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    return get_optimizer_state_dict(model, optimizer)
 
 
 def load_optimizer_state(model: nn.Module, optimizer, state: dict, sharded: bool):
@@ -165,4 +165,13 @@ def load_optimizer_state(model: nn.Module, optimizer, state: dict, sharded: bool
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    whole = _whole([t for s in state["state"].values() for t in s.values()])
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=whole))
+
+
+def _whole(tensors) -> bool:
+    """Whether a state holds whole tensors (a file's), not DTensor shards (a sharded checkpoint's)."""
+    from torch.distributed.tensor import DTensor
+
+    values = tensors.values() if isinstance(tensors, dict) else tensors
+    return not any(isinstance(t, DTensor) for t in values)

@@ -1,10 +1,10 @@
 """``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``.
 
-Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, and REPA's projector when the
-run has one (sampling, export and ``--init-from`` read the model and EMA keys only). ``state_dict`` gathers
-full (unsharded) tensors, with the optimizer keyed by parameter name, so a checkpoint resumes with or
-without FSDP on any number of devices; every rank calls it, rank 0 alone gets it (under FSDP the gather is
-collective).
+Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, REPA's projector when the run
+has one (sampling, export and ``--init-from`` read the model and EMA keys only), and what the run is: its
+configuration, its model's, and its lineage. ``state_dict`` is the whole payload: full tensors on rank 0
+(one process, DDP), or under FSDP each rank's shards; the optimizer keyed by parameter name in both, so a
+checkpoint resumes with or without FSDP on any number of devices.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dit.errors import UserError
 from dit.models import DiT
 from dit.runtime import Runtime
 from dit.train.ema import EMA
-from dit.train.parallel import full_model_state, full_optimizer_state, load_model_state, load_optimizer_state
+from dit.train.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
 
 
 class TrainState:
@@ -30,12 +30,15 @@ class TrainState:
         dataset_len: int,
         steps_per_epoch: int,
         trained: nn.Module | None = None,
+        record: dict | None = None,
     ):
-        """``trained``: what the optimizer steps, when more than the model (``dit.repa.RepaModel``)."""
+        """``trained``: what the optimizer steps, when more than the model (``dit.repa.RepaModel``); ``record``: the
+        run's resolved configuration. ``lineage`` is set once the run knows its branch (``dit.checkpoint.lineage``)."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
         self.trained = model if trained is None else trained
         self.projector = getattr(self.trained, "projector", None)
+        self.record, self.lineage = record, None
         self.step = 0
         self.data_changes: list[dict] = []  # (step, new size, old size) of each resume on a smaller data set
 
@@ -44,9 +47,9 @@ class TrainState:
         return self.step // self.steps_per_epoch
 
     def state_dict(self, runtime: Runtime) -> dict | None:
-        """The whole state on rank 0, None on the others. Every rank calls it (the RNG gather, and under FSDP the
-        weights' gather, are collective); under DDP only rank 0 copies the weights to the host: the others' copies
-        (5.4 GB each on XL/2) were never written."""
+        """The whole payload of a checkpoint: on rank 0 alone (None on the others; under DDP only rank 0 copies the
+        weights to the host: the others' copies, 5.4 GB each on XL/2, were never written), or under FSDP on every
+        rank with its own shards, nothing gathered. Every rank calls it (the RNG gather is collective)."""
         rng = runtime.gather_objects(
             {
                 "cpu": torch.get_rng_state(),
@@ -57,10 +60,10 @@ class TrainState:
             return None
         state = {
             "step": self.step,
-            "model": full_model_state(self.model, self.sharded),
-            "ema": full_model_state(self.ema.model, self.sharded),
+            "model": model_state(self.model, self.sharded),
+            "ema": model_state(self.ema.model, self.sharded),
             "ema_updates": self.ema.num_updates,
-            "optimizer": full_optimizer_state(self.trained, self.optimizer, self.sharded),
+            "optimizer": optimizer_state(self.trained, self.optimizer, self.sharded),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {str(r): s for r, s in enumerate(rng)},
             "data_position": {
@@ -69,10 +72,13 @@ class TrainState:
                 "dataset_len": self.dataset_len,
                 "changes": self.data_changes,
             },
+            "config": self.record,
+            "model_config": self.model.config.to_dict(),
+            "lineage": self.lineage,
         }
         if self.projector is not None:
-            state["repa_projector"] = full_model_state(self.projector, self.sharded)
-        return state if runtime.is_main else None
+            state["repa_projector"] = model_state(self.projector, self.sharded)
+        return state
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
         """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``

@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from dit.atomic import atomic_write
-from dit.checkpoint import remove_partial_checkpoints, save_training_checkpoint
+from dit.checkpoint import Checkpointer, remove_partial_checkpoints
+from dit.checkpoint.lineage import begin_segment, plan_segment
 from dit.config import FieldError
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.errors import UserError, unwrap_worker_error
@@ -32,7 +33,6 @@ from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
 from dit.train.ledger import Ledger, StepCounters
-from dit.train.lineage import begin_segment, plan_segment
 from dit.train.parallel import data_parallel, parallelize, shard
 from dit.train.repa import Repa
 from dit.train.state import TrainState
@@ -114,14 +114,15 @@ class Trainer:
                 shard(projector)
         self.state = TrainState(
             model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), sharded, n, max(1, n // batch),
-            trained,
+            trained, self.record,
         )  # fmt: skip
+        self.checkpointer = Checkpointer(cfg.checkpoint, runtime)
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
-        self.unreported_saves: list[tuple[int, str]] = []  # (step, path) saved since the last log line about them
         if ckpt is not None:
-            notes += self.state.load_state_dict(ckpt, runtime, source=str(resume_from))
+            notes += self.checkpointer.restore(self.state, ckpt, source=str(resume_from))
             self.saved_step = self.state.step
-        self.lineage, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
+        line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
+        self.state.lineage = line
         self.ddp_model = trained if sharded else data_parallel(trained, device, world, cfg.parallel.ddp_bf16_grads)
         self.objective = cfg.objective.build(model_cfg.learn_sigma)
         if not cfg.objective.flow:
@@ -157,7 +158,7 @@ class Trainer:
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
         if runtime.is_main:  # built: from here the run is this branch, and what is off its line is set aside
-            for note in begin_segment(self.ckpt_dir, self.lineage, off_line):
+            for note in begin_segment(self.ckpt_dir, line, off_line):
                 self.ledger.sinks.info(note)
 
     def _lock_run_folder(self) -> list[str]:
@@ -351,6 +352,7 @@ class Trainer:
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
                 self.save()
+                self.checkpointer.wait()  # an --async-checkpoint save still being written
         finally:
             self._report_saves()  # the final save, a stop's, or the one before an error: named in the log
             close_workers(it)
@@ -412,25 +414,16 @@ class Trainer:
             )
 
     def save(self) -> None:
-        """The state as one checkpoint file, built and written atomically by rank 0 (collective under FSDP); a step
-        that is already on disk (a stop on a checkpoint step, a finished run resumed) is not written again. The
-        others wait in the barrier, within the group's timeout (``--dist-timeout-min``)."""
-        if self.saved_step == self.state.step:
-            return
-        payload = self.state.state_dict(self.runtime)  # None on the other ranks
-        if payload is not None:
-            payload["config"] = self.record
-            payload["model_config"] = self.state.model.config.to_dict()
-            payload["lineage"] = self.lineage
-            path = save_training_checkpoint(self.ckpt_dir, self.state.step, payload, self.cfg.checkpoint.keep_last)
-            self.unreported_saves.append((self.state.step, str(path)))
-        self.saved_step = self.state.step
-        self.runtime.barrier()
+        """The state as a checkpoint (collective; ``dit.checkpoint.Checkpointer`` picks the form); a step that is
+        already saved (a stop on a checkpoint step, a finished run resumed) is not written again."""
+        if self.saved_step != self.state.step:
+            self.checkpointer.save(self.state)
+            self.saved_step = self.state.step
 
     def _report_saves(self) -> None:
         """The checkpoints saved since the last report, in one line: at each log step and at the end of ``run``
         (``--ckpt-every 1`` printed a line per step)."""
-        saves, self.unreported_saves = self.unreported_saves, []
+        saves = self.checkpointer.take_saved()
         if len(saves) == 1:
             self.ledger.sinks.info(f"saved checkpoint {saves[0][1]}")
         elif saves:

@@ -18,11 +18,9 @@ import os
 import secrets
 from pathlib import Path
 
-import torch
-
 from dit import __version__
 from dit.atomic import atomic_write_bytes
-from dit.checkpoint import FORMAT, checksum_path, list_checkpoints, verify_checkpoint
+from dit.checkpoint.format import FORMAT, checksum_path, list_checkpoints, read_record, verify_checkpoint
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 HEAD = "branch.json"
@@ -37,11 +35,7 @@ def read_lineage(path: Path) -> dict | None:
     stat = path.stat()
     key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _LINEAGE:
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # a damaged file: its place in the folder is judged by its step alone
-            ckpt = {}
-        ckpt = ckpt if isinstance(ckpt, dict) else {}
+        ckpt = read_record(path)
         # a newer dit-ledger's lineage may be laid out otherwise: the folder is its to continue
         refuse_newer_format(path, "checkpoint", ckpt.get("format"), FORMAT, ckpt.get(WRITER_KEY))
         lineage = ckpt.get("lineage")
@@ -163,7 +157,7 @@ def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list
             k += 1
             dest = base.with_name(f"{base.name}.{k}")
         dest.mkdir(parents=True, exist_ok=True)
-        if checksum_path(path).is_file():
+        if checksum_path(path).is_file():  # a sharded folder moves whole
             os.replace(checksum_path(path), checksum_path(dest / path.name))
         os.replace(path, dest / path.name)
         moved.setdefault(dest, []).append(path.name)

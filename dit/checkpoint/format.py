@@ -1,11 +1,13 @@
-"""The one checkpoint format: atomic writes, safe loads, and reading official DiT files.
+"""The one checkpoint format: atomic writes, safe loads, listing and retention, and reading official DiT files.
 
 A dit-ledger checkpoint is a ``torch.save`` of a dict holding only tensors, numbers, strings, lists and
 dicts (so ``weights_only=True`` loads it), with ``format == FORMAT`` (and the dit-ledger version that wrote
 it under ``WRITER_KEY``: every load refuses a newer format, naming it), the model config under
 ``model_config``, the run config under ``config``, and ``model``/``ema`` state dicts. Official releases
 are bare state dicts; official ``train.py`` files hold ``{model, ema, opt, args}`` with an
-``argparse.Namespace``, which we allow (and only it) instead of unpickling arbitrary objects.
+``argparse.Namespace``, which we allow (and only it) instead of unpickling arbitrary objects. An FSDP run's
+checkpoint is a folder of shards holding the same payload (``dit.checkpoint.sharded``); every function here
+takes either.
 """
 
 from __future__ import annotations
@@ -14,80 +16,18 @@ import argparse
 import hashlib
 import os
 import re
-import sys
-from dataclasses import dataclass
+import shutil
 from pathlib import Path
 
 import torch
 
+import dit.checkpoint.sharded as sharded
 from dit import __version__
 from dit.atomic import atomic_write, atomic_write_bytes, stale_temp_files
-from dit.config import FieldError, Section, option
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
-_STEP_FILE = re.compile(r"^(\d{7,})\.pt$")
-
-
-@dataclass(frozen=True)
-class CheckpointSection(Section):
-    """Where a run keeps its state and what it starts from: a fresh start, a resume, or other weights."""
-
-    results_dir: str = option("results/run", "this run's folder: checkpoints, config.yaml, metrics, TensorBoard")
-    resume: str | None = option(
-        None,
-        "auto (the latest of the branch that ran last in --results-dir) or a checkpoint path (another: a new branch)",
-    )
-    init_from: str | None = option(
-        None,
-        "fine-tune: start a fresh run from these weights (an official release, an official train.py file, or ours)",
-    )
-    init_from_weights: str = option("ema", "which weights of --init-from", choices=("ema", "model"))
-    allow_changes: tuple[str, ...] | None = option(
-        None, "on --resume, recipe fields that may differ from the checkpoint's (lr, weight_decay, ...)"
-    )
-    ckpt_every: int = option(50_000, "steps per checkpoint file", ge=1)
-    keep_last: int = option(5, "checkpoint files to keep (0: all)", ge=0)
-
-    # What a resumed run does not take from its record: how this start was asked for.
-    START_ONLY = ("resume", "init_from", "init_from_weights", "allow_changes")
-
-    def check(self) -> None:
-        if self.init_from and self.resume:
-            raise FieldError(
-                "{init_from} starts a new run from other weights and {resume} continues one: pass one of them "
-                "(a fine-tune started with {init_from} is continued with {resume} auto alone)."
-            )
-        if Path(self.results_dir).exists() and not Path(self.results_dir).is_dir():
-            raise FieldError(
-                f"{{results_dir}} {self.results_dir} is a file: pass a folder (it is created if missing)."
-            )
-
-    @property
-    def folder(self) -> Path:
-        return Path(self.results_dir) / "checkpoints"
-
-    def resume_path(self) -> Path | None:
-        """The checkpoint a resume continues (None: a fresh run, also for auto in an empty folder)."""
-        if not self.resume:
-            return None
-        if self.resume != "auto":
-            return Path(self.resume)
-        from dit.train.lineage import follow
-
-        path, bad = follow(self.folder)
-        if bad:
-            names = ", ".join(p.name for p in bad)
-            if path is None:
-                raise UserError(
-                    f"no checkpoint in {self.folder} matches its checksum ({names} changed since they were "
-                    "saved): restore one from a copy, or start a new run in another --results-dir."
-                )
-            if names not in _TOLD:
-                _TOLD.add(names)
-                print(f"--resume auto: {names} fail their checksum (changed since saved); resuming from "
-                      f"{path.name}", file=sys.stderr, flush=True)  # fmt: skip
-        return path
+_STEP = re.compile(r"^(\d{7,})(\.pt)?$")  # a file NNNNNNN.pt, or a sharded folder NNNNNNN
 
 
 class _Hashing:
@@ -138,6 +78,8 @@ def checksum_path(path: str | os.PathLike) -> Path:
 def verify_checkpoint(path: str | os.PathLike) -> bool | None:
     """Whether ``path`` still has the content its save hashed: None when there is no ``.sha256`` (a file
     from before checksums, or an official one), False for a changed, truncated or empty file."""
+    if Path(path).is_dir():
+        return sharded.verify(Path(path))
     sums = checksum_path(path)
     if not sums.is_file():
         return None
@@ -147,18 +89,14 @@ def verify_checkpoint(path: str | os.PathLike) -> bool | None:
         if key in _VERIFIED:  # a resume reads the record, then the state: the file is hashed once
             return _VERIFIED[key]
         expected = sums.read_text().split()[0]
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
+        digest = sharded.file_sha256(path)
     except (OSError, IndexError):
         return False
-    _VERIFIED[key] = digest.hexdigest() == expected
+    _VERIFIED[key] = digest == expected
     return _VERIFIED[key]
 
 
 _VERIFIED: dict[tuple, bool] = {}
-_TOLD: set[str] = set()  # fallbacks already reported
 
 
 # The official releases (bare EMA state dicts), where the official scripts download them from. DiT publishes
@@ -199,10 +137,14 @@ def find_checkpoint(name: str | os.PathLike) -> Path:
     return cached
 
 
-def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = False) -> dict:
+def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = False, weights: bool = True) -> dict:
     """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict.
-    ``mmap``: map the tensors instead of reading them (to read a record without loading the weights)."""
+    ``mmap``: map the tensors instead of reading them (to read a record without loading the weights). A sharded
+    folder is read whole on this process alone (as a file is), or its record alone (``mmap``, or not ``weights``: a
+    resume reads the weights into its shards), marked with its path under ``SHARDED``."""
     path = find_checkpoint(path)
+    if path.is_dir():
+        return _load_folder(path, weights and not mmap)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass the path of a .pt file (--ckpt).")
     if path.stat().st_size == 0:
@@ -231,6 +173,24 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = Fa
     return ckpt
 
 
+SHARDED = "sharded_folder"  # never saved: where a record read without its weights came from
+
+
+def _load_folder(path: Path, weights: bool) -> dict:
+    if not (path / sharded.MANIFEST).is_file():
+        raise UserError(
+            f"{path} is a folder without {sharded.MANIFEST}: pass a checkpoint file or folder of a run."
+        )
+    if not sharded.verify(path):
+        raise UserError(
+            f"checkpoint {path} does not match its {sharded.MANIFEST} (a shard changed, is missing or was "
+            "truncated after it was saved): use another checkpoint of the run."
+        )
+    record = sharded.read(path) if weights else sharded.read_record(path)
+    refuse_newer_format(path, "checkpoint", record.get("format"), FORMAT, record.get(WRITER_KEY))
+    return record if weights else {**record, SHARDED: str(path)}
+
+
 def model_weights(ckpt: dict, use_ema: bool = True) -> tuple[dict, str]:
     """The state dict to sample with, and which one it is: EMA if present (and wanted), else the raw model.
 
@@ -247,17 +207,33 @@ def model_weights(ckpt: dict, use_ema: bool = True) -> tuple[dict, str]:
     raise UserError(f"checkpoint holds neither a state dict nor model/ema weights (keys: {sorted(ckpt)[:10]}).")
 
 
-def checkpoint_path(folder: str | os.PathLike, step: int) -> Path:
-    return Path(folder) / f"{step:07d}.pt"
+def checkpoint_path(folder: str | os.PathLike, step: int, sharded: bool = False) -> Path:
+    return Path(folder) / (f"{step:07d}" if sharded else f"{step:07d}.pt")
 
 
 def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints in ``folder`` as (step, path), oldest first; temp files are not listed."""
+    """Complete checkpoints in ``folder`` (files and sharded folders) as (step, path), oldest first; temp files
+    and folders are not listed."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.iterdir()
+             if (m := _STEP.match(p.name)) and (p.is_file() if m.group(2) else p.is_dir())]  # fmt: skip
     return sorted(found)
+
+
+def read_record(path: Path) -> dict:
+    """A checkpoint's record without reading its weights (mapped, or a folder's ``record.pt``); {} for a damaged
+    one, whose place in the folder is then judged by its step alone."""
+    try:
+        ckpt = (
+            sharded.read_record(path)
+            if path.is_dir()
+            else torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        )
+    except Exception:
+        return {}
+    return ckpt if isinstance(ckpt, dict) else {}
 
 
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
@@ -267,7 +243,7 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
 
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
-    ckpt = load_checkpoint(path, mmap=mmap)
+    ckpt = load_checkpoint(path, mmap=mmap, weights=False)
     if ckpt.get("format") != FORMAT or "model_config" not in ckpt:
         kind = (
             "an official DiT file" if "args" in ckpt or "model" not in ckpt else f"format {ckpt.get('format')!r}"
@@ -280,26 +256,44 @@ def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dic
 
 
 def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
-    """Delete the temporary files of saves a killed run never finished; (files, bytes) removed.
+    """Delete the temporary files and shard folders of saves a killed run never finished; (files, bytes) removed.
 
     Only the holder of the run folder's lock may call this: another run's save in progress looks the same."""
-    files = stale_temp_files(folder)
+    found = stale_temp_files(folder)
+    files = [f for p in found for f in ([p] if not p.is_dir() else [q for q in p.rglob("*") if q.is_file()])]
     size = sum(p.stat().st_size for p in files if p.exists())
-    for p in files:
-        p.unlink(missing_ok=True)
+    for p in found:
+        remove_checkpoint(p)
     return len(files), size
+
+
+def remove_checkpoint(path: Path) -> None:
+    """A checkpoint file with its checksum, or a sharded folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        checksum_path(path).unlink(missing_ok=True)
 
 
 def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
     """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 older ones (0 keeps
     all), and delete any partial file a killed save left (the caller holds the run folder's lock)."""
-    record = {"format": FORMAT, WRITER_KEY: __version__, "step": step, **payload}
-    path = atomic_torch_save(record, checkpoint_path(folder, step))
-    for old in expired_checkpoints(folder, step, keep_last):
-        old.unlink(missing_ok=True)
-        checksum_path(old).unlink(missing_ok=True)
-    remove_partial_checkpoints(folder)
+    path = atomic_torch_save(stamped(step, payload), checkpoint_path(folder, step))
+    retire(folder, step, keep_last)
     return path
+
+
+def stamped(step: int, payload: dict) -> dict:
+    """What every checkpoint records first: its format, the version that wrote it, its step."""
+    return {"format": FORMAT, WRITER_KEY: __version__, "step": step, **payload}
+
+
+def retire(folder: str | os.PathLike, step: int, keep_last: int) -> None:
+    """After step ``step`` is saved: delete what ``keep_last`` lets go, and any partial save a killed run left."""
+    for old in expired_checkpoints(folder, step, keep_last):
+        remove_checkpoint(old)
+    remove_partial_checkpoints(folder)
 
 
 def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int) -> list[Path]:

@@ -1,0 +1,87 @@
+"""``Checkpointer``: how a run saves and restores its ``TrainState``, the one place that picks the form.
+
+One process and DDP: rank 0 alone builds the payload and writes one file. FSDP: every rank writes its own
+shards of a step's folder (``dit.checkpoint.sharded``), optionally in the background (``--async-checkpoint``,
+as torchtitan: the weights are copied to host memory at the save, written while training goes on, and
+sealed by the next save or the run's end). Either form restores into either kind of run, on any number of
+processes (DCP reshards a folder; a file is scattered into the shards).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dit.checkpoint.sharded as sharded
+from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
+from dit.checkpoint.section import CheckpointSection
+
+
+class Checkpointer:
+    def __init__(self, section: CheckpointSection, runtime):
+        self.folder, self.keep_last, self.runtime = section.folder, section.keep_last, runtime
+        self.background = section.async_checkpoint
+        self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
+        self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
+        self._group = None
+
+    def save(self, state) -> None:
+        """``state`` as step ``state.step``'s checkpoint; every rank calls it. The others wait for rank 0's
+        file in a barrier, within the group's timeout (``--dist-timeout-min``)."""
+        payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
+        if not state.sharded:
+            if payload is not None:
+                path = save_training_checkpoint(self.folder, state.step, payload, self.keep_last)
+                self.saved.append((state.step, str(path)))
+            self.runtime.barrier()
+            return
+        self.wait()
+        final = checkpoint_path(self.folder, state.step, sharded=True)
+        temp = sharded.temp_folder(final)
+        tensors, record = sharded.split(payload)
+        future = sharded.write(temp, tensors, self._async_group(), background=self.background)
+        self.pending = (temp, final, state.step, stamped(state.step, record), future)
+        if not self.background:
+            self.wait()
+
+    def wait(self) -> None:
+        """Seal the sharded save in progress (every rank calls it): each rank hashes its own shards, then rank 0
+        writes the record and the manifest, renames the folder into place and applies ``keep_last``."""
+        if self.pending is None:
+            return
+        temp, final, step, record, future = self.pending
+        self.pending = None
+        if future is not None:
+            future.result()
+        digests = self.runtime.gather_objects(sharded.own_digests(temp, self.runtime.rank))
+        if self.runtime.is_main:
+            sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
+            retire(self.folder, step, self.keep_last)
+            self.saved.append((step, str(final)))
+        self.runtime.barrier()
+
+    def take_saved(self) -> list[tuple[int, str]]:
+        """(step, path) of the checkpoints saved since the last call, for the log."""
+        saved, self.saved = self.saved, []
+        return saved
+
+    def _async_group(self):
+        """A gloo group of its own for the background writer: its collectives never meet the step's."""
+        if not self.background:
+            return None
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def restore(self, state, ckpt: dict, source: str) -> list[str]:
+        """Continue ``state`` from ``ckpt`` (``load_training_checkpoint``'s); lines for the log. A sharded folder
+        is read into this run's shards (resharded), or whole on each process of a run without them."""
+        folder = ckpt.get(SHARDED)
+        if folder is None:
+            return state.load_state_dict(ckpt, self.runtime, source)
+        if not state.sharded:
+            return state.load_state_dict(sharded.read(Path(folder)), self.runtime, source)
+        tensors, _ = sharded.split(state.state_dict(self.runtime))  # this run's shards, filled in place
+        sharded.read_into(Path(folder), tensors)
+        return state.load_state_dict(sharded.merge(ckpt, tensors), self.runtime, source)

@@ -1,0 +1,185 @@
+"""Sharded checkpoints (FSDP): a step's folder that every rank writes its own shards into with
+torch.distributed.checkpoint (DCP), as torchtitan does; no rank gathers the whole state.
+
+``NNNNNNN/`` holds DCP's shard files (``__RANK_I.distcp``) and ``.metadata``, ``record.pt`` (the payload's
+non-tensor part: step, configs, lineage, RNG, optimizer hyperparameters; a ``weights_only`` file) and
+``manifest.json``, written last: the format, the step and every file's sha256. The folder is written as
+``NNNNNNN.tmp-dcp/`` and renamed once every rank is done, so a crash never leaves a partial folder under a
+step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: it is read with an
+unpickler that admits DCP's metadata classes alone, as ``weights_only`` admits tensors alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+
+from dit import __version__
+from dit.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
+from dit.errors import WRITER_KEY, UserError, refuse_newer_format
+
+FOLDER_FORMAT = "dit-ledger-dcp/1"
+MANIFEST, RECORD = "manifest.json", "record.pt"
+TENSORS = ("model", "ema", "repa_projector")  # with the optimizer's per-parameter state: the sharded part
+_VERIFIED: dict[tuple, bool] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def temp_folder(final: Path) -> Path:
+    """The one name every rank writes a step into, agreed without a message (the run folder's lock keeps it
+    to one run)."""
+    return final.with_name(f"{final.name}{TEMP_MARK}dcp")
+
+
+def split(payload: dict) -> tuple[dict, dict]:
+    """(the tensors DCP writes, sharded; the record rank 0 writes): the optimizer's per-parameter state
+    goes with the tensors, its hyperparameters with the record."""
+    tensors = {k: payload[k] for k in TENSORS if k in payload}
+    tensors["optimizer"] = {"state": payload["optimizer"]["state"]}
+    record = {k: v for k, v in payload.items() if k not in tensors}
+    record["optimizer"] = {"param_groups": payload["optimizer"]["param_groups"]}
+    return tensors, record
+
+
+def merge(record: dict, tensors: dict) -> dict:
+    return {**record, **tensors, "optimizer": {**record["optimizer"], **tensors.get("optimizer", {})}}
+
+
+def write(folder: Path, tensors: dict, group=None, background: bool = False):
+    """Every rank's shards of ``tensors`` into ``folder`` (collective); in the background a future to wait on."""
+    import torch.distributed.checkpoint as dcp
+
+    if background:
+        return dcp.async_save(tensors, checkpoint_id=folder, process_group=group)
+    dcp.save(tensors, checkpoint_id=folder)
+    return None
+
+
+def own_digests(folder: Path, rank: int) -> dict[str, str]:
+    """The sha256 of the shard files this rank wrote (DCP names them ``__RANK_I.distcp``): each rank hashes
+    its own, in parallel."""
+    return {p.name: file_sha256(p) for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
+
+
+def seal(folder: Path, final: Path, step: int, record: dict, digests: dict[str, str]) -> Path:
+    """Rank 0, once every rank wrote and hashed its shards: the record, the manifest last, then the rename."""
+    atomic_write(folder / RECORD, lambda f: torch.save(record, f))
+    files = {p.name: digests.get(p.name) or file_sha256(p) for p in sorted(folder.iterdir())}
+    manifest = {"format": FOLDER_FORMAT, WRITER_KEY: __version__, "step": step, "files": files}
+    atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    if final.exists():  # a step saved again (a stop right after a resume): the new one is the same state
+        shutil.rmtree(final)
+    os.replace(folder, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself durable
+    finally:
+        os.close(fd)
+    return final
+
+
+def verify(folder: Path) -> bool:
+    """Whether every file the manifest lists is there with the content its save hashed (False without a
+    manifest: a folder can only be renamed into place with one). A newer folder format is refused."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    if isinstance(manifest, dict):
+        refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    try:
+        files = manifest["files"]
+        key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
+        if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
+            _VERIFIED[key] = all(file_sha256(folder / name) == digest for name, digest in files.items())
+        return _VERIFIED[key]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def read_record(folder: Path) -> dict:
+    record = torch.load(folder / RECORD, map_location="cpu", weights_only=True)
+    if not isinstance(record, dict):
+        raise UserError(f"{folder / RECORD} holds a {type(record).__name__}, not a checkpoint record.")
+    return record
+
+
+def read(folder: Path) -> dict:
+    """The folder as one process's whole payload: DCP joins the shards, with no process group."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    tensors: dict = {}
+    _load_state_dict(tensors, _reader(folder), no_dist=True, planner=_EmptyStateDictLoadPlanner())
+    return merge(read_record(folder), tensors)
+
+
+def read_into(folder: Path, tensors: dict) -> None:
+    """DCP's shards into ``tensors`` in place, resharded to this run's shards (collective on every rank)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(tensors, storage_reader=_reader(folder))
+
+
+# What DCP's .metadata pickles (torch 2.14): its metadata dataclasses, sizes, dtypes, layouts, paths.
+_ALLOWED = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        metadata = module == "torch.distributed.checkpoint.metadata"
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if metadata or dtype or (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not DCP metadata")
+
+
+def _metadata(path: Path):
+    """DCP's metadata, through the allow-list (checked before DCP reads, which would wrap our error)."""
+    try:
+        return _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except Exception as e:
+        raise UserError(f"cannot read {path} safely ({e}): it is not a dit-ledger checkpoint.") from None
+
+
+def _reader(folder: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    _metadata(folder / ".metadata")
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = _metadata(Path(self._get_metadata_path(kwargs.get("rank"))))  # a rank's own, or the one
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(folder)
