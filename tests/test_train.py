@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -79,6 +80,24 @@ def tiny_config(tmp_path, **kw):
     )
     base.update(kw)
     return TrainConfig.of(**base)
+
+
+def test_a_resume_that_changes_the_weight_decay_trains_with_the_new_one(tmp_path):
+    """--allow-changes weight_decay: the optimizer's restored groups held the old decay, and the resumed run
+    trained bit for bit as if nothing had changed."""
+    train(tiny_config(tmp_path, max_steps=2), Pixels())
+    runs = {}
+    for wd in (0.0, 0.5):
+        folder = tmp_path / f"wd{wd}"
+        shutil.copytree(tmp_path / "run", folder)
+        cfg = tiny_config(tmp_path, max_steps=4, resume="auto", weight_decay=wd, allow_changes=["weight_decay"],
+                          results_dir=str(folder))  # fmt: skip
+        train(cfg, Pixels())
+        runs[wd] = load_checkpoint(latest_checkpoint(folder / "checkpoints"))
+    assert all(g["weight_decay"] == 0.5 for g in runs[0.5]["optimizer"]["param_groups"])
+    assert not torch.equal(
+        runs[0.5]["model"]["x_embedder.proj.weight"], runs[0.0]["model"]["x_embedder.proj.weight"]
+    )
 
 
 def weights(path):

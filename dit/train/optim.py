@@ -53,3 +53,9 @@ class OptimSection(Section):
         params = [p for p in model.parameters() if p.requires_grad]
         impl = {"fused": True} if self.fused_optimizer else {"foreach": True}
         return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, **impl)
+
+    def reapply(self, optimizer: torch.optim.Optimizer) -> None:
+        """A resumed optimizer's groups hold the checkpoint's settings: this run's weight decay goes back in (an
+        --allow-changes weight_decay resume trained on the old one, bit for bit; the lr is set every step)."""
+        for group in optimizer.param_groups:
+            group["weight_decay"] = self.weight_decay

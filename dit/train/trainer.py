@@ -120,6 +120,7 @@ class Trainer:
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
             notes += self.checkpointer.restore(self.state, ckpt, source=str(resume_from))
+            optim.reapply(self.state.optimizer)
             self.saved_step = self.state.step
         line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
         self.state.lineage = line
