@@ -54,3 +54,21 @@ def test_parallelize_without_compile_or_shards_only_checkpoints(monkeypatch):
 def test_ddp_bf16_gradients_are_refused_with_fsdp():
     with pytest.raises(FieldError, match="ddp_bf16_grads.*fsdp"):
         ParallelSection(fsdp=True, ddp_bf16_grads=True).check()
+
+
+@pytest.mark.parametrize("world,fsdp,kind", [(1, True, "Single"), (2, False, "DDP"), (2, True, "FSDP")])
+def test_one_factory_picks_the_parallelism_from_the_section_and_world(world, fsdp, kind):
+    runtime = type("Runtime", (), {"world": world})()
+    chosen = parallel.parallelism(ParallelSection(fsdp=fsdp), runtime)
+    assert chosen.__class__ is getattr(parallel, kind) and chosen.split == (kind == "FSDP")
+
+
+def test_the_trainer_names_no_parallelism():
+    """DDP or FSDP live behind ``dit.train.parallel.Parallelism``: the trainer calls it without naming either."""
+    import re
+
+    import dit.train.trainer as trainer
+
+    source = open(trainer.__file__).read()
+    found = re.findall(r".*(?:fsdp|shard|ddp|no_sync|full_tensor).*", source, flags=re.IGNORECASE)
+    assert not found, found

@@ -459,3 +459,19 @@ def test_the_digit_encoder_script_is_deterministic(tmp_path):
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
     assert a["sha256"] == b["sha256"] and a["train_flops"] == b["train_flops"] > 0
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+def test_with_images_encoded_on_the_fly_the_encoder_sees_the_pixels(tmp_path, encoder_file, monkeypatch):
+    """The step's hooks run in order: REPA's targets come from the image before the VAE encodes it."""
+    from dit.train.repa import Repa
+
+    images = make_image_folder(tmp_path / "images", {"cat": 5, "dog": 5})
+    os.remove(os.path.join(images, "cat", "broken.jpg"))
+    build_tiny_vae(seed=0).save_pretrained(tmp_path / "vae")
+    seen, targets = [], Repa.targets
+    monkeypatch.setattr(
+        Repa, "targets", lambda self, x, stored: seen.append(tuple(x.shape)) or targets(self, x, stored)
+    )
+    cfg = dict(data_path=images, vae=str(tmp_path / "vae"), image_size=32, num_classes=3, max_steps=2)
+    assert train(repa_config(tmp_path, encoder_file, **cfg))["step"] == 2
+    assert seen and all(shape[1:] == (3, 32, 32) for shape in seen), seen  # pixels, not 4x4 latents

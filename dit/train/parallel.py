@@ -1,4 +1,5 @@
-"""The one place for data parallelism: DDP or FSDP2 over the runtime's process group, and full state dicts.
+"""The one place for data parallelism: a ``Parallelism`` (one process, DDP or FSDP2 over the runtime's process
+group) that the trainer calls without naming it, and the state dicts of each.
 
 torch's ``DistributedDataParallel`` and ``fully_shard`` are used directly: both run on the CPU with gloo,
 which is how they are tested, and neither needs a launcher of its own (torchrun, or any launcher that
@@ -11,12 +12,15 @@ of devices.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from dit.config import FieldError, Section, option
+from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
+from dit.errors import UserError
 from dit.model_config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
 from dit.models import ATTENTION_BACKENDS, DiT
 
@@ -175,3 +179,117 @@ def _whole(tensors) -> bool:
 
     values = tensors.values() if isinstance(tensors, dict) else tensors
     return not any(isinstance(t, DTensor) for t in values)
+
+
+def parallelism(section: ParallelSection, runtime) -> Parallelism:
+    """The run's parallelism: one process, DDP, or (``--fsdp`` on several processes) FSDP2."""
+    if runtime.world == 1:
+        return Single(section, runtime)
+    return (FSDP if section.fsdp else DDP)(section, runtime)
+
+
+class Parallelism:
+    """How the step runs over the processes, so that the trainer names none: ``wrap`` the model, ``sync_gradients``
+    on the last micro-batch only, gather the ``whole`` model, the ``global_norm`` of the gradients. This class
+    is one process; ``DDP`` and ``FSDP`` override what they change."""
+
+    split = False  # FSDP: weights, gradients and optimizer state are split over the ranks, each saves its own
+    memory_layout = "ddp"  # the memory model's name for it (one process counts as DDP on one)
+
+    def __init__(self, section: ParallelSection, runtime):
+        self.section, self.runtime = section, runtime
+        self.module: nn.Module | None = None  # what the step calls, set by ``wrap``
+
+    def wrap(self, model: DiT, trained: nn.Module, ema: nn.Module, micro: int, attention: str) -> nn.Module:
+        """Make ``model`` ready to train (``parallelize``) and return what the step calls in place of ``trained``
+        (the model, or the model and REPA's projector). ``ema`` is the EMA copy, placed as the model is; the
+        per-device batch ``micro`` and the ``attention`` kernel size ``--activation-checkpointing auto``."""
+        checkpointed = self.checkpointed_blocks(model, micro, attention)
+        parallelize(model, checkpointed, self.section.compile, self.split, self.runtime.precision.amp_dtype)
+        self.module = trained
+        return trained
+
+    def checkpointed_blocks(self, model: DiT, micro: int, attention: str) -> int:
+        """The blocks to recompute: as asked, or under ``auto`` the fewest that fit the device's memory."""
+        section, runtime = self.section, self.runtime
+        try:
+            policy = parse_activation_checkpointing(section.activation_checkpointing, model.config.depth)
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+        if policy != "auto":
+            return policy
+        if runtime.device.type != "cuda":  # no device limit to fit: recompute nothing
+            return 0
+        capacity = torch.cuda.get_device_properties(runtime.device).total_memory
+        return fewest_checkpointed_blocks(
+            model.config,
+            micro,
+            usable_memory(capacity, section.memory_reserve_gib),
+            precision=runtime.precision.name,
+            world_size=runtime.world,
+            sharding=self.memory_layout,
+            gradient_as_bucket_view=True,
+            attention="explicit" if attention in ("explicit", "math") else "fused",
+        )
+
+    def sync_gradients(self, last: bool):
+        """The context of one micro-batch's forward and backward: gradients are reduced over the processes on the
+        ``last`` micro-batch only."""
+        return contextlib.nullcontext()
+
+    def whole(self, model: DiT, every_rank: bool = True) -> DiT | None:
+        """``model`` whole: itself, or under FSDP a gathered copy on every rank (or on rank 0 only, None
+        elsewhere). Every rank must call it: gathering is collective."""
+        return model
+
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """The gradient norm over the whole model (``norm`` is this rank's view of it)."""
+        return norm
+
+
+Single = Parallelism  # one process: the base's no-ops
+
+
+class DDP(Parallelism):
+    def wrap(self, model, trained, ema, micro, attention):
+        super().wrap(model, trained, ema, micro, attention)
+        self.module = data_parallel(trained, self.runtime.device, self.runtime.world, self.section.ddp_bf16_grads)
+        return self.module
+
+    def sync_gradients(self, last):
+        return contextlib.nullcontext() if last else self.module.no_sync()
+
+
+class FSDP(Parallelism):
+    split, memory_layout = True, "fsdp"
+
+    def wrap(self, model, trained, ema, micro, attention):
+        super().wrap(
+            model, trained, ema, micro, attention
+        )  # every rank built the same weights: each keeps its part
+        self.reduced = [model]  # the modules whose gradients are reduce-scattered
+        shard(ema)
+        projector = getattr(trained, "projector", None)
+        if projector is not None:
+            shard(projector)
+            self.reduced.append(projector)
+        return trained
+
+    def sync_gradients(self, last):
+        for module in self.reduced:
+            module.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def whole(self, model, every_rank=True):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)  # offload: rank 0 only
+        weights = get_model_state_dict(model, options=options)
+        if not (every_rank or self.runtime.is_main):
+            return None
+        whole = DiT.from_config(model.config).to(self.runtime.device).eval()
+        whole.load_state_dict(weights)
+        return whole
+
+    def global_norm(self, norm):
+        return norm.full_tensor()  # a collective: every rank's shards

@@ -1,4 +1,5 @@
-"""REPA in a training run (``--repa-encoder``): the checks, the projector, the alignment targets and their cost.
+"""REPA in a training run (``--repa-encoder``): the checks, the projector, the alignment targets and their cost,
+and its part in the step (a ``StepHook``).
 
 The targets come from the frozen encoder inside the step (the same, possibly flipped, image the DiT's input
 comes from: the pixels themselves, or the image before the VAE encodes it), or from a latent store that
@@ -12,11 +13,12 @@ import torch
 from dit.cost.analytic import RepaFlops, repa_flops
 from dit.errors import UserError
 from dit.model_config import DiTConfig
-from dit.repa import RepaProjector, resample_tokens
+from dit.repa import RepaProjector, repa_loss, resample_tokens
 from dit.repa_config import RepaEncoderSection, RepaSection
+from dit.train.hooks import StepHook
 
 
-class Repa:
+class Repa(StepHook):
     def __init__(
         self,
         encoder: RepaEncoderSection,
@@ -24,6 +26,7 @@ class Repa:
         model_cfg: DiTConfig,
         store_manifest: dict | None,
         device: torch.device,
+        precision,
     ):
         from dit.encoder import Encoder, encoder_shape, resolve_input_size, upstream_flops
 
@@ -33,6 +36,8 @@ class Repa:
                 "in that range (REPA aligns block 8 of 28 for XL/2, about a third of the depth)."
             )
         self.name, self.depth, self.coeff = encoder.encoder, repa.depth, repa.coeff
+        self.device, self.precision = device, precision
+        self.target = self.projected = None  # this micro-batch's, from ``prepare`` and ``output`` to ``loss``
         self.grid = round(model_cfg.tokens**0.5)
         self.input_size = resolve_input_size(self.name, encoder.input_size, self.grid)
         self.stored = (store_manifest or {}).get("features")
@@ -74,6 +79,23 @@ class Repa:
         """The encoder's patch tokens on the DiT's grid: the store's (``stored``), or computed from ``images``."""
         features = stored if stored is not None else self.encoder.features(images)
         return resample_tokens(features.float(), self.grid)
+
+    # ---- in the step: + coeff x (minus the cosine similarity of projected tokens and targets, mean over tokens)
+
+    def prepare(self, x, stored, sl):
+        """The targets, from the image the DiT's input comes from (before any VAE), or from the store."""
+        with self.precision.frozen():
+            self.target = self.targets(x, stored[0].to(self.device, non_blocking=True) if stored else None)
+        return x
+
+    def output(self, out):
+        out, self.projected = out  # ``dit.repa.RepaModel``: (the DiT's output, block ``depth``'s projected tokens)
+        return out
+
+    def loss(self, scale):
+        align = repa_loss(self.projected, self.target).mean() / scale
+        self.projected = self.target = None  # the graph holds them until backward; nothing else should
+        return self.coeff * align, align
 
     def upstream_record(self) -> dict:
         """What an evaluation record adds to the x axis beside the run's own FLOPs: the encoder's training (when

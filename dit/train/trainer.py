@@ -20,20 +20,18 @@ import yaml
 from dit.atomic import atomic_write
 from dit.checkpoint import Checkpointer, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.config import FieldError
-from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.errors import UserError, unwrap_worker_error
-from dit.model_config import parse_activation_checkpointing
 from dit.models import DiT, attention_kernel
 from dit.progress import progress
-from dit.repa import RepaModel, repa_loss
+from dit.repa import RepaModel
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped, StopFlag, close_workers
 from dit.train.config import TrainConfig, resume_point
 from dit.train.data import build_data, micro_batch
 from dit.train.ema import EMA
+from dit.train.hooks import EncodeImages
 from dit.train.ledger import Ledger, StepCounters
-from dit.train.parallel import data_parallel, parallelize, shard
+from dit.train.parallel import parallelism
 from dit.train.repa import Repa
 from dit.train.state import TrainState
 
@@ -61,12 +59,22 @@ class Trainer:
             raise
 
     def _build(self, dataset, notes: list[str]) -> None:
+        model_cfg, resume_from, ckpt = self._build_data(dataset, notes)
+        model, trained, ema = self._build_model(model_cfg, ckpt, notes)
+        line, off_line = self._build_state(model, trained, ema, resume_from, ckpt, notes)
+        self._build_ledger(model, resume_from, notes)
+        self._build_evaluation(model)
+        if self.runtime.is_main:  # built: from here the run is this branch, and what is off its line is set aside
+            for note in begin_segment(self.ckpt_dir, line, off_line):
+                self.ledger.sinks.info(note)
+
+    def _build_data(self, dataset, notes: list[str]):
+        """The data, the run's length and record, and the checkpoint it resumes from: (model config, path, payload)."""
         cfg, runtime = self.cfg, self.runtime
-        device, world = runtime.device, runtime.world
-        optim, batch = cfg.optim, cfg.optim.global_batch_size
-        self.micro = micro_batch(batch, world, optim.grad_accum_steps)  # before any building
+        batch = cfg.optim.global_batch_size
+        self.micro = micro_batch(batch, runtime.world, cfg.optim.grad_accum_steps)  # before any building
         self.data = build_data(
-            cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, device,
+            cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, runtime.device,
             features=cfg.repa_encoder.encoder is not None,
         )  # fmt: skip
         n = len(self.data.dataset)
@@ -85,13 +93,20 @@ class Trainer:
         if runtime.is_main:
             text = yaml.safe_dump(self.record, sort_keys=False)
             atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
+        return model_cfg, resume_from, ckpt
 
-        torch.manual_seed(optim.seed)
+    def _build_model(self, model_cfg, ckpt, notes: list[str]):
+        """The DiT (and REPA's projector), its EMA, placed over the processes; the step's hooks. Every rank
+        builds the same weights: (model, what the optimizer steps, EMA)."""
+        cfg, runtime, device = self.cfg, self.runtime, self.runtime.device
+        torch.manual_seed(cfg.optim.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.parallel.attention)
-        # REPA: the projector trains with the DiT (one module for DDP and the optimizer); the encoder is frozen
+        # REPA: the projector trains with the DiT (one module to parallelize and optimize); the encoder is frozen
         self.repa = None
         if cfg.repa_encoder.encoder:
-            self.repa = Repa(cfg.repa_encoder, cfg.repa, model_cfg, self.data.store_manifest, device)
+            self.repa = Repa(
+                cfg.repa_encoder, cfg.repa, model_cfg, self.data.store_manifest, device, runtime.precision
+            )
         projector = self.repa.projector(model_cfg).to(device) if self.repa else None
         trained = RepaModel(model, projector, cfg.repa.depth) if self.repa else model
         start = cfg.checkpoint
@@ -103,18 +118,23 @@ class Trainer:
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, start.init_from, start.init_from_weights, report))
         self.attention = attention_kernel(cfg.parallel.attention, device.type, runtime.precision.compute_dtype)
-        ema = EMA(model, optim.ema_decay, optim.ema_warmup)  # a plain copy: never checkpointed, compiled nor run
-        sharded = cfg.parallel.fsdp and world > 1
-        # every rank built the same weights; the checkpoint, if any, is scattered into the shards
-        checkpointed, param_dtype = self._checkpointed_blocks(model), runtime.precision.amp_dtype
-        parallelize(model, checkpointed, cfg.parallel.compile, sharded, param_dtype)
-        if sharded:
-            shard(ema.model)
-            if projector is not None:
-                shard(projector)
+        ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup)  # a copy: never checkpointed, compiled nor run
+        self.parallel = parallelism(cfg.parallel, runtime)
+        self.module = self.parallel.wrap(model, trained, ema.model, self.micro, self.attention)
+        # side features in the step: REPA's targets come from the image before a VAE encodes it
+        self.hooks = [self.repa] if self.repa else []
+        if self.data.vae is not None:
+            self.hooks.append(EncodeImages(self.data.vae, runtime.precision))
+        return model, trained, ema
+
+    def _build_state(self, model, trained, ema, resume_from, ckpt, notes: list[str]):
+        """The state, restored from ``ckpt`` if any; the objective, the data order from the state's step.
+        Returns the checkpoint lineage's (line, off line)."""
+        cfg, runtime, device, optim = self.cfg, self.runtime, self.runtime.device, self.cfg.optim
+        n = len(self.data.dataset)
         self.state = TrainState(
-            model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), sharded, n, max(1, n // batch),
-            trained, self.record,
+            model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), self.parallel.split, n,
+            max(1, n // optim.global_batch_size), trained, self.record,
         )  # fmt: skip
         self.checkpointer = Checkpointer(cfg.checkpoint, runtime)
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
@@ -124,26 +144,33 @@ class Trainer:
             self.saved_step = self.state.step
         line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
         self.state.lineage = line
-        self.ddp_model = trained if sharded else data_parallel(trained, device, world, cfg.parallel.ddp_bf16_grads)
+        model_cfg = model.config
         self.objective = cfg.objective.build(model_cfg.learn_sigma)
         if not cfg.objective.flow:
             self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device, alignment=self.repa is not None)
-        done = self.state.step * self.micro * optim.grad_accum_steps
+        return line, off_line
+
+    def _build_ledger(self, model, resume_from, notes: list[str]) -> None:
+        cfg = self.cfg
+        done = self.state.step * self.micro * cfg.optim.grad_accum_steps
         self.ledger = Ledger(
-            cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=runtime,
+            cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
             out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
             local_images_done=done, repa=self.repa,
         )  # fmt: skip
-        self.ledger.report(self.micro, sharded)
+        self.ledger.report(self.micro, self.parallel.split)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
         self.resumed_from, self.resumed_step = resume_from, self.state.step
         if resume_from is not None:
             self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
-        # Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail).
+
+    def _build_evaluation(self, model) -> None:
+        """Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail)."""
+        cfg, device = self.cfg, self.runtime.device
         self.decoder = self.data.vae
         if self.decoder is None and self.data.vae_spec is not None and (cfg.ledger.sample_every or cfg.eval.every):
             from dit.vae import load_vae
@@ -154,13 +181,10 @@ class Trainer:
             from dit.eval.inloop import InLoopEval
 
             self.evaluation = InLoopEval(
-                cfg.eval, cfg.eval_sampling, seed=optim.seed, image_size=cfg.model.image_size, run=self.run_flat,
-                runtime=runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
+                cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
+                run=self.run_flat, runtime=self.runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
-        if runtime.is_main:  # built: from here the run is this branch, and what is off its line is set aside
-            for note in begin_segment(self.ckpt_dir, line, off_line):
-                self.ledger.sinks.info(note)
 
     def _lock_run_folder(self) -> list[str]:
         """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
@@ -180,50 +204,28 @@ class Trainer:
                 )
         return notes
 
-    def _checkpointed_blocks(self, model: DiT) -> int:
-        parallel = self.cfg.parallel
-        try:
-            policy = parse_activation_checkpointing(parallel.activation_checkpointing, model.config.depth)
-        except FieldError as e:
-            raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
-        if policy != "auto":
-            return policy
-        if self.runtime.device.type != "cuda":  # no device limit to fit: recompute nothing
-            return 0
-        capacity = torch.cuda.get_device_properties(self.runtime.device).total_memory
-        return fewest_checkpointed_blocks(
-            model.config,
-            self.micro,
-            usable_memory(capacity, parallel.memory_reserve_gib),
-            precision=self.cfg.runtime.precision,
-            world_size=self.runtime.world,
-            sharding="fsdp" if parallel.fsdp and self.runtime.world > 1 else "ddp",
-            gradient_as_bucket_view=True,
-            attention="explicit" if self.attention in ("explicit", "math") else "fused",
-        )
-
     # ---- one step -------------------------------------------------------------------------------------
 
     def _randomness(self, step: int, shape):
-        """Timesteps, noise, class dropout and (encoding on the fly) the posterior draw of the whole global
-        batch for this step, identical on every rank: the VAE's sample too is keyed by (seed, step), so a
-        resumed run or another world size encodes the same latents (the global RNG is not: a data loader's
-        start draws from it)."""
+        """Timesteps, noise, class dropout and the hooks' draws (a VAE's posterior sample) of the whole global
+        batch for this step, identical on every rank: keyed by (seed, step), so a resumed run or another world
+        size draws the same (the global RNG is not: a data loader's start draws from it)."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.optim.seed, step))
         b, device = self.cfg.optim.global_batch_size, self.runtime.device
         t = self.objective.sample_t(b, g, device)  # diffusion: integer steps; flow: times in [0, 1], 1 = data
         noise = torch.randn((b, *shape), generator=g, device=device)
         drop = (torch.rand(b, generator=g, device=device) < self.cfg.model.class_dropout_prob).long()
-        eps = torch.randn((b, *shape), generator=g, device=device) if self.data.vae is not None else None
-        return t, noise, drop, eps
+        for hook in self.hooks:
+            hook.draw(g, b, shape, device)
+        return t, noise, drop
 
     def _model_fn(self, x, t, **kwargs):
-        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32; with
-        REPA, the projected tokens of the same forward are kept for the alignment loss."""
+        """The (data-parallel) model under autocast, returning float32 so the loss math stays in float32; the
+        hooks take what else the forward returned (REPA's projected tokens)."""
         with self.runtime.precision.autocast():
-            out = self.ddp_model(x, t, **kwargs)
-        if self.repa is not None:
-            out, self._projected = out
+            out = self.module(x, t, **kwargs)
+        for hook in self.hooks:
+            out = hook.output(out)
         return out.float()
 
     def train_step(self, batches, log_step: bool = False):
@@ -234,43 +236,35 @@ class Trainer:
         weights), so nothing is read back.
         """
         cfg, state, device = self.cfg.optim, self.state, self.runtime.device
-        model, opt, scaler = state.model, state.optimizer, state.scaler
-        for group in opt.param_groups:
+        for group in state.optimizer.param_groups:
             group["lr"] = cfg.lr_at(state.step, self.total_steps)
-        mc = model.config
+        mc = state.model.config
         shape = (mc.in_channels, mc.input_size, mc.input_size)
-        t_all, noise_all, drop_all, eps_all = self._randomness(state.step, shape)
-        total = align_total = None
+        t_all, noise_all, drop_all = self._randomness(state.step, shape)
+        total = aux_total = None
         for m, (x, y, *stored) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             lo = (self.runtime.rank * cfg.grad_accum_steps + m) * self.micro
             sl = slice(lo, lo + self.micro)
-            if self.repa is not None:  # the encoder sees the image the DiT's input comes from, before any VAE
-                with self.runtime.precision.frozen():
-                    target = self.repa.targets(x, stored[0].to(device, non_blocking=True) if stored else None)
-            if self.data.vae is not None:
-                from dit.vae import encode
-
-                with torch.no_grad(), self.runtime.precision.frozen():  # bf16: 273 GFLOP an SD image, not in fp32
-                    x = encode(self.data.vae, x, eps=eps_all[sl])
+            for hook in self.hooks:  # in order: REPA's encoder sees the image before a VAE encodes it
+                x = hook.prepare(x, stored, sl)
             kwargs = {"y": y, "force_drop_ids": drop_all[sl]} if mc.class_dropout_prob > 0 else {"y": y}
-            last = m == len(batches) - 1
-            if state.sharded:
-                model.set_requires_gradient_sync(last)
-                if state.projector is not None:
-                    state.projector.set_requires_gradient_sync(last)
-            no_sync = not last and not state.sharded and self.ddp_model is not state.trained
-            with self.ddp_model.no_sync() if no_sync else contextlib.nullcontext():
+            with self.parallel.sync_gradients(last=m == len(batches) - 1):
                 terms = self.objective.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
                 loss = objective = terms["loss"].mean() / cfg.grad_accum_steps
-                if self.repa is not None:  # REPA: + coeff x (minus the cosine similarity, mean over tokens)
-                    align = repa_loss(self._projected, target).mean() / cfg.grad_accum_steps
-                    self._projected = None  # the graph holds it until backward; nothing else should
-                    loss = objective + self.repa.coeff * align
-                    align_total = align.detach() if align_total is None else align_total + align.detach()
-                (scaler.scale(loss) if scaler is not None else loss).backward()
+                for term, value in filter(None, (hook.loss(cfg.grad_accum_steps) for hook in self.hooks)):
+                    loss = loss + term
+                    aux_total = value.detach() if aux_total is None else aux_total + value.detach()
+                (state.scaler.scale(loss) if state.scaler is not None else loss).backward()
             total = objective.detach() if total is None else total + objective.detach()
-        bad = ~torch.isfinite(total if align_total is None else total + align_total)
+        return self._update(total, aux_total, log_step)
+
+    def _update(self, total, aux_total, log_step: bool):
+        """The optimizer and EMA step after the micro-batches' backward, skipped on the device where the loss
+        (``total``, with the hooks' ``aux_total``) or the gradients are non-finite on any rank."""
+        cfg, state = self.cfg.optim, self.state
+        opt, scaler = state.optimizer, state.scaler
+        bad = ~torch.isfinite(total if aux_total is None else total + aux_total)
         if self.runtime.world > 1:  # one rank's NaN reaches every rank's gradients: all must skip together
             bad = self.runtime.all_reduce(bad.int(), op="max").bool()
         grad_norm = None
@@ -282,8 +276,8 @@ class Trainer:
         elif scaler is None or log_step:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
         if scaler is None:  # a finite loss can still overflow in backward; fp16's scaler checks that itself
-            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: collective
-            bad = bad | ~torch.isfinite(norm)  # the same on every rank: the gradients were all-reduced
+            # the same on every rank: the gradients were all-reduced
+            bad = bad | ~torch.isfinite(self.parallel.global_norm(grad_norm))
         if scaler is not None:
             scaler.step(opt)  # skips non-finite steps on the device
             scaler.update()
@@ -293,8 +287,8 @@ class Trainer:
         elif not bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
             opt.step()
         opt.zero_grad(set_to_none=True)
-        state.ema.update(model, apply=(~bad).float())
-        self.counters.add(total, bad, align_total)
+        state.ema.update(state.model, apply=(~bad).float())
+        self.counters.add(total, bad, aux_total)
         state.step += 1
         return grad_norm
 
@@ -343,7 +337,7 @@ class Trainer:
                     if eval_step:
                         with ledger.paused():
                             try:
-                                scores = self.evaluation.run(self._whole(state.ema.model), stop)
+                                scores = self.evaluation.run(self.parallel.whole(state.ema.model), stop)
                             except EvalStopped:
                                 ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
                             else:
@@ -432,28 +426,13 @@ class Trainer:
                 f"saved {len(saves)} checkpoints, steps {saves[0][0]} to {saves[-1][0]}; the newest {saves[-1][1]}"
             )
 
-    def _whole(self, model: DiT, every_rank: bool = True) -> DiT | None:
-        """``model`` itself, or under FSDP an unsharded copy on every rank (or on rank 0 only, None elsewhere);
-        every rank must call it, gathering is collective."""
-        if not self.state.sharded:
-            return model
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)  # offload: rank 0 only
-        weights = get_model_state_dict(model, options=options)
-        if not (every_rank or self.runtime.is_main):
-            return None
-        whole = DiT.from_config(model.config).to(self.runtime.device).eval()
-        whole.load_state_dict(weights)
-        return whole
-
     def sample_grid(self) -> None:
         """A grid from the EMA weights (DDIM-50, guidance 4) for TensorBoard, one image per class shown."""
         from torchvision.utils import make_grid
 
         from dit.sample.generate import Guidance, Sampler, SamplingModel, generate
 
-        ema, mc = self._whole(self.state.ema.model, every_rank=False), self.state.model.config
+        ema, mc = self.parallel.whole(self.state.ema.model, every_rank=False), self.state.model.config
         if not self.runtime.is_main:
             return
         cfg = self.cfg
