@@ -227,7 +227,7 @@ class SamplingSection(Section):
     (``kind``), whether it has a null class the default guidance (``guidance``). Faces with other defaults
     subclass it and say why."""
 
-    DIFFUSION_DEFAULT = "ddpm"  # the official sample.py's sampler
+    FAST = False  # default to the objective's fast sampler (the in-loop evaluation's) instead of sample.py's
     GUIDANCE_DEFAULT = 4.0  # the official sample.py's, for a model with a null class
 
     sampler: str | None = option(None, SAMPLER_HELP, choices=SAMPLERS)
@@ -273,14 +273,13 @@ class SamplingSection(Section):
                 f"noise; flow t, 1 = data), got {' '.join(map(str, interval))}."
             )
 
-    def kind(self, flow: bool) -> str:
-        """The sampler for a flow (True) or diffusion model; one of the other family's is refused."""
-        kind = self.sampler or ("ode" if flow else self.DIFFUSION_DEFAULT)
-        allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS
-        if kind not in allowed:
+    def kind(self, objective) -> str:
+        """The sampler for a model of ``objective`` (a ``dit.objectives.Objective``); another's is refused."""
+        kind = self.sampler or (objective.fast_sampler if self.FAST else objective.default_sampler)
+        if kind not in objective.samplers:
             raise FieldError(
-                f"{{sampler}} {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use one "
-                f"of {', '.join(allowed)}."
+                f"{{sampler}} {kind} does not sample a {objective.noun} model: use one of "
+                f"{', '.join(objective.samplers)}."
             )
         return kind
 

@@ -11,6 +11,7 @@ from dit.config import FieldError, Section, option
 from dit.cost import memory, peaks, plan
 from dit.errors import UserError
 from dit.model_config import ModelSection, parse_activation_checkpointing
+from dit.objectives import objective_for_sampler
 from dit.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
@@ -144,9 +145,8 @@ def planned_guidance(model: CostModelSection, sampling: FidSamplingSection) -> f
 
 def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPlan:
     """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
-    flow = sampling.sampler in ("ode", "sde")
     try:
-        kind = sampling.kind(flow)
+        kind = sampling.kind(objective_for_sampler(sampling.sampler))
     except FieldError as e:
         raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
     return sampling_plan(
