@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from dit.errors import UserError
 from dit.objectives import Objective
 from dit.sampling_plan import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
+
+# The section's names of GaussianDiffusion's options where they differ from its own.
+RENAMED = {"loss_weight": "loss_weighting", "time_sampling": "timestep_sampling"}
 
 
 class DiffusionObjective(Objective):
@@ -20,22 +25,24 @@ class DiffusionObjective(Objective):
     noun = "diffusion"
 
     def __init__(self, noise_schedule: str = "linear", predict_xstart: bool = False, learn_sigma: bool = True,
-                 loss_weight: str = "none", min_snr_gamma: float = 5.0, time_sampling: str = "uniform",
-                 logit_mean: float = 0.0, logit_std: float = 1.0):  # fmt: skip
+                 **recipe):  # fmt: skip
+        """``recipe``: ``GaussianDiffusion``'s training options (loss weighting, times) under the section's names."""
         from dit.diffusion import create_diffusion
 
         self.noise_schedule, self.predict_xstart, self.learn_sigma = noise_schedule, predict_xstart, learn_sigma
         self.diffusion = create_diffusion(
             "", noise_schedule=noise_schedule, learn_sigma=learn_sigma, predict_xstart=predict_xstart,
-            loss_weighting=loss_weight, min_snr_gamma=min_snr_gamma, timestep_sampling=time_sampling,
-            logit_mean=logit_mean, logit_std=logit_std,
+            **{RENAMED.get(k, k): v for k, v in recipe.items()},
         )  # fmt: skip
 
     @classmethod
     def from_record(cls, run: dict, learn_sigma: bool) -> DiffusionObjective:
-        keys = ("loss_weight", "min_snr_gamma", "time_sampling", "logit_mean", "logit_std")
-        return cls(run.get("noise_schedule") or "linear", bool(run.get("predict_xstart")), learn_sigma,
-                   **{k: run[k] for k in keys if run.get(k) is not None})  # fmt: skip
+        """Every option of the record that ``GaussianDiffusion`` takes: a new one needs no line here."""
+        from dit.diffusion import GaussianDiffusion
+
+        takes = inspect.signature(GaussianDiffusion).parameters
+        recipe = {k: v for k, v in run.items() if RENAMED.get(k, k) in takes and v is not None}
+        return cls(run.get("noise_schedule") or "linear", bool(run.get("predict_xstart")), learn_sigma, **recipe)
 
     def sampling_fields(self) -> dict:
         return {"noise_schedule": self.noise_schedule, "predict_xstart": self.predict_xstart}

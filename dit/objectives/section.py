@@ -6,6 +6,7 @@ fields rebuilds the same objective for its sampler.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dit.config import FieldError, Section, option
@@ -53,6 +54,11 @@ class ObjectiveSection(Section):
     sample_eps: float | None = option(
         None, "flow: times kept off the ends in sampling (default: SiT's)", ge=0, lt=0.5
     )
+
+    @classmethod
+    def identity(cls) -> tuple[str, ...]:
+        """The fields a resumed run must keep: every one but the sampler's."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "sample_eps")
 
     @property
     def implementation(self) -> type[Objective]:

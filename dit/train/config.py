@@ -30,10 +30,8 @@ from dit.train.parallel import ParallelSection
 # What a resumed run must share with its checkpoint: the data order and the model's math.
 IDENTITY_FIELDS = (
     "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
-    "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size", "objective",
-    "path_type", "prediction", "loss_weight", "time_sampling", "logit_mean", "logit_std", "train_eps",
-    "min_snr_gamma", "norm", "mlp", "rope", "qk_norm", "repa_encoder", "repa_input_size", "repa_depth",
-    "repa_projector_dim",
+    *ObjectiveSection.identity(), "model", "depth", "hidden_size", "num_heads", "patch_size", "norm", "mlp", "rope",
+    "qk_norm", "repa_encoder", "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
