@@ -64,7 +64,7 @@ def test_each_objective_implements_the_interface(name):
     assert loss.shape == (6,) and torch.isfinite(loss).all()
     other = next(s for s in SAMPLERS if s not in cls.samplers)
     with pytest.raises(UserError, match=f"does not sample a {cls.noun} model"):
-        obj.check_sampler(other, None, None, "sigma")
+        obj.sampler(other)
     t0, t1 = obj.sampling_interval(None)
     assert 0 <= t0 < t1 <= 1
 

@@ -145,10 +145,7 @@ def planned_guidance(model: CostModelSection, sampling: FidSamplingSection) -> f
 
 def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPlan:
     """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
-    try:
-        kind = sampling.kind(objective_for_sampler(sampling.sampler))
-    except FieldError as e:
-        raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+    kind = objective_for_sampler(sampling.sampler).sampler(sampling.sampler, fast=sampling.FAST)
     return sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
         guidance_scale=planned_guidance(model, sampling), interval=sampling.guidance_interval,

@@ -52,12 +52,19 @@ class Objective(ABC):
         """[t0, t1] of a sampler's time grid (the flow's; a diffusion's respacing has none)."""
         return 0.0, 1.0
 
-    def check_sampler(self, kind: str, method: str | None, sample_eps: float | None, diffusion_form: str) -> None:
-        """The one check of a sampler request against this objective (``UserError`` if it does not apply)."""
-        if kind not in self.samplers:
+    @classmethod
+    def sampler(cls, kind: str | None, fast: bool = False) -> str:
+        """The sampler ``kind`` (None: the default, or the fast one); one that does not sample it is refused."""
+        kind = kind or (cls.fast_sampler if fast else cls.default_sampler)
+        if kind not in cls.samplers:
             raise UserError(
-                f"--sampler {kind} does not sample a {self.noun} model: use one of {', '.join(self.samplers)}."
+                f"--sampler {kind} does not sample a {cls.noun} model: use one of {', '.join(cls.samplers)}."
             )
+        return kind
+
+    @abstractmethod
+    def check_options(self, kind: str, method: str | None, sample_eps: float | None, diffusion_form: str) -> None:
+        """The checks of a sampler's options that depend on the objective (``UserError`` if one does not apply)."""
 
     @abstractmethod
     def process(self, num_steps: int, sample_eps: float | None):

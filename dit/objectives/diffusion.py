@@ -57,8 +57,7 @@ class DiffusionObjective(Objective):
         self.diffusion.tables(device)
         return self
 
-    def check_sampler(self, kind, method, sample_eps, diffusion_form) -> None:
-        super().check_sampler(kind, method, sample_eps, diffusion_form)
+    def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
         if method is not None:
             raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
         if sample_eps is not None:

@@ -44,8 +44,7 @@ class FlowObjective(Objective):
     def sampling_interval(self, sample_eps) -> tuple[float, float]:
         return self.process(0, sample_eps).interval(training=False)
 
-    def check_sampler(self, kind, method, sample_eps, diffusion_form) -> None:
-        super().check_sampler(kind, method, sample_eps, diffusion_form)
+    def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
         if kind == "sde" and diffusion_form == "SBDM":
             from dit.transport.samplers import diffusion_coefficient
 

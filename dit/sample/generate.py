@@ -214,8 +214,8 @@ class Sampler:
                  guidance: Guidance = Guidance(), diffusion_form: str = "sigma", last_step: str = "mean",
                  atol: float = 1e-6, rtol: float = 1e-3, sample_eps: float | None = None):  # fmt: skip
         objective = sm.objective
-        kind = kind or objective.default_sampler
-        objective.check_sampler(kind, method, sample_eps, diffusion_form)
+        kind = objective.sampler(kind)
+        objective.check_options(kind, method, sample_eps, diffusion_form)
         check_guidance(guidance.scale, sm.config if guidance.scale > 1 else None)
         self.plan = sampling_plan(
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
@@ -240,7 +240,7 @@ class Sampler:
         """The sampler a sampling section asks for, its default chosen by the model's objective."""
         mc = sm.config
         try:
-            kind = c.kind(sm.objective)
+            kind = sm.objective.sampler(c.sampler, fast=c.FAST)
             guidance = Guidance.from_options(c, has_null_class=mc.num_classes > 0 and mc.class_dropout_prob > 0)
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
