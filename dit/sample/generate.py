@@ -221,13 +221,8 @@ class Sampler:
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
         )  # fmt: skip
-        self.sm, self.kind, self.num_steps, self.guidance, self.sample_eps = (
-            sm,
-            kind,
-            num_steps,
-            guidance,
-            sample_eps,
-        )
+        self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
+        self.sample_eps = sample_eps  # None: the run's (a sample set's manifest records which)
         self.method = method or DEFAULT_METHODS.get(kind)
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.process = objective.process(num_steps, sample_eps)  # what the sampler integrates
