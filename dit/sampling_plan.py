@@ -25,8 +25,18 @@ from dataclasses import dataclass
 from dit.config import FieldError, Section, option
 from dit.errors import UserError
 
+# The sampler registry: the --sampler choices; each objective (dit.objectives) names its own from here.
 DIFFUSION_SAMPLERS = ("ddpm", "ddim")  # the diffusion's own loops (the reference)
-SCHEDULER_SAMPLERS = ("dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun")  # diffusers' schedulers
+# diffusers' schedulers: sampler name -> (diffusers class, its settings beyond the schedule)
+SCHEDULERS = {
+    "dpmpp-2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),
+    "dpmpp-2m-sde": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
+    "unipc": ("UniPCMultistepScheduler", {"solver_order": 2}),
+    "deis": ("DEISMultistepScheduler", {"solver_order": 2}),
+    "euler": ("EulerDiscreteScheduler", {}),
+    "heun": ("HeunDiscreteScheduler", {}),
+}
+SCHEDULER_SAMPLERS = tuple(SCHEDULERS)
 FLOW_SAMPLERS = ("ode", "sde")
 SAMPLERS = DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS + FLOW_SAMPLERS
 STOCHASTIC_SAMPLERS = ("ddpm", "dpmpp-2m-sde", "sde")  # they draw noise at every step (per image)
@@ -210,8 +220,8 @@ def sampling_plan(
 GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
 CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
 SAMPLER_HELP = (
-    "diffusion models: ddpm (ancestral; their default) or ddim (eta 0), our loops; diffusers' schedulers dpmpp-2m, "
-    "dpmpp-2m-sde, unipc, deis, euler, heun (2 evaluations a step but the last); flow models: ode (their default) "
+    "diffusion models: ddpm (ancestral; their default) or ddim (eta 0), our loops; diffusers' schedulers "
+    f"{', '.join(SCHEDULER_SAMPLERS)} (heun: 2 evaluations a step but the last); flow models: ode (their default) "
     "or sde"
 )
 INTERVAL_HELP = (
@@ -224,10 +234,10 @@ INTERVAL_HELP = (
 class SamplingSection(Section):
     """The sampler and its settings (sample.py, scripts/sample_ddp.py, train.py's ``--eval-*`` flags,
     ``dit-cost sample``). The model decides what the section leaves open: its objective the default sampler
-    (``kind``), whether it has a null class the default guidance (``guidance``). Faces with other defaults
+    (``Objective.sampler``), whether it has a null class the default guidance (``guidance``). Faces with other defaults
     subclass it and say why."""
 
-    DIFFUSION_DEFAULT = "ddpm"  # the official sample.py's sampler
+    FAST = False  # default to the objective's fast sampler (the in-loop evaluation's) instead of sample.py's
     GUIDANCE_DEFAULT = 4.0  # the official sample.py's, for a model with a null class
 
     sampler: str | None = option(None, SAMPLER_HELP, choices=SAMPLERS)
@@ -272,17 +282,6 @@ class SamplingSection(Section):
                 "{guidance_interval} takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = "
                 f"noise; flow t, 1 = data), got {' '.join(map(str, interval))}."
             )
-
-    def kind(self, flow: bool) -> str:
-        """The sampler for a flow (True) or diffusion model; one of the other family's is refused."""
-        kind = self.sampler or ("ode" if flow else self.DIFFUSION_DEFAULT)
-        allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS
-        if kind not in allowed:
-            raise FieldError(
-                f"{{sampler}} {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use one "
-                f"of {', '.join(allowed)}."
-            )
-        return kind
 
     def guidance(self, has_null_class: bool) -> float:
         """The guidance scale for a model with (or without) a null class: the asked one, else the default."""

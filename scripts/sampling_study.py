@@ -23,16 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
 from dit.config import Face, Section, option
 from dit.cost.plots import plot_sampling_front
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.eval.evaluator import Evaluator
 from dit.eval.features import load_digit_classifier
@@ -43,8 +39,23 @@ from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_se
 from dit.sample.loading import load_sampling_model
 from dit.sampling_plan import check_guidance_interval, sampling_plan
 
-DIFFUSION = ("ddpm", "ddim", "dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun")
-FLOW = ("ode-euler", "ode-heun", "ode-ab2", "ode-ab3", "ode-ab4", "sde-euler", "sde-heun")  # dopri5: no NFE knob
+SPECS = (
+    "ddpm",
+    "ddim",
+    "dpmpp-2m",
+    "dpmpp-2m-sde",
+    "unipc",
+    "deis",
+    "euler",
+    "heun",
+    "ode-euler",
+    "ode-heun",
+    "ode-ab2",
+    "ode-ab3",
+    "ode-ab4",
+    "sde-euler",
+    "sde-heun",
+)  # fmt: skip  (dopri5: no NFE knob)
 EDM2_SIGMAS = (
     0.28,
     5.42,
@@ -59,7 +70,7 @@ class StudyConfig(Section):
     out: str = option("out/sampling_study/results.json", "the rows (JSON); a rerun skips the finished ones")
     plot: str | None = option(None, "the Pareto chart (PNG; default: --out with .png)")
     samplers: tuple[str, ...] | None = option(
-        None, "default: every fixed-step sampler of the checkpoint's objective", choices=DIFFUSION + FLOW
+        None, "default: every fixed-step sampler of the checkpoint's objective", choices=SPECS
     )
     nfe: tuple[int, ...] = option(
         [5, 10, 15, 25, 50, 100, 250],
@@ -91,13 +102,7 @@ FACE = Face(
 def edm2_interval(sm) -> tuple[float, float]:
     """The times (in --guidance-interval's units) where this model's noise-to-signal ratio is in EDM2's band."""
     lo, hi = EDM2_SIGMAS
-    if sm.transport is None:
-        abar = create_diffusion("", noise_schedule=sm.noise_schedule).alphas_cumprod
-        times, ratio = np.arange(len(abar)) / len(abar), np.sqrt((1 - abar) / abar)
-    else:
-        t = torch.linspace(0, 1, 10_001, dtype=torch.float64)[1:-1]
-        alpha, _, sigma, _ = sm.transport.path.alpha_sigma(t)
-        times, ratio = t.numpy(), (sigma / alpha).numpy()
+    times, ratio = sm.objective.noise_to_signal()
     inside = times[(ratio >= lo) & (ratio <= hi)]
     return float(inside.min()), float(inside.max())
 
@@ -138,11 +143,11 @@ def steps_for(spec: str, nfe: int) -> int | None:
 
 def settings(c: StudyConfig, sm) -> list[dict]:
     """Every (sampler, NFE, guidance, interval) to run; scale 1 has no interval to vary."""
-    specs = c.samplers or (FLOW if sm.transport is not None else DIFFUSION)
-    wrong = [s for s in specs if (s in FLOW) != (sm.transport is not None)]
+    samplers = sm.objective.samplers
+    specs = c.samplers or tuple(s for s in SPECS if split(s)[0] in samplers)
+    wrong = [s for s in specs if split(s)[0] not in samplers]
     if wrong:
-        kind = "a flow-matching" if sm.transport is not None else "a diffusion"
-        raise UserError(f"{c.ckpt} is {kind} model: {', '.join(wrong)} cannot sample it.")
+        raise UserError(f"{c.ckpt} is a {sm.objective.noun} model: {', '.join(wrong)} cannot sample it.")
     intervals = {name: parse_interval(name, sm) for name in c.intervals}
     out = []
     for spec in specs:

@@ -30,7 +30,9 @@ from dit.data.digits import DigitDataset
 from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
+from dit.objectives import OBJECTIVES
 from dit.runtime.stop import EXIT_CODES
+from dit.sampling_plan import sampling_plan
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
 
@@ -91,7 +93,7 @@ class ScalingConfig(Section):
     )  # fmt: skip
     eval_guidance_scale: float = option(1.5, "guidance of the evaluation samples", ge=1)
     sizes: tuple[str, ...] = option(["S", "M", "L"], "which sizes to run", choices=tuple(s[0] for s in SIZES))
-    objectives: tuple[str, ...] = option(["diffusion"], "training objectives", choices=("diffusion", "flow"))
+    objectives: tuple[str, ...] = option(["diffusion"], "training objectives", choices=tuple(OBJECTIVES))
     recipes: tuple[str, ...] = option(
         ["baseline"],
         f"training recipes, each alone or joined with + ({', '.join(RECIPES)}), NAME:N for N seeds (0..N-1) "
@@ -126,16 +128,17 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
     dit, aux, upstream = flops_per_step(base, preset.batch_size)
     steps = max(1, round((c.budget_tflops * 1e12 - upstream) / (dit + aux)))
     every = max(1, int(c.eval_every_tflops * 1e12 / (dit + aux)))  # the same steps for any budget
-    flow = objective == "flow"
+    sampler = OBJECTIVES[objective].fast_sampler  # the same NFE for every objective: steps of its fast sampler
+    per_step = sampling_plan(sampler, 2).nfe // 2
     cfg = digits_train_config(
         preset, steps, folder, None, eval_ref=ref, eval_every=every,
         eval_samples=c.eval_num_samples,
-        sample_steps=c.eval_num_sampling_steps // 2 if flow else c.eval_num_sampling_steps,
+        sample_steps=c.eval_num_sampling_steps // per_step,
     )  # fmt: skip
     cfg = cfg.replace(
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
-        objective=objective, eval_sampler="ode" if flow else "ddim", eval_guidance_interval=None,
+        objective=objective, eval_sampler=sampler, eval_guidance_interval=None,
         **recipe_options(recipe),
     )  # fmt: skip
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes

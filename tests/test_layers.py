@@ -21,7 +21,7 @@ LAYERS = [  # module prefixes, top layer first
             "dit.cli",
             "dit.progress",
             "dit.launcher",
-            "dit.objective",
+            "dit.objectives",
             "dit.repa_config",
             "dit.vae_facts",
         ),

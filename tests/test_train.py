@@ -317,15 +317,16 @@ def test_diffusion_and_lr_options_reach_the_run_and_the_sampler(tmp_path):
         min_lr_frac=0.1,
     )
     trainer = Trainer(cfg, Runtime("cpu"), Pixels())
-    assert trainer.state.model.config.learn_sigma is False and trainer.objective.betas.max() > 0.5  # cosine caps
+    assert trainer.state.model.config.learn_sigma is False
+    assert trainer.objective.diffusion.betas.max() > 0.5  # cosine caps
     lr_at = lambda step: cfg.optim.lr_at(step, cfg.budget.max_steps)  # noqa: E731
     assert [lr_at(s) for s in (0, 1)] == pytest.approx([5e-4, 1e-3])
     assert lr_at(3) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     trainer.run()
     sm = load_sampling_model(str(latest_checkpoint(tmp_path / "run" / "checkpoints")), vae="none")
-    d = Sampler(sm, 10).diffusion
+    d = Sampler(sm, 10).process
     assert sm.predict_xstart and d.model_mean_type.name == "START_X" and d.model_var_type.name == "FIXED_LARGE"
-    assert d.alphas_cumprod[0] == pytest.approx(trainer.objective.alphas_cumprod[0])
+    assert d.alphas_cumprod[0] == pytest.approx(trainer.objective.diffusion.alphas_cumprod[0])
 
 
 def test_a_finite_loss_with_non_finite_gradients_is_skipped(tmp_path):

@@ -14,6 +14,7 @@ from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.errors import UserError
+from dit.objectives import DiffusionObjective, FlowObjective
 from dit.sampling_plan import flow_grid, sampling_plan
 from dit.transport import Path, Transport
 from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, sde_sample
@@ -236,7 +237,7 @@ def test_a_one_step_diffusion_sampler_is_refused_in_one_line():
     from dit.sample.generate import Sampler
 
     with pytest.raises(UserError, match="must be >= 2 for --sampler ddim"):
-        Sampler(SimpleNamespace(transport=None), 1, "ddim")
+        Sampler(SimpleNamespace(objective=DiffusionObjective()), 1, "ddim")
 
 
 def test_the_sde_without_a_last_step_runs_to_the_end_of_its_interval():
@@ -254,16 +255,20 @@ def test_sampler_options_that_cannot_apply_are_refused_in_one_line():
 
     from dit.sample.generate import Sampler
 
-    flow = SimpleNamespace(transport=Transport())
+    flow = SimpleNamespace(objective=FlowObjective(Transport()))
     with pytest.raises(UserError, match="makes no network evaluation"):
         Sampler(flow, 1, "sde", last_step="none")
     with pytest.raises(UserError, match="--sampling-method is for flow"):
-        Sampler(SimpleNamespace(transport=None), 10, "ddim", method="heun")
+        Sampler(SimpleNamespace(objective=DiffusionObjective()), 10, "ddim", method="heun")
     with pytest.raises(UserError, match="SBDM diffusion is infinite at t = 0"):
         Sampler(flow, 10, "sde", diffusion_form="SBDM")
     sbdm = Sampler(flow, 10, "sde", diffusion_form="SBDM", sample_eps=1e-3)  # SiT's way out
-    assert sbdm.transport.interval(training=False) == (1e-3, 1 - 1e-3) and flow.transport.sample_eps is None
-    Sampler(SimpleNamespace(transport=Transport(path_type="vp")), 10, "sde", diffusion_form="SBDM")  # finite
+    assert (
+        sbdm.process.interval(training=False) == (1e-3, 1 - 1e-3) and flow.objective.transport.sample_eps is None
+    )
+    Sampler(
+        SimpleNamespace(objective=FlowObjective(Transport(path_type="vp"))), 10, "sde", diffusion_form="SBDM"
+    )  # finite
 
 
 def test_an_adaptive_samplers_cost_is_its_mean_over_batches():
@@ -272,7 +277,9 @@ def test_an_adaptive_samplers_cost_is_its_mean_over_batches():
 
     from dit.sample.generate import Sampler
 
-    sampler = Sampler(SimpleNamespace(transport=Transport()), 1, "ode", method="dopri5", atol=1e-9, rtol=1e-9)
+    sampler = Sampler(
+        SimpleNamespace(objective=FlowObjective(Transport())), 1, "ode", method="dopri5", atol=1e-9, rtol=1e-9
+    )
     counts = []
     for a, n in ((0.3, 2), (3.0, 6)):  # a stiffer field takes more evaluations
         sampler.run(lambda x, t, y, a=a: a * x, torch.ones(n, 1, 1, 1, dtype=torch.float64), torch.zeros(n), None)

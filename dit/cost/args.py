@@ -11,6 +11,7 @@ from dit.config import FieldError, Section, option
 from dit.cost import memory, peaks, plan
 from dit.errors import UserError
 from dit.model_config import ModelSection, parse_activation_checkpointing
+from dit.objectives import objective_for_sampler
 from dit.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
@@ -144,11 +145,7 @@ def planned_guidance(model: CostModelSection, sampling: FidSamplingSection) -> f
 
 def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPlan:
     """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
-    flow = sampling.sampler in ("ode", "sde")
-    try:
-        kind = sampling.kind(flow)
-    except FieldError as e:
-        raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+    kind = objective_for_sampler(sampling.sampler).sampler(sampling.sampler, fast=sampling.FAST)
     return sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
         guidance_scale=planned_guidance(model, sampling), interval=sampling.guidance_interval,

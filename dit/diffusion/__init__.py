@@ -35,19 +35,14 @@ def create_diffusion(
     learn_sigma=True,
     rescale_learned_sigmas=False,
     diffusion_steps=1000,
-    *,
-    loss_weighting="none",
-    min_snr_gamma=5.0,
-    timestep_sampling="uniform",
-    logit_mean=0.0,
-    logit_std=1.0,
+    **recipe,
 ) -> SpacedDiffusion:
     """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance.
 
     ``timestep_respacing`` "" or None keeps every step; "250" or "ddim50" respaces for sampling. The
-    keyword-only options are training recipes beyond the official one (whose values are the defaults):
-    ``loss_weighting`` "min-snr" weights the MSE term by Min-SNR-``min_snr_gamma``; ``timestep_sampling``
-    "logit-normal" draws ``sample_t`` from sigmoid(N(``logit_mean``, ``logit_std``)).
+    keywords in ``recipe`` are ``GaussianDiffusion``'s training options beyond the official recipe (whose
+    values are the defaults): ``loss_weighting`` "min-snr" weights the MSE term by Min-SNR-``min_snr_gamma``;
+    ``timestep_sampling`` "logit-normal" draws ``sample_t`` from sigmoid(N(``logit_mean``, ``logit_std``)).
     """
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:
@@ -68,9 +63,5 @@ def create_diffusion(
         model_mean_type=gd.ModelMeanType.START_X if predict_xstart else gd.ModelMeanType.EPSILON,
         model_var_type=var_type,
         loss_type=loss_type,
-        loss_weighting=loss_weighting,
-        min_snr_gamma=min_snr_gamma,
-        timestep_sampling=timestep_sampling,
-        logit_mean=logit_mean,
-        logit_std=logit_std,
+        **recipe,
     )

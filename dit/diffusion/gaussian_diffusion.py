@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dit.diffusion.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
+from dit.objectives.times import logit_normal
 from dit.progress import progress as progress_bar
 
 
@@ -203,8 +204,7 @@ class GaussianDiffusion:
         """
         if self.timestep_sampling == "uniform":
             return torch.randint(0, self.num_timesteps, (batch,), generator=generator, device=device)
-        z = torch.randn(batch, generator=generator, device=device)
-        u = torch.sigmoid(self.logit_mean + self.logit_std * z)
+        u = logit_normal(batch, self.logit_mean, self.logit_std, generator, device)
         return ((1.0 - u) * self.num_timesteps).long().clamp_(0, self.num_timesteps - 1)
 
     def model_timesteps(self, t: torch.Tensor) -> torch.Tensor:

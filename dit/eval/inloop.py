@@ -50,7 +50,7 @@ class EvalSamplingSection(SamplingSection):
     """The evaluation's sampler: the sampling section's flags under ``--eval-``, with cheaper defaults (50
     DDIM steps, no guidance: an evaluation every few thousand steps must not cost more than the training)."""
 
-    DIFFUSION_DEFAULT = "ddim"
+    FAST = True  # ddim for diffusion, ode for flow
     GUIDANCE_DEFAULT = 1.0
 
     sampler: str | None = option(

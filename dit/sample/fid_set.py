@@ -88,7 +88,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
         "sampler": sampler.describe(),
         "sde": [s.diffusion_form, s.last_step] if sampler.kind == "sde" else None,
         "tolerances": [s.atol, s.rtol] if sampler.method == "dopri5" else None,
-        "transport": None if sampler.transport is None else dataclasses.asdict(sampler.transport),
+        "transport": sampler.sm.objective.manifest(sampler.sample_eps),
         "num_sampling_steps": s.num_sampling_steps,
         "global_seed": f.seed,
         "precision": c.runtime.precision,

@@ -11,25 +11,23 @@ number of devices and after any resume (the official per-rank seeding is not).
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from dit import objectives
 from dit.config import FieldError
-from dit.diffusion import create_diffusion
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
+from dit.objectives import Objective
 from dit.progress import progress as progress_bar
 from dit.runtime import Precision, Stream, mix_seed
 from dit.sample.schedulers import make_scheduler, scheduler_sample
 from dit.sampling_plan import (
     DEFAULT_METHODS,
     DIFFUSION_SAMPLERS,
-    FLOW_SAMPLERS,
     SCHEDULER_SAMPLERS,
     SamplingSection,
     check_guidance_interval,
@@ -37,7 +35,7 @@ from dit.sampling_plan import (
     sampling_plan,
 )
 from dit.transport import Transport
-from dit.transport.samplers import FlowField, diffusion_coefficient, ode_sample, sde_sample
+from dit.transport.samplers import FlowField, ode_sample, sde_sample
 from dit.vae import decode
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
@@ -53,24 +51,28 @@ class SamplingModel:
     image_size: int  # pixels per side of the images it makes
     vae: torch.nn.Module | None  # None: a pixel-space model whose outputs are images in [-1, 1]
     vae_spec: str | None
-    noise_schedule: str = "linear"  # diffusion models
+    # The objective's record (``Objective.sampling_fields``): a diffusion's schedule and target, a flow's transport.
+    noise_schedule: str = "linear"
     predict_xstart: bool = False
-    transport: Transport | None = None  # flow models: their objective; None for diffusion models
+    transport: Transport | None = None
 
     @property
     def config(self) -> DiTConfig:
         return self.model.config
+
+    @property
+    def objective(self) -> Objective:
+        """The objective its samplers follow, rebuilt from the fields that record it."""
+        return objectives.of_sampling_fields(self.noise_schedule, self.predict_xstart, self.transport,
+                                             self.config.learn_sigma)  # fmt: skip
 
     @classmethod
     def from_run(
         cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict
     ) -> SamplingModel:
         """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
-        transport = None
-        if run.get("objective") == "flow":
-            transport = Transport.from_record(run)
-        schedule, xstart = run.get("noise_schedule") or "linear", bool(run.get("predict_xstart"))
-        return cls(model, weights, image_size, vae, vae_spec, schedule, xstart, transport)
+        fields = objectives.from_record(run, model.config.learn_sigma).sampling_fields()
+        return cls(model, weights, image_size, vae, vae_spec, **fields)
 
 
 # ---- checks on what the user asked for --------------------------------------------------------------------
@@ -211,51 +213,29 @@ class Sampler:
     def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, *, method: str | None = None,
                  guidance: Guidance = Guidance(), diffusion_form: str = "sigma", last_step: str = "mean",
                  atol: float = 1e-6, rtol: float = 1e-3, sample_eps: float | None = None):  # fmt: skip
-        flow = sm.transport is not None
-        kind = kind or ("ode" if flow else "ddpm")
-        allowed = FLOW_SAMPLERS if flow else DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS
-        if kind not in allowed:
-            raise UserError(
-                f"--sampler {kind} does not sample a {'flow-matching' if flow else 'diffusion'} model: use "
-                f"one of {', '.join(allowed)}."
-            )
-        if method is not None and not flow:
-            raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
-        if sample_eps is not None and not flow:
-            raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
+        objective = sm.objective
+        kind = objective.sampler(kind)
+        objective.check_options(kind, method, sample_eps, diffusion_form)
         check_guidance(guidance.scale, sm.config if guidance.scale > 1 else None)
-        self.transport = sm.transport
-        if flow and sample_eps is not None:
-            self.transport = dataclasses.replace(sm.transport, sample_eps=sample_eps)
-        flow_interval = self.transport.interval(training=False) if flow else (0.0, 1.0)
         self.plan = sampling_plan(
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
-            interval=guidance.interval, flow_interval=flow_interval,
+            interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
         )  # fmt: skip
-        if flow and kind == "sde" and diffusion_form == "SBDM":
-            t0 = flow_interval[0]
-            if not math.isfinite(diffusion_coefficient(self.transport, "SBDM", t0)):
-                raise UserError(
-                    f"the SBDM diffusion is infinite at t = {t0:g}: pass a --sample-eps above 0, or another "
-                    "--diffusion-form."
-                )
         self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
-        self.method = (method or DEFAULT_METHODS[kind]) if flow else None
+        self.sample_eps = sample_eps  # None: the run's (a sample set's manifest records which)
+        self.method = method or DEFAULT_METHODS.get(kind)
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
-        self.diffusion = None if flow else create_diffusion(
-            str(num_steps), noise_schedule=sm.noise_schedule, learn_sigma=sm.config.learn_sigma,
-            predict_xstart=sm.predict_xstart,
-        )  # fmt: skip
-        self.scheduler = make_scheduler(kind, self.diffusion) if kind in SCHEDULER_SAMPLERS else None
+        self.process = objective.process(num_steps, sample_eps)  # what the sampler integrates
+        self.scheduler = make_scheduler(kind, self.process) if kind in SCHEDULER_SAMPLERS else None
         self.nfe = self.guided_nfe = self.unguided_nfe = 0
         self._rows, self._guided_rows, self._unguided_rows = 0, 0, 0
 
     @classmethod
     def from_options(cls, sm: SamplingModel, c: SamplingSection) -> Sampler:
         """The sampler a sampling section asks for, its default chosen by the model's objective."""
-        flow, mc = sm.transport is not None, sm.config
+        mc = sm.config
         try:
-            kind = c.kind(flow)
+            kind = sm.objective.sampler(c.sampler, fast=c.FAST)
             guidance = Guidance.from_options(c, has_null_class=mc.num_classes > 0 and mc.class_dropout_prob > 0)
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
@@ -281,7 +261,7 @@ class Sampler:
             if self.scheduler is not None:
                 x = scheduler_sample(
                     self.scheduler,
-                    self.diffusion,
+                    self.process,
                     self.plan,
                     fn,
                     x,
@@ -289,8 +269,8 @@ class Sampler:
                     noise_fn=noise,
                     progress=progress,
                 )
-            elif self.diffusion is not None:
-                loop = self.diffusion.ddim_sample_loop if self.kind == "ddim" else self.diffusion.p_sample_loop
+            elif self.kind in DIFFUSION_SAMPLERS:
+                loop = self.process.ddim_sample_loop if self.kind == "ddim" else self.process.p_sample_loop
                 x = loop(
                     fn, x.shape, x, clip_denoised=False, model_kwargs=kwargs, progress=progress, noise_fn=noise
                 )
@@ -307,7 +287,7 @@ class Sampler:
         return x
 
     def _flow(self, fn: GuidedModel, x, kwargs, noise, progress) -> torch.Tensor:
-        field, grid = FlowField(self.transport, fn, kwargs), self.plan.grid
+        field, grid = FlowField(self.process, fn, kwargs), self.plan.grid
         ticks = None if self.method == "dopri5" else len(grid) - 1
         bar = progress_bar(ticks, self.describe(), unit="step", enabled=progress)
         if self.kind == "ode":

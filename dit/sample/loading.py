@@ -12,6 +12,7 @@ from dit.config import Section, flatten_record, option
 from dit.errors import UserError
 from dit.model_config import model_config_from_shapes
 from dit.models import DiT, DiTConfig, describe, registry_name
+from dit.objectives import OBJECTIVES
 from dit.sample.generate import SamplingModel
 from dit.vae import latent_downsample, load_vae
 from dit.vae_facts import is_sd_vae
@@ -39,7 +40,7 @@ class WeightsSection(Section):
     )
     objective: str | None = option(
         None, "for files without a config: flow for a SiT release (default: as recorded, else diffusion)",
-        choices=("diffusion", "flow"),
+        choices=tuple(OBJECTIVES),
     )  # fmt: skip
 
 

@@ -21,17 +21,7 @@ import torch
 from dit.diffusion import ModelMeanType, SpacedDiffusion
 from dit.errors import require
 from dit.progress import progress as progress_bar
-from dit.sampling_plan import SamplingPlan
-
-# sampler name -> (diffusers class, its settings beyond the schedule)
-SCHEDULERS = {
-    "dpmpp-2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}),
-    "dpmpp-2m-sde": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}),
-    "unipc": ("UniPCMultistepScheduler", {"solver_order": 2}),
-    "deis": ("DEISMultistepScheduler", {"solver_order": 2}),
-    "euler": ("EulerDiscreteScheduler", {}),
-    "heun": ("HeunDiscreteScheduler", {}),
-}
+from dit.sampling_plan import SCHEDULERS, SamplingPlan
 
 
 def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):

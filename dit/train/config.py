@@ -19,7 +19,7 @@ from dit.config import Face, FieldError, Section, option
 from dit.errors import UserError
 from dit.eval.inloop import EvalSamplingSection, EvalSection
 from dit.model_config import DiTConfig, ModelSection
-from dit.objective import ObjectiveSection
+from dit.objectives.section import ObjectiveSection
 from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.runtime import DeviceSection
 from dit.train.data import DataSection
@@ -30,10 +30,8 @@ from dit.train.parallel import ParallelSection
 # What a resumed run must share with its checkpoint: the data order and the model's math.
 IDENTITY_FIELDS = (
     "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
-    "noise_schedule", "predict_xstart", "model", "depth", "hidden_size", "num_heads", "patch_size", "objective",
-    "path_type", "prediction", "loss_weight", "time_sampling", "logit_mean", "logit_std", "train_eps",
-    "min_snr_gamma", "norm", "mlp", "rope", "qk_norm", "repa_encoder", "repa_input_size", "repa_depth",
-    "repa_projector_dim",
+    *ObjectiveSection.identity(), "model", "depth", "hidden_size", "num_heads", "patch_size", "norm", "mlp", "rope",
+    "qk_norm", "repa_encoder", "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
@@ -86,8 +84,11 @@ class TrainConfig:
     repa: RepaSection = field(default_factory=RepaSection)
 
     def __post_init__(self):
-        if self.objective.flow and self.model.learn_sigma:
-            raise FieldError("{learn_sigma} is for diffusion: a flow model predicts one field (--no-learn-sigma).")
+        if self.model.learn_sigma and not self.objective.implementation.learns_sigma:
+            raise FieldError(
+                f"{{learn_sigma}} is for diffusion: a {self.objective.objective} model predicts one field "
+                "(--no-learn-sigma)."
+            )
         unknown = sorted(set(self.checkpoint.allow_changes or ()) - set(RECIPE_FIELDS))
         if unknown:
             raise FieldError(
@@ -120,7 +121,9 @@ class TrainConfig:
 
     def model_config(self, in_channels: int, input_size: int) -> DiTConfig:
         """The DiT this run trains, for data of ``in_channels`` x ``input_size`` x ``input_size``."""
-        return self.model.dit_config(in_channels, input_size, learn_sigma=not self.objective.flow)
+        return self.model.dit_config(
+            in_channels, input_size, learn_sigma=self.objective.implementation.learns_sigma
+        )
 
     def resume_conflicts(self, saved: dict) -> list[str]:
         """The options of a checkpoint's flat record (``saved``) this run may not change, as 'name: a -> b'."""

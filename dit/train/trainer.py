@@ -146,8 +146,7 @@ class Trainer:
         self.state.lineage = line
         model_cfg = model.config
         self.objective = cfg.objective.build(model_cfg.learn_sigma)
-        if not cfg.objective.flow:
-            self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
+        self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device, alignment=self.repa is not None)
@@ -442,7 +441,7 @@ class Trainer:
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
-        sampler = Sampler(sm, 50, "ddim" if sm.transport is None else "ode", guidance=Guidance(guidance))
+        sampler = Sampler(sm, 50, sm.objective.fast_sampler, guidance=Guidance(guidance))
         images = generate(sm, sampler, labels, seeds, precision=self.runtime.precision)
         self.ledger.sinks.image(
             "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dit.objectives.times import logit_normal
 from dit.transport.path import PATHS, Path, _expand
 
 PREDICTIONS = ("velocity", "score", "noise")
@@ -76,9 +77,7 @@ class Transport:
         if self.time_sampling == "uniform":
             u = torch.rand(n, generator=generator, device=device)
         else:
-            u = torch.sigmoid(
-                self.logit_mean + self.logit_std * torch.randn(n, generator=generator, device=device)
-            )
+            u = logit_normal(n, self.logit_mean, self.logit_std, generator, device)
         return t0 + (t1 - t0) * u
 
     def training_losses(self, model, x1: torch.Tensor, t: torch.Tensor, model_kwargs=None, noise=None) -> dict:

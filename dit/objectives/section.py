@@ -1,20 +1,20 @@
-"""What a run trains the DiT to do: DiT's Gaussian diffusion or SiT's flow matching, as one section.
+"""The objective's section: DiT's Gaussian diffusion or SiT's flow matching and their options.
 
-``ObjectiveSection.build`` returns the objective object the trainer calls (``training_losses``, and the
-times of a step through ``sample_t``); a checkpoint's record of these fields rebuilds the same objective
-for its sampler. Nothing else switches on the objective's name.
+``ObjectiveSection.build`` returns the ``Objective`` the trainer calls; a checkpoint's record of these
+fields rebuilds the same objective for its sampler.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dit.config import FieldError, Section, option
 from dit.diffusion.gaussian_diffusion import LOSS_WEIGHTINGS
+from dit.objectives import OBJECTIVES, Objective
 from dit.transport.path import PATHS
-from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING, Transport
+from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
 
-OBJECTIVES = ("diffusion", "flow")
 # One flag for the loss weight of either objective; which values apply depends on it.
 DIFFUSION_LOSS_WEIGHTS = LOSS_WEIGHTINGS  # none, min-snr (Min-SNR-gamma on the MSE term)
 FLOW_LOSS_WEIGHTS = LOSS_WEIGHTS  # none, velocity, likelihood (SiT's, for score and noise predictions)
@@ -24,7 +24,9 @@ FLOW_LOSS_WEIGHTS = LOSS_WEIGHTS  # none, velocity, likelihood (SiT's, for score
 class ObjectiveSection(Section):
     """DiT's diffusion (noise schedule, target) or SiT's flow matching (path, prediction, weight, times)."""
 
-    objective: str = option("diffusion", "diffusion (DiT) or flow (SiT's flow matching)", choices=OBJECTIVES)
+    objective: str = option(
+        "diffusion", "diffusion (DiT) or flow (SiT's flow matching)", choices=tuple(OBJECTIVES)
+    )
     noise_schedule: str = option("linear", "diffusion: beta schedule", choices=("linear", "squaredcos_cap_v2"))
     predict_xstart: bool = option(False, "diffusion: predict x0 instead of the noise")
     path_type: str = option("linear", "flow: the interpolant", choices=PATHS)
@@ -53,28 +55,22 @@ class ObjectiveSection(Section):
         None, "flow: times kept off the ends in sampling (default: SiT's)", ge=0, lt=0.5
     )
 
+    @classmethod
+    def identity(cls) -> tuple[str, ...]:
+        """The fields a resumed run must keep: every one but the sampler's."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "sample_eps")
+
     @property
-    def flow(self) -> bool:
-        return self.objective == "flow"
+    def implementation(self) -> type[Objective]:
+        """The objective's class: what it samples with and whether the model may learn a variance."""
+        return OBJECTIVES[self.objective]
 
     def check(self) -> None:
-        if self.flow and self.predict_xstart:
+        if self.objective != "diffusion" and self.predict_xstart:
             raise FieldError(
                 "{predict_xstart} is for the diffusion objective; a flow model predicts {prediction}."
             )
 
-    def transport(self) -> Transport:
-        """The flow-matching objective (``objective`` flow)."""
-        return Transport.from_record(self.__dict__)
-
-    def build(self, learn_sigma: bool):
-        """The objective the trainer calls: a ``Transport`` for flow, the 1000-step diffusion otherwise."""
-        if self.flow:
-            return self.transport()
-        from dit.diffusion import create_diffusion
-
-        return create_diffusion(
-            "", noise_schedule=self.noise_schedule, learn_sigma=learn_sigma, predict_xstart=self.predict_xstart,
-            loss_weighting=self.loss_weight, min_snr_gamma=self.min_snr_gamma,
-            timestep_sampling=self.time_sampling, logit_mean=self.logit_mean, logit_std=self.logit_std,
-        )  # fmt: skip
+    def build(self, learn_sigma: bool) -> Objective:
+        """The objective the trainer calls (the diffusion has its full 1000 steps)."""
+        return self.implementation.from_record(self.__dict__, learn_sigma)

@@ -1,0 +1,66 @@
+"""SiT's flow matching (``dit.transport``) as an ``Objective``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dit.errors import UserError
+from dit.objectives import Objective
+from dit.sampling_plan import FLOW_SAMPLERS
+
+
+class FlowObjective(Objective):
+    """A ``Transport``: times in [0, 1] (1 = data), one predicted field, ODE/SDE samplers on a time grid."""
+
+    name = "flow"
+    samplers = FLOW_SAMPLERS
+    default_sampler = fast_sampler = "ode"
+    learns_sigma = False
+    noun = "flow-matching"
+
+    def __init__(self, transport):
+        self.transport = transport
+
+    @classmethod
+    def from_record(cls, run: dict, learn_sigma: bool = False) -> FlowObjective:
+        from dit.transport import Transport
+
+        return cls(Transport.from_record(run))
+
+    def sampling_fields(self) -> dict:
+        return {"transport": self.transport}
+
+    def sample_t(self, n, generator, device):
+        return self.transport.sample_t(n, generator, device)
+
+    def training_losses(self, model_fn, x, t, model_kwargs=None, noise=None) -> dict:
+        return self.transport.training_losses(model_fn, x, t, model_kwargs, noise=noise)
+
+    def process(self, num_steps, sample_eps):
+        """The transport with the sampler's ``sample_eps`` (None: the run's)."""
+        return self.transport if sample_eps is None else dataclasses.replace(self.transport, sample_eps=sample_eps)
+
+    def sampling_interval(self, sample_eps) -> tuple[float, float]:
+        return self.process(0, sample_eps).interval(training=False)
+
+    def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
+        if kind == "sde" and diffusion_form == "SBDM":
+            from dit.transport.samplers import diffusion_coefficient
+
+            t0 = self.sampling_interval(sample_eps)[0]
+            if not math.isfinite(diffusion_coefficient(self.process(0, sample_eps), "SBDM", t0)):
+                raise UserError(
+                    f"the SBDM diffusion is infinite at t = {t0:g}: pass a --sample-eps above 0, or another "
+                    "--diffusion-form."
+                )
+
+    def noise_to_signal(self) -> tuple:
+        import torch
+
+        t = torch.linspace(0, 1, 10_001, dtype=torch.float64)[1:-1]
+        alpha, _, sigma, _ = self.transport.path.alpha_sigma(t)
+        return t.numpy(), (sigma / alpha).numpy()
+
+    def manifest(self, sample_eps) -> dict:
+        return dataclasses.asdict(self.process(0, sample_eps))
