@@ -23,6 +23,7 @@ from dit.models import (
     rope_2d,
     sincos_2d,
 )
+from dit.train.parallel import parallelize
 
 
 def meta_model(name, image_size=256):
@@ -383,11 +384,9 @@ def test_options_change_the_output_and_keep_checkpointing_and_cfg(options):
 def test_compiled_blocks_with_every_option_match_eager():
     torch.manual_seed(0)
     eager = randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS))
-    compiled = randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS))
-    for block in compiled.blocks:
-        block.compile()
+    compiled = parallelize(randomize(tiny(class_dropout_prob=0.0, **ALL_OPTIONS)), 1, True, False, None)
     x, t, y = torch.randn(3, 4, 8, 8), torch.tensor([1, 500, 900]), torch.tensor([1, 2, 3])
-    for a, b in zip(_output_and_grads(eager, x, t, y), _output_and_grads(compiled.set_checkpointing(1), x, t, y)):
+    for a, b in zip(_output_and_grads(eager, x, t, y), _output_and_grads(compiled, x, t, y)):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 

@@ -1,5 +1,9 @@
 """dit.train.parallel's wiring of a DiT: checkpointing, then compiled blocks, then FSDP2, in that order."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from helpers import tiny_dit
@@ -26,8 +30,10 @@ def test_parallelize_checkpoints_then_compiles_then_shards(monkeypatch, param_dt
 
     monkeypatch.setattr(DiTBlock, "compile", compile)
     monkeypatch.setattr(fsdp, "fully_shard", fully_shard)
+    monkeypatch.setattr(parallel, "pin_cpu_simd_width", lambda: events.append(("pin",)))
     model = tiny_dit(0, depth=3)
     parallel.parallelize(model, checkpointed=2, compile=True, sharded=True, param_dtype=param_dtype)
+    assert events.pop(0) == ("pin",)  # a CPU model: the SIMD width in the cache key before any compile
     blocks = list(model.blocks)
     compiled = [e for e in events if e[0] == "compile"]
     assert [e[1] for e in compiled] == blocks and all(e[3] == {"fullgraph": True} for e in compiled)
@@ -72,3 +78,26 @@ def test_the_trainer_names_no_parallelism():
     source = open(trainer.__file__).read()
     found = re.findall(r".*(?:fsdp|shard|ddp|no_sync|full_tensor).*", source, flags=re.IGNORECASE)
     assert not found, found
+
+
+_COMPILE_RSQRT = """
+import torch
+from dit.train.parallel import pin_cpu_simd_width
+pin_cpu_simd_width()
+x = torch.rand(64) + 1
+torch.testing.assert_close(torch.compile(torch.rsqrt)(x), torch.rsqrt(x))
+"""
+
+
+@pytest.mark.slow
+def test_compiled_cpu_kernels_from_one_cache_match_eager_under_each_instruction_set(tmp_path):
+    """One inductor cache, filled under AVX-512, then read under AVX2: unpinned, the AVX2 process reused the
+    16-lane loops and left half of the 64 outputs unwritten (in the compiled DiT blocks: NaN)."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    if not {256, 512} <= {isa.bit_width() for isa in valid_vec_isa_list()}:
+        pytest.skip("needs a CPU with AVX-512 and AVX2")
+    for capability in ("avx512", "avx2"):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), ATEN_CPU_CAPABILITY=capability)
+        run = subprocess.run([sys.executable, "-c", _COMPILE_RSQRT], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, f"{capability}: {run.stderr[-2000:]}"

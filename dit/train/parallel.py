@@ -79,11 +79,25 @@ def parallelize(
     outside it, ``dit.models.attention_context``), then FSDP2 over the compiled blocks."""
     model.set_checkpointing(checkpointed)
     if compile:
+        if next(model.parameters()).device.type == "cpu":
+            pin_cpu_simd_width()
         for block in model.blocks:
             block.compile(fullgraph=True)
     if sharded:
         shard(model, param_dtype)
     return model
+
+
+def pin_cpu_simd_width() -> None:
+    """Write the SIMD width inductor picks for CPU kernels (from ``ATEN_CPU_CAPABILITY``, else the CPU) into its
+    config, unless set: the config is part of inductor's FX graph cache key and that variable is not, so a cache
+    filled under AVX-512 would otherwise hand an AVX2 process 16-lane loops, built for 8-lane vectors, that leave
+    half their outputs unwritten (NaN or garbage: a cache shared by two CPUs, or the tests run under both)."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if config.cpp.simdlen is None:
+        config.cpp.simdlen = pick_vec_isa().bit_width()  # 0 without a vector ISA: scalar loops
 
 
 def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
