@@ -21,7 +21,7 @@ from safetensors.torch import save
 
 from dit.atomic import atomic_write, atomic_write_bytes
 from dit.cli import run_cli
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import load_mnist_5k, seeded_script
 from dit.data.store import sha256_file
 from dit.eval.features import DIGIT_WEIGHTS, DigitClassifier, digit_split, digits_to_input
 
@@ -49,10 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", help="also write the run's figures to this JSON file")
     args = p.parse_args(argv)
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = seeded_script(args.seed)
 
     images, labels = load_mnist_5k()
     train, held_out = digit_split(labels)

