@@ -199,7 +199,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as a UserError (one ``error:`` line from the face), not its usage dump."""
 
     def error(self, message):
@@ -265,7 +265,7 @@ class Face:
         return self.build(flat)
 
     def parser(self) -> argparse.ArgumentParser:
-        parser = _Parser(prog=self.prog, description=self.description, formatter_class=HelpFormatter)
+        parser = Parser(prog=self.prog, description=self.description, formatter_class=HelpFormatter)
         if self.commands:
             sub = parser.add_subparsers(dest="command", required=True)
             for name, face in self.commands.items():

@@ -88,3 +88,14 @@ def test_a_sharded_folder_of_a_newer_format_or_foreign_metadata_is_one_line(tmp_
     (path / "manifest.json").write_text(json.dumps({**manifest, "files": files}))
     with pytest.raises(UserError, match="cannot read .*metadata safely"):
         load_checkpoint(path)
+
+
+def test_the_export_face_refuses_missing_arguments_in_one_line(capsys, tmp_path):
+    from dit.checkpoint.__main__ import main
+    from dit.cli import run_cli
+
+    for argv in ([], ["export"], ["export", str(tmp_path / "none"), str(tmp_path / "out.pt")]):
+        assert run_cli(main, argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "out.pt").exists()

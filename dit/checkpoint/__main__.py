@@ -8,17 +8,17 @@ train.py resumes or fine-tunes from it. sample.py and --init-from also read the 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from dit.checkpoint.format import atomic_torch_save, load_checkpoint
 from dit.cli import run_cli
+from dit.config import Parser
 from dit.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dit.checkpoint", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m dit.checkpoint", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a sharded checkpoint folder as one .pt file")
     export.add_argument("folder", type=Path, help="a sharded checkpoint folder, RUN/checkpoints/NNNNNNN")
