@@ -24,6 +24,7 @@ import torch
 import dit.checkpoint.sharded as sharded
 from dit import __version__
 from dit.atomic import atomic_write, atomic_write_bytes, stale_temp_files
+from dit.data.store import sha256_file
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
@@ -89,7 +90,7 @@ def verify_checkpoint(path: str | os.PathLike) -> bool | None:
         if key in _VERIFIED:  # a resume reads the record, then the state: the file is hashed once
             return _VERIFIED[key]
         expected = sums.read_text().split()[0]
-        digest = sharded.file_sha256(path)
+        digest = sha256_file(path)
     except (OSError, IndexError):
         return False
     _VERIFIED[key] = digest == expected

@@ -11,7 +11,6 @@ unpickler that admits DCP's metadata classes alone, as ``weights_only`` admits t
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -23,20 +22,13 @@ import torch
 
 from dit import __version__
 from dit.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
+from dit.data.store import sha256_file
 from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"
 TENSORS = ("model", "ema", "repa_projector")  # with the optimizer's per-parameter state: the sharded part
 _VERIFIED: dict[tuple, bool] = {}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def temp_folder(final: Path) -> Path:
@@ -72,13 +64,13 @@ def write(folder: Path, tensors: dict, group=None, background: bool = False):
 def own_digests(folder: Path, rank: int) -> dict[str, str]:
     """The sha256 of the shard files this rank wrote (DCP names them ``__RANK_I.distcp``): each rank hashes
     its own, in parallel."""
-    return {p.name: file_sha256(p) for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
+    return {p.name: sha256_file(p) for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
 
 
 def seal(folder: Path, final: Path, step: int, record: dict, digests: dict[str, str]) -> Path:
     """Rank 0, once every rank wrote and hashed its shards: the record, the manifest last, then the rename."""
     atomic_write(folder / RECORD, lambda f: torch.save(record, f))
-    files = {p.name: digests.get(p.name) or file_sha256(p) for p in sorted(folder.iterdir())}
+    files = {p.name: digests.get(p.name) or sha256_file(p) for p in sorted(folder.iterdir())}
     manifest = {"format": FOLDER_FORMAT, WRITER_KEY: __version__, "step": step, "files": files}
     atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     if final.exists():  # a step saved again (a stop right after a resume): the new one is the same state
@@ -105,7 +97,7 @@ def verify(folder: Path) -> bool:
         files = manifest["files"]
         key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
         if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
-            _VERIFIED[key] = all(file_sha256(folder / name) == digest for name, digest in files.items())
+            _VERIFIED[key] = all(sha256_file(folder / name) == digest for name, digest in files.items())
         return _VERIFIED[key]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
