@@ -1,10 +1,12 @@
-"""Sampling quality per FLOP on the digits: digit FID, precision, recall and class accuracy against the
-sampling FLOPs of each sampler x network evaluations x guidance scale x guidance interval, from one checkpoint.
+"""Sampling quality per FLOP on the digits: digit FID, the digit judge's FD (each with a bootstrap interval),
+precision, recall and class accuracy against the sampling FLOPs of each sampler x network evaluations x
+guidance scale x guidance interval, from one checkpoint.
 
 The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``scripts/scaling.py``
 (digits in pixel space). Each setting draws ``--num-samples`` images (image i of every setting has the label
-and noise of (seed, i)), scored by the digit classifier against the 4,000 training digits, as the quick
-start and scripts/scaling.py score theirs. The FLOPs are the DiT's as the sampler ran them: two passes per
+and noise of (seed, i)), scored by the digit classifier and by the digit judge against the 4,000 training
+digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
+JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
 guided evaluation, one per unguided one (``dit.sampling_plan``). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
@@ -17,11 +19,14 @@ against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: t
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from dit.atomic import atomic_write_bytes
 from dit.cli import run_cli
@@ -30,7 +35,7 @@ from dit.cost.plots import plot_sampling_front
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.errors import UserError
-from dit.eval.evaluator import Evaluator
+from dit.eval.evaluator import Evaluator, judges_for
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference
 from dit.runtime import Runtime
@@ -183,17 +188,25 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
             sampling_s += time.perf_counter() - began
             yield to_uint8(images), labels  # quantised as saved samples are
 
-    result = evaluator.evaluate(batches())
+    result = evaluator.evaluate(batches(), keep_features=True)
+    np.savez(buffer := io.BytesIO(), **result["features"])
+    atomic_write_bytes(features_path(c, setting), buffer.getvalue())
     model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
     return {
         **setting,
         "nfe": sampler.mean_nfe,
         "guided_nfe": sampler.mean_guided_nfe,
         "unguided_nfe": sampler.mean_unguided_nfe,
-        **{k: result[k] for k in ("fid", "precision", "recall", "class_accuracy", "feature_network")},
+        **{k: result[k] for k in ("fid", "fd_judge", "intervals", "precision", "recall", "class_accuracy")},
         "sampling_tflop_per_1000": model_flops * 1000 / 1e12,
         "sampling_seconds": sampling_s,
     }
+
+
+def features_path(c: StudyConfig, setting: dict) -> Path:
+    """Where a setting's sample features are kept: one .npz per setting, a score's features under its key."""
+    name = "{sampler}-{steps}-g{guidance_scale:g}-{interval}.npz".format(**setting).replace(":", "_")
+    return Path(c.out).with_suffix(".features") / name
 
 
 def load_rows(path: Path, header: dict) -> list[dict]:
@@ -203,9 +216,14 @@ def load_rows(path: Path, header: dict) -> list[dict]:
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --num-samples, --seed and --precision."
+            "another --out, or the same --ckpt, --num-samples, --seed, --precision and judges."
         )
     return data["rows"]
+
+
+def interval(row: dict, score: str) -> str:
+    low, high = row["intervals"][score]
+    return f"[{low:.4g}, {high:.4g}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,21 +231,25 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(c.out)
     with Runtime(c.device, c.precision) as runtime:
         sm = load_sampling_model(c.ckpt, vae="none", device=runtime.device)
+        net = load_digit_classifier()
+        reference = digits_reference(net)  # on the CPU, as the quick start's
+        judges = judges_for(net.name, device=runtime.device)
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
-                  "precision": c.precision}  # fmt: skip
+                  "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)]}  # fmt: skip
         rows = load_rows(out, header)
         done = {key(r) for r in rows}
         todo = [s for s in settings(c, sm) if key(s) not in done]
         print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)
-        net = load_digit_classifier()
-        reference = digits_reference(net)  # on the CPU, as the quick start's
-        evaluator = Evaluator(net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime)
+        evaluator = Evaluator(
+            net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime, judges=judges
+        )
         evaluator.check_count(c.num_samples)
         for setting in todo:
             rows.append(run_setting(c, sm, evaluator, setting, runtime.precision))
             r = rows[-1]
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
-                  f"{r['guidance_scale']:g} {r['interval']}: FID {r['fid']:.1f}, accuracy {r['class_accuracy']:.1%}, "
+                  f"{r['guidance_scale']:g} {r['interval']}: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
+                  f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip
             summary = {"command": "python scripts/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -102,6 +102,9 @@ class ScalingConfig(Section):
     )
     seeds: tuple[int, ...] = option([0], "training seeds (one run each)", ge=0)
     targets: tuple[float, ...] = option([400.0, 200.0, 100.0], "digit FIDs to report the compute to", gt=0)
+    judge_targets: tuple[float, ...] = option(
+        [], "digit-judge FDs to report the compute to (the second judge)", gt=0
+    )
     precision: str = option("fp32", "training precision", choices=("fp32", "bf16"))
     results_dir: str = option(
         "out/scaling", "runs go to RESULTS_DIR/SIZE-OBJECTIVE-sSEED (a run already there is reused)"
@@ -153,9 +156,9 @@ def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> 
     return f"{size}-{objective}-s{seed}" if recipe == "baseline" else f"{size}-{objective}-{recipe}-s{seed}"
 
 
-def recipe_summary(runs: dict, targets) -> dict:
-    """Per recipe, over its seeds: the FLOPs to each target FID and the FID at the budget, with their ranges
-    (a claim holds only where the ranges do not overlap)."""
+def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
+    """Per recipe, over its seeds: the FLOPs to each target FID (and digit-judge FD) and the scores at the budget,
+    with their ranges (a claim holds only where the ranges do not overlap)."""
     out = {}
     for recipe in dict.fromkeys(r["recipe"] for r in runs.values()):
         mine = [r for r in runs.values() if r["recipe"] == recipe]
@@ -168,6 +171,13 @@ def recipe_summary(runs: dict, targets) -> dict:
                 flops if len(flops) == len(mine) else None
             )  # None: a seed never got there
             row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
+        for t in judge_targets:
+            reached = [r["to_judge_target"][str(t)] for r in mine]
+            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            row[f"pflops_to_fd_judge_{t:g}"] = flops if len(flops) == len(mine) else None
+            row[f"pflops_to_fd_judge_{t:g}_range"] = [min(flops), max(flops)] if len(flops) == len(mine) else None
+        final = [r["evaluations"][-1].get("fd_judge") for r in mine]
+        row["fd_judge_at_budget"] = final
         out[recipe] = row
     return out
 
@@ -210,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, (folder, steps) in runs.items():
         train_rows, evals = read_run(str(folder), steps)  # a run trained past this budget is read up to it
-        keys = ("step", "total_model_pflops", "total_aux_pflops", "upstream_pflops", "fid", "class_accuracy",
-                "precision", "recall")  # fmt: skip
+        keys = ("step", "total_model_pflops", "total_aux_pflops", "upstream_pflops", "fid", "fd_judge", "intervals",
+                "class_accuracy", "precision", "recall")  # fmt: skip
         summary["runs"][name] = {
             "folder": str(folder),
             "recipe": recipe_of[name],
@@ -222,12 +232,16 @@ def main(argv: list[str] | None = None) -> int:
             "to_target": {
                 str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count) for t in c.targets
             },  # fmt: skip
+            "to_judge_target": {
+                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count, score="fd_judge")
+                for t in c.judge_targets
+            },
         }
-        for t in c.targets:
-            r = summary["runs"][name]["to_target"][str(t)]
-            r.pop("evaluations")
+        for targets in ("to_target", "to_judge_target"):
+            for r in summary["runs"][name][targets].values():
+                r.pop("evaluations")
     if len(set(recipe_of.values())) > 1:
-        summary["recipes"] = recipe_summary(summary["runs"], c.targets)
+        summary["recipes"] = recipe_summary(summary["runs"], c.targets, c.judge_targets)
     if c.plot:
         title = "Digit FID against training FLOPs" + (
             f": {len(set(recipe_of.values()))} recipes" if len(set(recipe_of.values())) > 1

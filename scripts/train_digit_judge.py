@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reference-out", default=str(DIGIT_JUDGE_REFERENCE), help="its statistics of the training digits"
     )
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--temperature", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)

@@ -87,24 +87,26 @@ def compute_to_target(
     price_per_hour: float | None = None,
     up_to_step: int | None = None,
     count: str = "model",
+    score: str = "fid",
 ) -> dict:
     """The training compute (``count``: the DiT's, or the ``total`` a recipe spent), time and cost at which a
-    run's FID first reached ``target_fid``.
+    run's FID (or another ``score`` its evaluations record, e.g. ``fd_judge``) first reached ``target_fid``.
 
     Reached at the first evaluation, the figures are that evaluation's: an upper bound (``upper_bound``).
     """
     train, evals = read_run(run_dir, up_to_step)
-    points = [(e["step"], pflops_of(e, count), e["fid"]) for e in evals if e.get("fid") is not None]
+    points = [(e["step"], pflops_of(e, count), e[score]) for e in evals if e.get(score) is not None]
     if not points:
-        raise UserError(f"{run_dir}'s evaluations have no FID (its reference or sample count left it out).")
+        raise UserError(f"{run_dir}'s evaluations have no {score} (its reference or sample count left it out).")
     result = {
         "run": str(run_dir),
+        "score": score,
         "target_fid": target_fid,
         "reached": False,
         "best_fid": min(f for _, _, f in points),
         "count": count,
         "evaluations": [
-            {"step": s, "total_model_pflops" if count == "model" else "total_pflops": p, "fid": f}
+            {"step": s, "total_model_pflops" if count == "model" else "total_pflops": p, score: f}
             for s, p, f in points
         ],  # fmt: skip
     }

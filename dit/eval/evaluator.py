@@ -287,11 +287,12 @@ class Evaluator:
         self._ref_pr = features, radii
         return features, radii, embedded, pairwise_flops(len(features), len(features), features.shape[1])
 
-    def evaluate(self, batches: Iterable) -> dict:
+    def evaluate(self, batches: Iterable, keep_features: bool = False) -> dict:
         """Scores of the images in ``batches`` (this process's share under torch.distributed).
 
         ``seconds`` is this process's evaluation time: embedding, gathering and the metrics, not the time the
-        iterable spends producing batches (sampling them, reading files)."""
+        iterable spends producing batches (sampling them, reading files). ``keep_features`` also returns the
+        pool features each Fréchet distance was computed on (``features``, by score), for paired comparisons."""
         local, feature_seconds = extract_features(self._panel, batches)
         start = time.perf_counter()
         feats = gather_features(local, self.runtime)
@@ -299,7 +300,7 @@ class Evaluator:
             raise UserError("no images to evaluate: the batches were empty.")
         n = len(feats["pool"])
         out = dict.fromkeys(SCORES)
-        eps_used, intervals = [], {}
+        eps_used, intervals, kept = [], {}, {}
         flops = {"network": self.network_flops_per_image * n, "judges": self.judge_flops_per_image * n,
                  "precision_recall": 0}  # fmt: skip
 
@@ -312,6 +313,8 @@ class Evaluator:
             if metric in self.metrics or metric in JUDGE_SCORES:
                 result = frechet_distance(*mean_cov(feats[key].double().cpu().numpy()), mu, sigma)
                 out[metric] = result.value
+                if keep_features and metric != "sfid":
+                    kept[metric] = feats[key].float().cpu().numpy()
                 if result.eps_used:
                     eps_used.append(metric)
                 if self.bootstrap and metric != "sfid":  # sFID: 2023-d spatial features, a score of its own
@@ -343,4 +346,5 @@ class Evaluator:
             "sqrtm_eps_used": eps_used,
             "intervals": intervals,  # bootstrap intervals of the Fréchet distances, by score
             "bootstrap_resamples": self.bootstrap,
+            **({"features": kept} if keep_features else {}),
         }
