@@ -100,6 +100,8 @@ FACE_MODULES = {
     "scripts/benchmark.py": "scripts/benchmark.py",
     "scripts/scaling.py": "scripts/scaling.py",
     "scripts/sampling_study.py": "scripts/sampling_study.py",
+    "scripts/sampling_verdicts.py": "scripts/sampling_verdicts.py",
+    "scripts/sample_count.py": "scripts/sample_count.py",
     "scripts/eval_figures.py": "scripts/eval_figures.py",
     "dit-cost": "dit/cost/__main__.py",
     "dit.cost": "dit/cost/__main__.py",

@@ -9,7 +9,7 @@ B swapped; anything else is "within noise", with the reasons. docs/evaluation.md
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +35,15 @@ class Evidence:
 class Verdict:
     verdict: str  # "better", "worse" or "within noise": A against B
     reasons: tuple[str, ...]
+    shares: Mapping[str, float] = field(default_factory=dict)  # per judge: the share of resamples A is ahead in
+
+
+def judge_ahead(
+    mine: Sequence[float], theirs: Sequence[float], share: float, min_share: float = MIN_SHARE
+) -> bool:
+    """One judge puts the first set ahead: in ``min_share`` of the paired resamples, and every seed of it below
+    every seed of the other (the ranges apart)."""
+    return share >= min_share and max(mine) < min(theirs)
 
 
 def _ahead(
@@ -52,24 +61,28 @@ def _ahead(
 
 def verdict(evidence: Sequence[Evidence], min_share: float = MIN_SHARE) -> Verdict:
     """Apply the rule to each judge's evidence (a tie in a resample counts for neither side)."""
+    return Verdict(*_verdict(evidence, min_share), {e.judge: e.share_a_ahead for e in evidence})
+
+
+def _verdict(evidence: Sequence[Evidence], min_share: float) -> tuple[str, tuple[str, ...]]:
     judges = [e.judge for e in evidence]
     if len(set(judges)) < MIN_JUDGES:
-        return Verdict("within noise", (f"{len(set(judges))} judge(s) ({', '.join(judges)}): the rule needs two",))
+        return ("within noise", (f"{len(set(judges))} judge(s) ({', '.join(judges)}): the rule needs two",))
     for e in evidence:
         if not e.a_scores or not e.b_scores:
             raise UserError(f"{e.judge}: the rule needs at least one seed's score for each setting.")
     a_reasons = [r for e in evidence for r in _ahead(e, e.share_a_ahead, e.a_scores, e.b_scores, min_share)]
     if not a_reasons:
-        return Verdict("better", tuple(f"{e.judge}: ahead in {e.share_a_ahead:.1%} of paired resamples, seeds "
+        return ("better", tuple(f"{e.judge}: ahead in {e.share_a_ahead:.1%} of paired resamples, seeds "
                                        f"{max(e.a_scores):.4g} < {min(e.b_scores):.4g}" for e in evidence))  # fmt: skip
     # B's share is 1 - A's: a resample with equal distances (continuous features practically never give one)
     # counts for B
     b_reasons = [r for e in evidence for r in _ahead(e, 1 - e.share_a_ahead, e.b_scores, e.a_scores, min_share)]
     if not b_reasons:
-        return Verdict("worse", tuple(f"{e.judge}: behind in {1 - e.share_a_ahead:.1%} of paired resamples, seeds "
+        return ("worse", tuple(f"{e.judge}: behind in {1 - e.share_a_ahead:.1%} of paired resamples, seeds "
                                       f"{min(e.a_scores):.4g} > {max(e.b_scores):.4g}" for e in evidence))  # fmt: skip
     disagree = len({e.share_a_ahead >= 0.5 for e in evidence}) > 1
-    return Verdict(
+    return (
         "within noise",
         (("the judges disagree on the direction",) if disagree else ()) + tuple(a_reasons),
     )

@@ -1,0 +1,97 @@
+"""How the digit FID's and the digit judge's FD spread and bias shrink with the sample count: 500, 1,000, 2,000.
+
+Reads the kept features of one setting sampled with ``scripts/sampling_study.py`` at a large ``--num-samples``
+under one or more sampling seeds (every image has its own noise, so disjoint slices of a set are independent
+sample sets). For each count n and score: the scores of the disjoint n-image slices (their mean, spread and
+range: what a sampling seed changes), the mean width of their 95% bootstrap intervals, and the bias, from a
+fit of score = S_inf + b / n over every slice (a Fréchet distance's finite-sample bias falls as 1 / n).
+
+  python scripts/sample_count.py --features out/count_s0.features/unipc-15-g1.25-edm2.npz \\
+      out/count_s1.features/unipc-15-g1.25-edm2.npz --sizes 500 1000 2000 --out docs/results/sample_count.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from dit.atomic import atomic_write_bytes
+from dit.cli import run_cli
+from dit.config import Face, Section, option
+from dit.errors import UserError
+from dit.eval.features import DIGIT_JUDGE_REFERENCE, load_digit_classifier
+from dit.eval.metrics import fd_interval, frechet_distance, mean_cov
+from dit.eval.reference import digits_reference, load_reference
+
+SCORES = ("fid", "fd_judge")
+
+
+@dataclass(frozen=True)
+class CountConfig(Section):
+    """Spread, interval width and bias of the digit FID and the judge's FD against the sample count."""
+
+    features: tuple[str, ...] = option(help="kept features (.npz) of one setting, one file per sampling seed")
+    sizes: tuple[int, ...] = option([500, 1000, 2000], "sample counts to measure", ge=65)
+    out: str | None = option(None, "write the measurement here (JSON)")
+
+
+FACE = Face(
+    "scripts/sample_count.py",
+    __doc__,
+    sections={"count": CountConfig},
+    outputs={"out": "file"},
+    inputs={"features": "file"},
+)
+
+
+def measure(sets: list[np.ndarray], mu: np.ndarray, sigma: np.ndarray, sizes: tuple[int, ...]) -> dict:
+    """Per size: the disjoint slices' scores and interval widths; and the 1 / n fit over all of them."""
+    out, xs, ys = {}, [], []
+    for n in sizes:
+        values, widths = [], []
+        for features in sets:
+            for start in range(0, len(features) - n + 1, n):
+                part = features[start : start + n]
+                value = frechet_distance(*mean_cov(part.astype(np.float64)), mu, sigma).value
+                interval = fd_interval(value, part, mu, sigma)
+                values.append(value)
+                widths.append(interval.high - interval.low)
+        if not values:
+            raise UserError(f"--sizes {n}: no feature file holds {n} samples; sample more or drop the size.")
+        xs += [1 / n] * len(values)
+        ys += values
+        out[str(n)] = {"slices": len(values), "scores": values, "mean": float(np.mean(values)),
+                       "std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+                       "range": [min(values), max(values)], "mean_interval_width": float(np.mean(widths))}  # fmt: skip
+    slope, limit = np.polyfit(xs, ys, 1)
+    for n in sizes:
+        out[str(n)]["bias"] = float(slope / n)  # the score's expected excess over an infinite set's
+    return {"sizes": out, "infinite_set_estimate": float(limit), "bias_slope": float(slope)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    c = FACE.parse(argv).sections["count"]
+    classifier = digits_reference(load_digit_classifier())
+    judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
+    refs = {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
+    files = [np.load(p) for p in c.features]
+    result = {
+        "command": "python scripts/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        **{s: measure([f[s] for f in files], *refs[s], c.sizes) for s in SCORES},
+    }
+    for s in SCORES:
+        for n, r in result[s]["sizes"].items():
+            std = "n/a" if r["std"] is None else f"{r['std']:.4g}"
+            print(f"{s} n={n}: {r['slices']} slices, mean {r['mean']:.4g}, std {std}, range "
+                  f"[{r['range'][0]:.4g}, {r['range'][1]:.4g}], interval width {r['mean_interval_width']:.4g}, "
+                  f"bias {r['bias']:.4g}")  # fmt: skip
+    if c.out:
+        atomic_write_bytes(c.out, (json.dumps(result, indent=1) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,127 @@
+"""The rule applied to a sampling study: every setting against a baseline (DDPM-250) under both judges.
+
+Reads one ``scripts/sampling_study.py`` JSON per sampling seed (the same checkpoint, sample count and judges) and
+each setting's kept features, and for every setting all the studies ran: its digit FID and digit-judge FD per
+seed, the share of paired bootstrap resamples (the same rows of both sets: image i has the same noise seed and
+label) in which it is ahead of the baseline under each judge, and the verdict of ``dit.eval.compare``:
+"better", "worse" or "within noise". "matches" holds where neither judge puts the baseline ahead by the
+rule's two tests (>= 95% of paired resamples and the seeds' ranges apart). The cheapest setting that matches
+is the study's answer to "what does DDPM-250's quality cost".
+
+  python scripts/sampling_verdicts.py --studies docs/results/sampling_judged_s0.json \\
+      docs/results/sampling_judged_s1.json --baseline ddpm-250-g1-all --out docs/results/sampling_verdicts.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dit.atomic import atomic_write_bytes
+from dit.cli import run_cli
+from dit.config import Face, Section, option
+from dit.errors import UserError
+from dit.eval.compare import Judged, better, judge_ahead
+from dit.eval.features import DIGIT_JUDGE_REFERENCE, load_digit_classifier
+from dit.eval.reference import digits_reference, load_reference
+
+SCORES = ("fid", "fd_judge")
+
+
+@dataclass(frozen=True)
+class VerdictsConfig(Section):
+    """Every setting of a sampling study against a baseline, by the rule (both judges, paired, seeds)."""
+
+    studies: tuple[str, ...] = option(help="one scripts/sampling_study.py JSON per sampling seed")
+    baseline: str = option("ddpm-250-g1-all", "the setting to match: SAMPLER-STEPS-gSCALE-INTERVAL")
+    out: str | None = option(None, "write the verdicts here (JSON)")
+
+
+FACE = Face(
+    "scripts/sampling_verdicts.py",
+    __doc__,
+    sections={"verdicts": VerdictsConfig},
+    outputs={"out": "file"},
+    inputs={"studies": "file"},
+)
+
+
+def name(row: dict) -> str:
+    return "{sampler}-{steps}-g{guidance_scale:g}-{interval}".format(**row)
+
+
+def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each judge's statistics of the 4,000 training digits, as the study scored against them."""
+    classifier = digits_reference(load_digit_classifier())
+    judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
+    return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
+
+
+def load(studies: tuple[str, ...]) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
+    """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features."""
+    data = [json.loads(Path(p).read_text()) for p in studies]
+    if len({(d["ckpt_sha256"], d["num_samples"], tuple(d["feature_networks"])) for d in data}) != 1:
+        raise UserError("--studies must share the checkpoint, the sample count and the judges (seeds may differ).")
+    if len({d["seed"] for d in data}) != len(data):
+        raise UserError("--studies hold the same sampling seed twice: give one study per seed.")
+    per = [{name(r): r for r in d["rows"]} for d in data]
+    common = [k for k in per[0] if all(k in p for p in per)]
+    rows, judged = {}, {}
+    for k in common:
+        rows[k] = [p[k] for p in per]
+        files = [np.load(Path(s).with_suffix(".features") / f"{k.replace(':', '_')}.npz") for s in studies]
+        judged[k] = {s: Judged([r[s] for r in rows[k]], np.concatenate([f[s] for f in files])) for s in SCORES}
+    return rows, judged
+
+
+def main(argv: list[str] | None = None) -> int:
+    c = FACE.parse(argv).sections["verdicts"]
+    rows, judged = load(c.studies)
+    if c.baseline not in rows:
+        raise UserError(f"--baseline {c.baseline} is not in every study; they share: {', '.join(rows)}.")
+    refs, base = references(), judged[c.baseline]
+    cost = rows[c.baseline][0]["sampling_tflop_per_1000"]
+    table = []
+    for k in sorted(rows, key=lambda k: rows[k][0]["sampling_tflop_per_1000"]):
+        row = {"setting": k, "tflop_per_1000": rows[k][0]["sampling_tflop_per_1000"],
+               "share_of_baseline_flops": rows[k][0]["sampling_tflop_per_1000"] / cost,
+               **{s: judged[k][s].scores for s in SCORES},
+               **{f"{s}_intervals": [r["intervals"][s] for r in rows[k]] for s in SCORES}}  # fmt: skip
+        if k != c.baseline:
+            v = better(judged[k], base, refs)
+            row.update(verdict=v.verdict, reasons=list(v.reasons),
+                       shares_ahead={s: float(share) for s, share in v.shares.items()},
+                       matches=not any(judge_ahead(base[s].scores, judged[k][s].scores, 1 - v.shares[s])
+                                       for s in SCORES))  # fmt: skip
+        table.append(row)
+    matching = [r for r in table if r.get("matches")]
+    summary = {
+        "command": "python scripts/sampling_verdicts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "baseline": c.baseline,
+        "cheapest_match": matching[0]["setting"] if matching else None,
+        "rows": table,
+    }
+    print(
+        "| setting | % of baseline FLOPs | digit FID by seed | judge FD by seed | ahead (FID / judge) | verdict | matches |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in table:
+        shares = r.get("shares_ahead")
+        ahead = f"{shares['fid']:.0%} / {shares['fd_judge']:.0%}" if shares else "baseline"
+        print(
+            f"| {r['setting']} | {r['share_of_baseline_flops']:.1%} | {' / '.join(f'{x:.1f}' for x in r['fid'])} | "
+            f"{' / '.join(f'{x:.4f}' for x in r['fd_judge'])} | {ahead} | {r.get('verdict', '')} | "
+            f"{'yes' if r.get('matches') else '' if shares is None else 'no'} |"
+        )
+    print(f"cheapest setting that matches {c.baseline}: {summary['cheapest_match']}", file=sys.stderr)
+    if c.out:
+        atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
