@@ -58,8 +58,6 @@ class DiffusionObjective(Objective):
         return self
 
     def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
-        if method is not None:
-            raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
         if sample_eps is not None:
             raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
 
