@@ -252,6 +252,22 @@ def check_method(sampler: str | None, method: str | None, last_step: str = "mean
         raise FieldError(f"{{last_step}} must be one of {', '.join(LAST_STEPS)}, got {last_step!r}.")
 
 
+def split_sampler(spec: str) -> tuple[str, str | None]:
+    """A sampler with its method as one name, for sweeps: 'ode-heun' -> ('ode', 'heun'); 'dpmpp-2m' -> ('dpmpp-2m',
+    None): only the flow samplers take a method."""
+    kind, _, method = spec.partition("-")
+    return (kind, method) if kind in FLOW_SAMPLERS and method else (spec, None)
+
+
+def settings_record(kind: str, method: str | None, diffusion_form: str, last_step: str, atol: float, rtol: float):
+    """The settings of sampler ``kind`` a sample set's manifest keeps (None: they do not apply to it)."""
+    adaptive = kind == "ode" and ODE_INTEGRATORS[method].adaptive
+    return {
+        "sde": [diffusion_form, last_step] if kind == "sde" else None,
+        "tolerances": [atol, rtol] if adaptive else None,
+    }
+
+
 def sampling_plan(
     sampler: str,
     num_steps: int,
