@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -205,93 +205,117 @@ def _fill_store(
     cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started, encoder=None
 ) -> dict:
     """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
-    rank, world, device, out = runtime.rank, runtime.world, runtime.device, cfg.feature_path
+    done, batches = _share_shards(cfg, runtime, spec)
+    encoded, encode_seconds = _encode_shards(cfg, runtime, spec, vae, images, batches, encoder)
+    runtime.barrier()
+    if runtime.rank == 0:
+        finalize_store(cfg.feature_path, spec, scan_skipped)
+    runtime.barrier()
+    return _summary(cfg, runtime, spec, len(done), encoded, time.perf_counter() - started, encode_seconds)
+
+
+def _share_shards(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec) -> tuple[list[int], list[list[int]]]:
+    """The shards already complete (each rank verifies a slice), and this rank's batches of the others."""
+    rank, world, out = runtime.rank, runtime.world, cfg.feature_path
     check_existing_store(out, spec)  # every rank reads the same files, so every rank agrees
     runtime.barrier()
     if rank == 0:
         begin_store(out, spec)
     runtime.barrier()
-
-    # Verify what a previous run left (each rank hashes a slice), then share the remaining work out evenly.
     done = [k for k in range(rank, spec.num_shards, world) if shard_is_complete(out, k)]
     done = [k for part in runtime.gather_objects(done) for k in part]
     todo = sorted(set(range(spec.num_shards)) - set(done))[rank::world]
-
     batches = []
     for k in todo:
         end = min((k + 1) * cfg.shard_size, spec.num_sources)
         batches += [
             list(range(b, min(b + cfg.batch_size, end))) for b in range(k * cfg.shard_size, end, cfg.batch_size)
         ]
+    return done, batches
+
+
+def _encode_shards(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, batches, encoder):
+    """Encode ``batches``, writing each shard when its last batch is done: (images encoded, seconds encoding)."""
+    world = runtime.world
     loader = DataLoader(
         _SourceImages(images),
         batch_sampler=batches,
         num_workers=cfg.num_workers,
         collate_fn=_collate,
-        pin_memory=device.type == "cuda",
+        pin_memory=runtime.device.type == "cuda",
         worker_init_fn=ignore_stop_signals,
     )
     desc = f"encoding (rank 0 of {world}; all ranks about {world}x its rate)" if world > 1 else "encoding"
-    bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=rank == 0 and cfg.progress)
+    bar = progress(sum(len(b) for b in batches), desc, unit="img", enabled=runtime.rank == 0 and cfg.progress)
+    shard, encoded = _Shard(), 0
     encoding = time.perf_counter()  # the bar's rate counts from here; the summary gives both
-    parts, feature_parts, labels, files, skipped, encoded = [], [], [], [], [], 0
     loaded = iter(loader)
     try:
         for batch, (good, uint8, bad) in zip(batches, loaded):
-            skipped += [(images.samples[i][0], error) for i, error in bad]
+            shard.skipped += [(images.samples[i][0], error) for i, error in bad]
             if bad and cfg.strict:
                 raise UserError(
                     f"{bad[0][1]} ({images.samples[bad[0][0]][0]}). Remove it, or run without --strict."
                 )
             if good:
                 moments, features = _encode_views(vae, uint8, runtime, spec.flips_stored, encoder)
-                parts.append(moments.cpu())
-                feature_parts += [features.cpu()] if features is not None else []
-                labels += [images.samples[i][1] for i in good]
-                files += [images.samples[i][0] for i in good]
+                shard.moments.append(moments.cpu())
+                shard.features += [features.cpu()] if features is not None else []
+                shard.labels += [images.samples[i][1] for i in good]
+                shard.files += [images.samples[i][0] for i in good]
                 encoded += len(good)
             k = batch[0] // cfg.shard_size
             if batch[-1] == min((k + 1) * cfg.shard_size, spec.num_sources) - 1:  # the shard's last batch
-                views = 2 if spec.flips_stored else 1
-                moments = torch.cat(parts) if parts else torch.zeros(0, views, 2, *spec.latent_shape)
-                features = None
-                if encoder is not None:
-                    f = spec.features
-                    features = (
-                        torch.cat(feature_parts) if feature_parts else torch.zeros(0, views, f["tokens"], f["dim"])
-                    )
-                write_shard(
-                    out, k, spec, moments, torch.tensor(labels, dtype=torch.int64), files, skipped, features
-                )
-                parts, feature_parts, labels, files, skipped = [], [], [], [], []
+                shard.write(cfg.feature_path, k, spec, with_features=encoder is not None)
+                shard = _Shard()
             bar.update(len(batch))
     finally:
         close_workers(loaded)  # workers ignore SIGTERM: tell them to exit (dit.runtime.stop)
     bar.close()
-    encode_seconds = time.perf_counter() - encoding
+    return encoded, time.perf_counter() - encoding
 
-    runtime.barrier()
-    if rank == 0:
-        finalize_store(out, spec, scan_skipped)
-    runtime.barrier()
+
+@dataclass
+class _Shard:
+    """What one shard holds so far: its batches' moments (and encoder features), labels, files, skipped files."""
+
+    moments: list = field(default_factory=list)
+    features: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def write(self, out, k: int, spec: StoreSpec, with_features: bool) -> None:
+        views = 2 if spec.flips_stored else 1
+        moments = torch.cat(self.moments) if self.moments else torch.zeros(0, views, 2, *spec.latent_shape)
+        features = None
+        if with_features:
+            f = spec.features
+            features = torch.cat(self.features) if self.features else torch.zeros(0, views, f["tokens"], f["dim"])
+        labels = torch.tensor(self.labels, dtype=torch.int64)
+        write_shard(out, k, spec, moments, labels, self.files, self.skipped, features)
+
+
+def _summary(cfg, runtime: Runtime, spec: StoreSpec, reused: int, encoded: int, seconds: float, encode_seconds):
+    """The store's numbers and this run's (printed on rank 0)."""
+    out = cfg.feature_path
     manifest = read_manifest(out)
-    seconds = time.perf_counter() - started
     summary = {
         "num_images": manifest["num_images"],
         "num_skipped": manifest["num_skipped"],
         "num_shards": spec.num_shards,
-        "reused_shards": len(done),
-        "written_shards": spec.num_shards - len(done),
+        "reused_shards": reused,
+        "written_shards": spec.num_shards - reused,
         "encoded_images": encoded,
         "seconds": seconds,
         "encode_seconds": encode_seconds,
         "total_bytes": manifest["total_bytes"],
     }
-    if rank == 0:
+    if runtime.rank == 0:
         print(
             f"latent store {out}: {summary['num_images']} images in {spec.num_shards} shards "
             f"({summary['total_bytes'] / 2**20:.1f} MiB), {summary['num_skipped']} skipped; "
-            f"wrote {summary['written_shards']} shards, reused {len(done)} verified ones; "
+            f"wrote {summary['written_shards']} shards, reused {reused} verified ones; "
             f"{seconds:.1f} s; on rank 0 {encoded / seconds:.1f} img/s overall (start-up included), "
             f"{encoded / max(encode_seconds, 1e-9):.1f} img/s encoding"
         )

@@ -40,13 +40,89 @@ SCHEDULER_SAMPLERS = tuple(SCHEDULERS)
 FLOW_SAMPLERS = ("ode", "sde")
 SAMPLERS = DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS + FLOW_SAMPLERS
 STOCHASTIC_SAMPLERS = ("ddpm", "dpmpp-2m-sde", "sde")  # they draw noise at every step (per image)
-ODE_METHODS = ("euler", "heun", "ab2", "ab3", "ab4", "dopri5")
 SDE_METHODS = ("euler", "heun")
 DEFAULT_METHODS = {"ode": "heun", "sde": "euler"}
 LAST_STEPS = ("mean", "tweedie", "euler", "none")
 DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increasing-decreasing")  # SiT's w(t)
 LAST_STEP_SIZE = 0.04  # SiT's last SDE step: from 1 - 0.04 to 1
 DIFFUSION_STEPS = 1000  # T: the training timesteps every DiT diffusion has
+
+
+# ---- flow ODE integrators: one entry each, its step and the evaluations the step makes ----------------------
+# ``ode_sample`` (dit/transport/samplers.py) runs ``step`` between grid points; the plan takes ``times`` from
+# the same entry, so a new integrator is one line of ``ODE_INTEGRATORS`` (plain arithmetic: no torch here).
+
+
+@dataclass(frozen=True)
+class RungeKutta:
+    """An explicit Runge-Kutta method by its Butcher tableau: stage i evaluates at t + c_i h, at x + h sum_j
+    a_ij k_j; the step is x + h sum_i b_i k_i. One evaluation per stage."""
+
+    c: tuple[float, ...]
+    a: tuple[tuple[float, ...], ...]
+    b: tuple[float, ...]
+    adaptive = False
+
+    def times(self, t: float, t_next: float) -> list[float]:
+        return [(1 - c) * t + c * t_next for c in self.c]  # c = 1 is t_next exactly
+
+    def step(self, field, x, t: float, t_next: float, history: list):
+        h, k = t_next - t, []
+        for time, a in zip(self.times(t, t_next), self.a):
+            k.append(field(x + h * sum(w * kj for w, kj in zip(a, k)) if a else x, time))
+        return x + h * sum(b * kj for b, kj in zip(self.b, k))
+
+
+# Adams-Bashforth weights on a uniform grid, newest velocity first: x' = x + h sum_j w_j v_{n-j}.
+AB_WEIGHTS = {
+    1: (1.0,),
+    2: (3 / 2, -1 / 2),
+    3: (23 / 12, -16 / 12, 5 / 12),
+    4: (55 / 24, -59 / 24, 37 / 24, -9 / 24),
+}
+
+
+def adams_bashforth_step(x, h: float, velocities: Sequence):
+    """One Adams-Bashforth step of order ``len(velocities)`` (newest first) on a uniform grid of step h."""
+    return x + h * sum(w * v for w, v in zip(AB_WEIGHTS[len(velocities)], velocities))
+
+
+@dataclass(frozen=True)
+class AdamsBashforth:
+    """Adams-Bashforth of order k: 1 evaluation a step, at its start, the earlier steps' velocities reused
+    (training-free, as DEIS's and iPNDM's multistep samplers). The first k - 1 steps bootstrap with the lower
+    orders (no start-up evaluations); their O(h^2) local error bounds the global order at 2 for k >= 2, the
+    higher orders lower the error constant."""
+
+    order: int
+    adaptive = False
+
+    def times(self, t: float, t_next: float) -> list[float]:
+        return [t]
+
+    def step(self, field, x, t: float, t_next: float, history: list):
+        history.insert(0, field(x, t))
+        del history[self.order :]
+        return adams_bashforth_step(x, t_next - t, history)
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """torchdiffeq's adaptive ``method`` between the grid's ends: its evaluations are known after the run only."""
+
+    method: str
+    adaptive = True
+
+
+ODE_INTEGRATORS = {
+    "euler": RungeKutta(c=(0.0,), a=((),), b=(1.0,)),
+    "heun": RungeKutta(c=(0.0, 1.0), a=((), (1.0,)), b=(0.5, 0.5)),  # the trapezoid, torchdiffeq's heun2
+    "ab2": AdamsBashforth(2),
+    "ab3": AdamsBashforth(3),
+    "ab4": AdamsBashforth(4),
+    "dopri5": Adaptive("dopri5"),  # SiT's default (atol 1e-6, rtol 1e-3)
+}
+ODE_METHODS = tuple(ODE_INTEGRATORS)
 
 
 def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
@@ -148,15 +224,48 @@ class SamplingPlan:
 
 
 def _flow_times(kind: str, method: str, grid: list[float], last_step: str) -> list[float] | None:
-    if method == "dopri5":
-        return None
     if kind == "ode":
-        if method == "heun":
-            return [t for i in range(len(grid) - 1) for t in (grid[i], grid[i + 1])]
-        return grid[:-1]  # euler and Adams-Bashforth: one evaluation at the start of each step
+        integrator = ODE_INTEGRATORS[method]
+        return (
+            None
+            if integrator.adaptive
+            else [t for i in range(len(grid) - 1) for t in integrator.times(*grid[i : i + 2])]
+        )
     per_step = 2 if method == "heun" else 1
     times = [t for i in range(len(grid) - 1) for t in (grid[i], grid[i + 1])[:per_step]]
     return times + ([] if last_step == "none" else [grid[-1]])
+
+
+def check_method(sampler: str | None, method: str | None, last_step: str = "mean") -> None:
+    """The one check of a sampler's method and last step against the sampler (its name's, not the objective's:
+    ``Objective.check_options``); names fields as ``{field}`` (a face spells them as flags)."""
+    if sampler is not None and sampler not in FLOW_SAMPLERS and method is not None:
+        raise FieldError(
+            f"{{sampling_method}} is for flow models' ode and sde samplers, not {{sampler}} {sampler}."
+        )
+    methods = {"sde": SDE_METHODS}.get(sampler, tuple(ODE_INTEGRATORS))
+    if method is not None and method not in methods:
+        raise FieldError(
+            f"{{sampling_method}} for {{sampler}} {sampler} must be one of {', '.join(methods)}, got {method!r}."
+        )
+    if last_step not in LAST_STEPS:
+        raise FieldError(f"{{last_step}} must be one of {', '.join(LAST_STEPS)}, got {last_step!r}.")
+
+
+def split_sampler(spec: str) -> tuple[str, str | None]:
+    """A sampler with its method as one name, for sweeps: 'ode-heun' -> ('ode', 'heun'); 'dpmpp-2m' -> ('dpmpp-2m',
+    None): only the flow samplers take a method."""
+    kind, _, method = spec.partition("-")
+    return (kind, method) if kind in FLOW_SAMPLERS and method else (spec, None)
+
+
+def settings_record(kind: str, method: str | None, diffusion_form: str, last_step: str, atol: float, rtol: float):
+    """The settings of sampler ``kind`` a sample set's manifest keeps (None: they do not apply to it)."""
+    adaptive = kind == "ode" and ODE_INTEGRATORS[method].adaptive
+    return {
+        "sde": [diffusion_form, last_step] if kind == "sde" else None,
+        "tolerances": [atol, rtol] if adaptive else None,
+    }
 
 
 def sampling_plan(
@@ -181,15 +290,12 @@ def sampling_plan(
     if num_steps < 1:
         raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
     interval = check_guidance_interval(interval)
+    try:
+        check_method(sampler, method, last_step)
+    except FieldError as e:
+        raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
     if sampler in FLOW_SAMPLERS:
-        methods = ODE_METHODS if sampler == "ode" else SDE_METHODS
         method = method or DEFAULT_METHODS[sampler]
-        if method not in methods:
-            raise UserError(
-                f"--sampling-method for --sampler {sampler} must be one of {', '.join(methods)}, got {method!r}."
-            )
-        if last_step not in LAST_STEPS:
-            raise UserError(f"--last-step must be one of {', '.join(LAST_STEPS)}, got {last_step!r}.")
         grid = flow_grid(sampler, num_steps, *flow_interval, last_step)
         times = _flow_times(sampler, method, grid, last_step)
         if times is not None and not times:
@@ -198,8 +304,6 @@ def sampling_plan(
             )
         name, grid = f"{sampler} {method}", tuple(grid)
     else:
-        if method is not None:
-            raise UserError(f"--sampling-method is for the flow samplers ode and sde, not --sampler {sampler}.")
         if num_steps < 2:
             raise UserError(
                 f"--num-sampling-steps must be >= 2 for --sampler {sampler}: a one-step respacing has no posterior "
@@ -267,15 +371,7 @@ class SamplingSection(Section):
     rtol: float = option(1e-3, "flow ode dopri5: relative tolerance (SiT's default)", gt=0)
 
     def check(self) -> None:
-        if self.sampler is not None and self.sampler not in FLOW_SAMPLERS and self.sampling_method is not None:
-            raise FieldError(
-                f"{{sampling_method}} is for flow models' ode and sde samplers, not {{sampler}} {self.sampler}."
-            )
-        if self.sampler == "sde" and self.sampling_method not in (None, *SDE_METHODS):
-            raise FieldError(
-                f"{{sampling_method}} for {{sampler}} sde must be one of {', '.join(SDE_METHODS)}, got "
-                f"{self.sampling_method!r}."
-            )
+        check_method(self.sampler, self.sampling_method, self.last_step)
         interval = self.guidance_interval
         if interval is not None and (len(interval) != 2 or interval[0] > interval[1]):
             raise FieldError(

@@ -42,7 +42,7 @@ from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
 from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
 from dit.sample.loading import load_sampling_model
-from dit.sampling_plan import check_guidance_interval, sampling_plan
+from dit.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 
 SPECS = (
     "ddpm",
@@ -126,15 +126,9 @@ def parse_interval(text: str, sm) -> tuple[float, float] | None:
     return check_guidance_interval(values)
 
 
-def split(spec: str) -> tuple[str, str | None]:
-    """'ode-heun' -> ('ode', 'heun'); diffusion samplers have no method."""
-    kind, _, method = spec.partition("-") if spec.startswith(("ode-", "sde-")) else (spec, "", "")
-    return kind, method or None
-
-
 def steps_for(spec: str, nfe: int) -> int | None:
     """The most steps whose plan makes at most ``nfe`` evaluations (None: not even the fewest fit)."""
-    kind, method = split(spec)
+    kind, method = split_sampler(spec)
     best = None
     for steps in range(1, nfe + 1):
         try:
@@ -149,8 +143,8 @@ def steps_for(spec: str, nfe: int) -> int | None:
 def settings(c: StudyConfig, sm) -> list[dict]:
     """Every (sampler, NFE, guidance, interval) to run; scale 1 has no interval to vary."""
     samplers = sm.objective.samplers
-    specs = c.samplers or tuple(s for s in SPECS if split(s)[0] in samplers)
-    wrong = [s for s in specs if split(s)[0] not in samplers]
+    specs = c.samplers or tuple(s for s in SPECS if split_sampler(s)[0] in samplers)
+    wrong = [s for s in specs if split_sampler(s)[0] not in samplers]
     if wrong:
         raise UserError(f"{c.ckpt} is a {sm.objective.noun} model: {', '.join(wrong)} cannot sample it.")
     intervals = {name: parse_interval(name, sm) for name in c.intervals}
@@ -172,7 +166,7 @@ def key(row: dict) -> tuple:
 
 
 def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision) -> dict:
-    kind, method = split(setting["sampler"])
+    kind, method = split_sampler(setting["sampler"])
     interval = setting["interval_times"]
     guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval))
     sampler = Sampler(sm, setting["steps"], kind, method=method, guidance=guidance)

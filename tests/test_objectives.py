@@ -13,16 +13,22 @@ from dit.sampling_plan import SAMPLERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # A branch on which objective a run has: the flag, the name compared, a missing transport, a type test.
+# Also a branch on a sampler's family (diffusion's loops, diffusers' schedulers, the flow's ODE/SDE).
 BRANCH = re.compile(
     r"\.flow\b|transport is (not )?None|objective\s*[!=]=|[!=]=\s*[\"'](flow|diffusion)[\"']"
     r"|isinstance\([^)]*(Diffusion|Transport|Objective)|\bif (not )?flow\b|\bflow\s*=\s*[^=]"
+    r"|\bin\s+(DIFFUSION|SCHEDULER|FLOW)_SAMPLERS|[!=]=\s*[\"'](ode|sde|ddpm|ddim)[\"']|[\"'](ode|sde)-[\"']"
 )
-OWNERS = ("dit/objectives/", "dit/diffusion/", "dit/transport/")  # the objectives and what they wrap
+# The objectives and what they wrap; the sampler registry (sampling_plan.py) is theirs (dit/objectives/ to be).
+OWNERS = ("dit/objectives/", "dit/diffusion/", "dit/transport/", "dit/sampling_plan.py")
 
 
 def test_the_branch_pattern_finds_the_branches_it_replaced():
     old = ['if not cfg.objective.flow:', 'Sampler(sm, 50, "ddim" if sm.transport is None else "ode")',
-           'flow = objective == "flow"', 'if run.get("objective") == "flow":']  # fmt: skip
+           'flow = objective == "flow"', 'if run.get("objective") == "flow":',
+           'elif self.kind in DIFFUSION_SAMPLERS:', 'if self.kind == "ode":',
+           '"sde": [s.diffusion_form, s.last_step] if sampler.kind == "sde" else None',
+           'spec.partition("-") if spec.startswith(("ode-", "sde-")) else (spec, "", "")']  # fmt: skip
     assert all(BRANCH.search(line) for line in old)
     assert not BRANCH.search("self.objective.tables(device)")
 

@@ -47,6 +47,32 @@ def test_a_chosen_sink_gets_the_records_metrics_jsonl_keeps_and_a_refused_write_
     sinks.close()
 
 
+def test_a_sink_is_one_file_found_by_its_name_with_its_options(tmp_path, monkeypatch):
+    import dit.train
+    from dit.train.ledger import _sink_modules
+    from dit.train.sinks_wandb import WandB
+
+    (tmp_path / "sinks_probe.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from dit.config import Section, option\n"
+        "from dit.train.sinks import Sink\n\n"
+        "@dataclass(frozen=True)\n"
+        "class ProbeOptions(Section):\n"
+        "    probe_level: int = option(1, 'how loud', ge=0)\n\n"
+        "class Probe(Sink):\n"
+        "    options = ProbeOptions\n\n"
+        "SINK = Probe\n"
+    )
+    monkeypatch.setattr(dit.train, "__path__", [*dit.train.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "dit.train.sinks_probe", raising=False)
+    found = _sink_modules()
+    assert found["wandb"] is WandB and found["probe"].__name__ == "Probe"
+    assert found["probe"].options.names() == ("probe_level",)
+    sys.modules.pop("dit.train.sinks_probe", None)
+    # W&B's options are the ledger section's, after its own: the flags and record keys users know
+    assert LedgerSection.names()[-3:] == ("sinks", "wandb_project", "wandb_entity")
+
+
 def wandb_history(run_file) -> list[dict]:
     """The history rows of an offline W&B run file: records of a LevelDB-style log (a 7-byte file header, 32 KiB
     blocks, each record a 7-byte header (checksum, length, kind: 1 whole, 2 first, 3 middle, 4 last) and its

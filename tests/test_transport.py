@@ -297,7 +297,7 @@ def test_adams_bashforth_converges_at_its_order_and_at_two_from_its_bootstrap(or
     step, no start-up evaluations), at order 2, the first Euler step's local error."""
     from collections import deque
 
-    from dit.transport.samplers import adams_bashforth_step
+    from dit.sampling_plan import adams_bashforth_step
 
     a = -1.3
 
@@ -319,6 +319,26 @@ def test_adams_bashforth_converges_at_its_order_and_at_two_from_its_bootstrap(or
     rates = [math.log2(exact_start(n) / exact_start(2 * n)) for n in (16, 32)]
     assert rates == pytest.approx([order, order], abs=0.2)
     rates = [math.log2(sampler(n) / sampler(2 * n)) for n in (32, 64)]
+    assert rates == pytest.approx([2, 2], abs=0.2)
+
+
+def test_a_flow_integrator_is_one_entry_its_plan_the_evaluations_it_makes(monkeypatch):
+    """Ralston's second-order method as one tableau in ODE_INTEGRATORS: the plan's times are the times the
+    network is called at, in order, and it converges at order 2."""
+    from dit.sampling_plan import ODE_INTEGRATORS, RungeKutta
+
+    monkeypatch.setitem(ODE_INTEGRATORS, "ralston", RungeKutta(c=(0.0, 2 / 3), a=((), (2 / 3,)), b=(0.25, 0.75)))
+    a, x = -1.3, torch.ones(1, 1, 1, 1, dtype=torch.float64)
+
+    def error(n: int) -> float:
+        called = []
+        field = FlowField(Transport(), lambda x, t, **kw: called.append(float(t[0])) or a * x, {})
+        out = ode_sample(field, x, grid("ode", n), "ralston")
+        plan = sampling_plan("ode", n, method="ralston")
+        assert field.nfe == plan.nfe == 2 * n and called == pytest.approx(plan.times, abs=1e-7)  # t is fp32
+        return abs(float(out) - math.exp(a))
+
+    rates = [math.log2(error(n) / error(2 * n)) for n in (16, 32)]
     assert rates == pytest.approx([2, 2], abs=0.2)
 
 

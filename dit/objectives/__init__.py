@@ -8,6 +8,7 @@ class attributes (samplers, defaults) need no torch, so ``dit-cost sample`` plan
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 from dit.errors import UserError
@@ -69,6 +70,13 @@ class Objective(ABC):
     @abstractmethod
     def process(self, num_steps: int, sample_eps: float | None):
         """What a sampler of ``num_steps`` steps integrates: a respaced diffusion, or the transport."""
+
+    @abstractmethod
+    def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,
+                      atol: float, rtol: float) -> Callable:  # fmt: skip
+        """Sampler ``kind``'s loop over ``process`` along ``plan`` (``dit.sampling_plan.SamplingPlan``), made
+        before the first batch (what it needs installed is asked for then): ``loop(model_fn, x, model_kwargs,
+        noise, progress) -> x``, ``noise(x)`` each step's per-image noise, ``progress`` whether to show a bar."""
 
     @abstractmethod
     def noise_to_signal(self) -> tuple:

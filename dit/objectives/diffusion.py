@@ -58,8 +58,6 @@ class DiffusionObjective(Objective):
         return self
 
     def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
-        if method is not None:
-            raise UserError(f"--sampling-method is for flow models' ode and sde samplers, not --sampler {kind}.")
         if sample_eps is not None:
             raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
 
@@ -68,6 +66,20 @@ class DiffusionObjective(Objective):
 
         return create_diffusion(str(num_steps), noise_schedule=self.noise_schedule, learn_sigma=self.learn_sigma,
                                 predict_xstart=self.predict_xstart)  # fmt: skip
+
+    def sampling_loop(self, kind, process, plan, **settings):
+        """Our DDPM and DDIM loops, or a diffusers scheduler on the respaced diffusion."""
+        if kind in SCHEDULER_SAMPLERS:
+            from dit.objectives.schedulers import make_scheduler, scheduler_sample
+
+            scheduler = make_scheduler(kind, process)
+            return lambda fn, x, kwargs, noise, progress: scheduler_sample(
+                scheduler, process, plan, fn, x, model_kwargs=kwargs, noise_fn=noise, progress=progress
+            )
+        loop = process.ddim_sample_loop if kind == "ddim" else process.p_sample_loop
+        return lambda fn, x, kwargs, noise, progress: loop(
+            fn, x.shape, x, clip_denoised=False, model_kwargs=kwargs, progress=progress, noise_fn=noise
+        )
 
     def noise_to_signal(self) -> tuple:
         abar = self.diffusion.alphas_cumprod

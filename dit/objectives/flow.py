@@ -55,6 +55,22 @@ class FlowObjective(Objective):
                     "--diffusion-form."
                 )
 
+    def sampling_loop(self, kind, process, plan, *, method, diffusion_form, last_step, atol, rtol):
+        """The ODE (``ODE_INTEGRATORS[method]``) or the SDE along the plan's grid."""
+        from dit.progress import progress as progress_bar
+        from dit.transport.samplers import FlowField, ode_sample, sde_sample
+
+        def loop(fn, x, kwargs, noise, progress):
+            field, grid = FlowField(process, fn, kwargs), plan.grid
+            ticks = None if plan.times is None else len(grid) - 1  # an adaptive integrator picks its own steps
+            with progress_bar(ticks, plan.sampler, unit="step", enabled=progress) as bar:
+                if kind == "ode":
+                    return ode_sample(field, x, grid, method, atol=atol, rtol=rtol, progress=bar)
+                return sde_sample(field, x, grid, noise, method=method, form=diffusion_form, last_step=last_step,
+                                  progress=bar)  # fmt: skip
+
+        return loop
+
     def noise_to_signal(self) -> tuple:
         import torch
 

@@ -35,6 +35,7 @@ from dit.sample.generate import (
     to_images,
 )
 from dit.sample.loading import load_weights
+from dit.sampling_plan import settings_record
 
 
 @dataclass
@@ -86,8 +87,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
         "guidance_scale": sampler.guidance.scale,
         "guidance_channels": str(s.guidance_channels),
         "sampler": sampler.describe(),
-        "sde": [s.diffusion_form, s.last_step] if sampler.kind == "sde" else None,
-        "tolerances": [s.atol, s.rtol] if sampler.method == "dopri5" else None,
+        **settings_record(sampler.kind, sampler.method, s.diffusion_form, s.last_step, s.atol, s.rtol),
         "transport": sampler.sm.objective.manifest(sampler.sample_eps),
         "num_sampling_steps": s.num_sampling_steps,
         "global_seed": f.seed,

@@ -22,20 +22,15 @@ from dit.config import FieldError
 from dit.errors import UserError
 from dit.models import DiT, DiTConfig
 from dit.objectives import Objective
-from dit.progress import progress as progress_bar
 from dit.runtime import Precision, Stream, mix_seed
-from dit.sample.schedulers import make_scheduler, scheduler_sample
 from dit.sampling_plan import (
     DEFAULT_METHODS,
-    DIFFUSION_SAMPLERS,
-    SCHEDULER_SAMPLERS,
     SamplingSection,
     check_guidance_interval,
     guided_at,
     sampling_plan,
 )
 from dit.transport import Transport
-from dit.transport.samplers import FlowField, ode_sample, sde_sample
 from dit.vae import decode
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
@@ -226,7 +221,8 @@ class Sampler:
         self.method = method or DEFAULT_METHODS.get(kind)
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.process = objective.process(num_steps, sample_eps)  # what the sampler integrates
-        self.scheduler = make_scheduler(kind, self.process) if kind in SCHEDULER_SAMPLERS else None
+        self.loop = objective.sampling_loop(kind, self.process, self.plan, method=self.method,
+                                            diffusion_form=diffusion_form, last_step=last_step, atol=atol, rtol=rtol)  # fmt: skip
         self.nfe = self.guided_nfe = self.unguided_nfe = 0
         self._rows, self._guided_rows, self._unguided_rows = 0, 0, 0
 
@@ -256,26 +252,8 @@ class Sampler:
             progress: bool = False) -> torch.Tensor:  # fmt: skip
         """Denoise ``x`` (one row per image) with labels ``y``; ``noise(x)`` draws each step's per-image noise."""
         fn = GuidedModel(model, self.guidance, precision, self.plan.guided)
-        kwargs = {"y": y}
         with torch.no_grad():
-            if self.scheduler is not None:
-                x = scheduler_sample(
-                    self.scheduler,
-                    self.process,
-                    self.plan,
-                    fn,
-                    x,
-                    model_kwargs=kwargs,
-                    noise_fn=noise,
-                    progress=progress,
-                )
-            elif self.kind in DIFFUSION_SAMPLERS:
-                loop = self.process.ddim_sample_loop if self.kind == "ddim" else self.process.p_sample_loop
-                x = loop(
-                    fn, x.shape, x, clip_denoised=False, model_kwargs=kwargs, progress=progress, noise_fn=noise
-                )
-            else:
-                x = self._flow(fn, x, kwargs, noise, progress)
+            x = self.loop(fn, x, {"y": y}, noise, progress)
         if self.plan.nfe is not None and fn.evaluations != self.plan.nfe:
             raise RuntimeError(
                 f"{self.describe()} made {fn.evaluations} evaluations, not the {self.plan.nfe} planned"
@@ -284,18 +262,6 @@ class Sampler:
         self._rows += len(x)  # dopri5's count differs per batch: the cost of a set is its mean
         self._guided_rows += fn.guided * len(x)
         self._unguided_rows += fn.unguided * len(x)
-        return x
-
-    def _flow(self, fn: GuidedModel, x, kwargs, noise, progress) -> torch.Tensor:
-        field, grid = FlowField(self.process, fn, kwargs), self.plan.grid
-        ticks = None if self.method == "dopri5" else len(grid) - 1
-        bar = progress_bar(ticks, self.describe(), unit="step", enabled=progress)
-        if self.kind == "ode":
-            x = ode_sample(field, x, grid, self.method, atol=self.atol, rtol=self.rtol, progress=bar)
-        else:
-            x = sde_sample(field, x, grid, noise, method=self.method, form=self.diffusion_form, last_step=self.last_step,
-                           progress=bar)  # fmt: skip
-        bar.close()
         return x
 
     @property

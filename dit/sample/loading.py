@@ -112,7 +112,20 @@ def load_sampling_model(
     recorded_objective = run.get("objective") or ("diffusion" if run else None)
     run["objective"] = _agree("--objective", objective, recorded_objective) or "diffusion"
     weights, which = model_weights(ckpt, use_ema)
+    vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
+    factor = 1 if vae_module is None else latent_downsample(vae_module)
+    cfg = _model_config(ckpt, weights, run, model=model, num_classes=num_classes, num_heads=num_heads)
+    image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
+    _check_fits(cfg, image_size, factor, vae_spec, vae_module)
+    net = DiT.from_config(cfg)
+    net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
+    net = net.to(device).eval().requires_grad_(False)
+    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
 
+
+def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
+    """(spec, module) of the VAE that decodes the samples, (None, None) for pixel space: ``vae`` checked
+    against the run's record (see ``load_sampling_model``)."""
     recorded_pixel = "vae" in run and run["vae"] in (None, "none")
     if vae == "none" and "vae" in run and not recorded_pixel:
         raise UserError(
@@ -121,49 +134,49 @@ def load_sampling_model(
         )
     if vae not in (None, "none") and recorded_pixel:
         raise UserError(f"the checkpoint is a pixel-space model (trained without a VAE): drop --vae {vae}.")
-    pixel = recorded_pixel or vae == "none"
+    if recorded_pixel or vae == "none":
+        return None, None
     # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
     recorded_vae = run.get("vae")
     sd_family = recorded_vae is None or is_sd_vae(recorded_vae)
-    vae_spec = None if pixel else (vae or (sd_decoder if sd_family else recorded_vae))
-    vae_module = None if pixel else load_vae(vae_spec, device=device, dtype=torch.float32)
-    factor = 1 if pixel else latent_downsample(vae_module)
+    vae_spec = vae or (sd_decoder if sd_family else recorded_vae)
+    return vae_spec, load_vae(vae_spec, device=device, dtype=torch.float32)
 
+
+def _model_config(ckpt: dict, weights: dict, run: dict, *, model, num_classes, num_heads) -> DiTConfig:
+    """The checkpoint's model: its recorded config, else (an official release or train.py file) read from the
+    weights' shapes; ``model`` and ``num_classes`` are checks."""
     if "model_config" in ckpt:
         cfg = DiTConfig(**ckpt["model_config"])
         name = registry_name(cfg) or "custom"
         if model is not None and model != name:
             raise UserError(f"--model {model} does not match the checkpoint, which holds {name}: drop --model.")
-        _agree("--num-classes", num_classes, cfg.num_classes)
-        image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
-    else:  # an official release or train.py file: the weights' shapes say which model; flags are checks
+    else:
         cfg = model_config_from_shapes({k: tuple(v.shape) for k, v in weights.items()}, num_heads)
         name = registry_name(cfg) or "custom"
-        recorded = run.get("model")
-        for given in (model, recorded):
+        for given in (model, run.get("model")):
             if given is not None and given != name:
                 raise UserError(
                     f"--model {given} does not match the checkpoint, whose weights are {describe(cfg)}: drop --model."
                 )
-        _agree("--num-classes", num_classes, cfg.num_classes)
-        image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
+    _agree("--num-classes", num_classes, cfg.num_classes)
+    return cfg
+
+
+def _check_fits(cfg: DiTConfig, image_size: int, factor: int, vae_spec: str | None, vae_module) -> None:
+    """The model's input against the image size and the VAE's latents (or pixels)."""
     if cfg.input_size * factor != image_size:
         raise UserError(
             f"--image-size {image_size} needs a model input of {image_size // factor}, but the checkpoint's model "
             f"takes {cfg.input_size}: pass --image-size {cfg.input_size * factor}."
         )
-    if not pixel and cfg.in_channels != vae_module.config.latent_channels:
+    if vae_module is not None and cfg.in_channels != vae_module.config.latent_channels:
         raise UserError(
             f"the checkpoint's model takes {cfg.in_channels}-channel latents, but VAE {vae_spec!r} makes "
             f"{vae_module.config.latent_channels}: pass the VAE it was trained with (--vae)."
         )
-    if pixel and cfg.in_channels not in (1, 3):
+    if vae_module is None and cfg.in_channels not in (1, 3):
         raise UserError(
             f"a pixel-space model must make 1- or 3-channel images, this one has {cfg.in_channels} channels: "
             "pass the VAE it was trained with (--vae)."
         )
-
-    net = DiT.from_config(cfg)
-    net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
-    net = net.to(device).eval().requires_grad_(False)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)

@@ -7,6 +7,8 @@ none of it touches the device between log steps.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,16 +26,23 @@ from dit.models import DiT, describe
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
 from dit.train.sinks import Sinks, TensorBoard
-from dit.train.sinks_wandb import WandB
 from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae
 
-SINKS = {"tensorboard": TensorBoard, "wandb": WandB}  # --sinks; console, log.txt and metrics.jsonl always
+
+def _sink_modules() -> dict[str, type]:
+    """``--sinks NAME`` for each ``dit/train/sinks_NAME.py``: its ``SINK``. Found in the package's folder (not
+    through entry points), so a new file is a new sink at once, in an editable install too, without reinstalling."""
+    package = importlib.import_module("dit.train")
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("sinks_"))
+    return {name.removeprefix("sinks_"): importlib.import_module(f"dit.train.{name}").SINK for name in names}
+
+
+SINKS = {"tensorboard": TensorBoard, **_sink_modules()}  # --sinks; console, log.txt and metrics.jsonl always
 
 
 @dataclass(frozen=True)
-class LedgerSection(Section):
-    """What the run reports and how often: log records (the only host syncs), MFU windows, the cost
-    projection, the progress display and sample grids."""
+class _LedgerOptions(Section):
+    """The ledger's own options, ahead of the sinks' (the order of --help and of the record)."""
 
     log_every: int = option(
         100,
@@ -46,8 +55,13 @@ class LedgerSection(Section):
     sample_every: int = option(0, "steps per EMA sample grid to the sinks (0: off)", ge=0)
     sinks: tuple[str, ...] = option(("tensorboard",), "where records go besides the console, log.txt and "
                                     "metrics.jsonl; wandb needs dit-ledger[wandb]", choices=tuple(SINKS))  # fmt: skip
-    wandb_project: str = option("dit-ledger", "the W&B project of --sinks wandb")
-    wandb_entity: str | None = option(None, "the W&B team or user of --sinks wandb (none: W&B's default)")
+
+
+@dataclass(frozen=True)
+class LedgerSection(*reversed([s.options for s in SINKS.values() if s.options]), _LedgerOptions):
+    """What the run reports and how often: log records (the only host syncs), MFU windows, the cost
+    projection, the progress display and sample grids; then each sink's own options (``Sink.options``),
+    which become flags and record entries of this section by themselves."""
 
 
 class StepCounters:

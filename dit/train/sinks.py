@@ -1,6 +1,6 @@
 """Where the ledger's records go: ``Sink``s behind one fan-out. The run's own record (the console with
 ``log.txt``, and ``metrics.jsonl``) is always kept; the others are chosen with ``--sinks`` from
-``dit.train.ledger.SINKS``."""
+``dit.train.ledger.SINKS``: TensorBoard here, and each ``dit/train/sinks_NAME.py`` module's ``SINK``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class Sink(Protocol):
     a write the OS refuses there (an ``OSError``: a full disk) is the one line naming it."""
 
     path: Path
+    options = None  # a frozen Section of the sink's own flags (W&B's project), or None
 
     def scalars(self, record: dict, step: int) -> None: ...
     def image(self, tag: str, image_chw, step: int) -> None: ...

@@ -1,20 +1,35 @@
 """Weights & Biases (``--sinks wandb``; ``pip install 'dit-ledger[wandb]'``): a record's numbers as ``KIND/key`` at
 its step, sample grids, the run's configuration. ``WANDB_MODE=offline`` keeps the run in the results folder
-(``wandb sync`` uploads it later); W&B's other variables (``WANDB_API_KEY``, ...) apply as usual."""
+(``wandb sync`` uploads it later); W&B's other variables (``WANDB_API_KEY``, ...) apply as usual.
+
+The whole sink: the ledger finds ``SINK`` by this file's name (``sinks_wandb``: ``--sinks wandb``) and takes
+``WandBOptions`` into its section."""
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from dit.atomic import atomic_write_bytes
+from dit.config import Section, option
 from dit.errors import UserError, require
 from dit.train.sinks import Sink, numbers
+
+
+@dataclass(frozen=True)
+class WandBOptions(Section):
+    """Flags and record entries of the ledger's section (``LedgerSection`` is made of them)."""
+
+    wandb_project: str = option("dit-ledger", "the W&B project of --sinks wandb")
+    wandb_entity: str | None = option(None, "the W&B team or user of --sinks wandb (none: W&B's default)")
 
 
 class WandB(Sink):
     """One W&B run per results folder: its id is kept there (``wandb/run-id``), so a resumed run continues it.
     Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy."""
+
+    options = WandBOptions
 
     def __init__(self, section, out: Path, record: dict):
         self.wandb = require("wandb", "wandb", "--sinks wandb")
@@ -38,3 +53,6 @@ class WandB(Sink):
 
     def close(self) -> None:
         self.run.finish()
+
+
+SINK = WandB

@@ -2,11 +2,11 @@
 evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for. Their
 time grids come from ``dit.sampling_plan`` (``flow_grid``), the plan ``dit-cost`` reads too.
 
-ODE: ``euler`` (1 evaluation a step), ``heun`` (2: the trapezoid of the ends, torchdiffeq's ``heun2``),
-``ab2``/``ab3``/``ab4`` (Adams-Bashforth of order 2-4: 1 evaluation a step, the earlier steps' velocities
-reused; training-free, as DEIS's and iPNDM's multistep samplers) on a uniform grid of ``steps`` intervals,
-or ``dopri5`` (adaptive; torchdiffeq, SiT's default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps``
-counts grid points (250 points = 249 steps); here it counts steps.
+ODE: the integrators of ``dit.sampling_plan.ODE_INTEGRATORS`` (each entry is its step and the evaluations
+the step makes): ``euler``, ``heun`` (the trapezoid of the ends, torchdiffeq's ``heun2``), ``ab2``-``ab4``
+(Adams-Bashforth) on a uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's
+default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps);
+here it counts steps.
 
 SDE (SiT's Euler-Maruyama and Heun): dx = (v + w s) dt + sqrt(2 w) dW on a grid from t0 to 1 - h, then one
 last deterministic step of length h from there to t = 1 (SiT's ``Mean``, h = 0.04, by default). w(t) is the
@@ -18,21 +18,13 @@ the cost half.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
 
+from dit.sampling_plan import ODE_INTEGRATORS
 from dit.transport.path import _expand
 from dit.transport.transport import Transport
-
-# Adams-Bashforth weights on a uniform grid, newest velocity first: x' = x + h sum_j w_j v_{n-j}.
-AB_WEIGHTS = {
-    1: (1.0,),
-    2: (3 / 2, -1 / 2),
-    3: (23 / 12, -16 / 12, 5 / 12),
-    4: (55 / 24, -59 / 24, 37 / 24, -9 / 24),
-}
 
 
 class FlowField:
@@ -50,40 +42,22 @@ class FlowField:
         return (v, self.path.score(x, tt, self.transport.prediction, out)) if score else v
 
 
-def adams_bashforth_step(x: torch.Tensor, h: float, velocities: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One Adams-Bashforth step of order ``len(velocities)`` (newest first) on a uniform grid of step h."""
-    return x + h * sum(w * v for w, v in zip(AB_WEIGHTS[len(velocities)], velocities))
-
-
 def ode_sample(
     field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", *, atol=1e-6, rtol=1e-3,
     progress=None,
 ):  # fmt: skip
-    """Integrate from grid[0] to grid[-1] (dopri5: adaptively between the two).
-
-    Adams-Bashforth of order k bootstraps on its first k - 1 steps with the lower orders (AB1 = Euler, then
-    AB2, ...): one evaluation every step, no extra start-up evaluations. The bootstrap's local error of
-    O(h^2) bounds the global order at 2 for k >= 2; the higher orders lower the error constant.
-    """
-    if method == "dopri5":
+    """Integrate from grid[0] to grid[-1] with ``ODE_INTEGRATORS[method]``: its step between the grid's points,
+    or (adaptive) torchdiffeq's solver between the two ends."""
+    integrator = ODE_INTEGRATORS[method]
+    if integrator.adaptive:
         from dit.errors import require
 
-        odeint = require("torchdiffeq", "flow", "the adaptive dopri5 sampler").odeint
+        odeint = require("torchdiffeq", "flow", f"the adaptive {method} sampler").odeint
         ts = torch.tensor([grid[0], grid[-1]], dtype=torch.float64, device=x.device)
-        return odeint(lambda t, y: field(y, float(t)), x, ts, method="dopri5", atol=atol, rtol=rtol)[-1]
-    order = int(method[2:]) if method.startswith("ab") else 0
-    velocities = deque(maxlen=max(order, 1))
+        return odeint(lambda t, y: field(y, float(t)), x, ts, method=integrator.method, atol=atol, rtol=rtol)[-1]
+    history = []  # a multistep method's earlier velocities
     for i in range(len(grid) - 1):
-        t, h = grid[i], grid[i + 1] - grid[i]
-        k1 = field(x, t)
-        if method == "euler":
-            x = x + h * k1
-        elif order:
-            velocities.appendleft(k1)
-            x = adams_bashforth_step(x, h, velocities)
-        else:
-            k2 = field(x + h * k1, grid[i + 1])
-            x = x + 0.5 * h * (k1 + k2)
+        x = integrator.step(field, x, grid[i], grid[i + 1], history)
         if progress is not None:
             progress.update(1)
     return x
