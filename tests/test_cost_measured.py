@@ -6,7 +6,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import ATTENTION_COMPONENTS, forward_macs, training_flops_per_image
 from dit.cost.measured import fvcore_forward_macs, measure_flops
-from dit.models import DiT, DiTConfig, model_config
+from dit.model.config import DiTConfig, model_config
+from dit.model.dit import DiT
 
 CUSTOM = DiTConfig(
     depth=4,
