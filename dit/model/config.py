@@ -95,7 +95,11 @@ class DiTConfig:
 
     @property
     def tokens(self) -> int:
-        return (self.input_size // self.patch_size) ** 2
+        return self.grid**2
+
+    @property
+    def grid(self) -> int:
+        return self.input_size // self.patch_size
 
     @property
     def head_dim(self) -> int:
@@ -210,16 +214,8 @@ ModelSection = dataclasses.make_dataclass(
 
 def registry_name(cfg: DiTConfig) -> str | None:
     """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
-    for name in MODEL_NAMES:
-        ref = model_config(name)
-        if (ref.depth, ref.hidden_size, ref.num_heads, ref.patch_size) == (
-            cfg.depth,
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.patch_size,
-        ):
-            return name
-    return None
+    shape = lambda c: (c.depth, c.hidden_size, c.num_heads, c.patch_size)  # noqa: E731
+    return next((name for name in MODEL_NAMES if shape(model_config(name)) == shape(cfg)), None)
 
 
 def describe(cfg: DiTConfig) -> str:

@@ -77,8 +77,7 @@ class DiT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
                 nn.init.zeros_(m.bias)
-        grid = int(self.config.tokens**0.5)
-        table = sincos_2d(self.config.hidden_size, grid)
+        table = sincos_2d(self.config.hidden_size, self.config.grid)
         self.pos_embed.data.copy_(torch.from_numpy(table).float().unsqueeze(0))
         w = self.x_embedder.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))

@@ -27,11 +27,10 @@ from dit.train.ledger import LedgerSection
 from dit.train.optim import RECIPE_FIELDS, OptimSection
 from dit.train.parallel import ParallelSection
 
-# What a resumed run must share with its checkpoint: the data order and the model's math.
+# What a resumed run must share with its checkpoint: the data order and the model's math (every model flag).
 IDENTITY_FIELDS = (
-    "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
-    *ObjectiveSection.identity(), "model", "depth", "hidden_size", "num_heads", "patch_size", "norm", "mlp", "rope",
-    "qk_norm", "repa_encoder", "repa_input_size", "repa_depth", "repa_projector_dim",
+    "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
+    "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
