@@ -182,34 +182,40 @@ def _section_fields():
             yield f.name, tp, option(meta["default"], meta["help"], **meta["checks"])
 
 
-def _check(self) -> None:
-    try:
-        model_config(self.model)
-    except UserError as e:
-        raise FieldError("{model}: " + str(e)) from None
+def _with_flags(cls):
+    """``cls`` as a frozen dataclass of ``_section_fields``."""
+    cls.__annotations__ = {}
+    for name, tp, f in _section_fields():
+        cls.__annotations__[name] = tp
+        setattr(cls, name, f)
+    return dataclass(frozen=True)(cls)
 
 
-def dit_fields(self) -> dict:
-    """The DiTConfig fields this section sets (None: the registry's size, or the objective's choice)."""
-    return {k: v for k in DITCONFIG_FLAGS if (v := getattr(self, k)) is not None}
+@_with_flags
+class ModelSection(Section):
+    """The DiT to build: a registry name with any size overridden, the images it makes and its classes.
 
+    Read by the trainer and ``dit-cost`` alike; the data decide the input channels and size (a VAE's latents
+    or the pixels) and the objective whether the variance is learned (``dit_config``). Its fields:
+    ``_section_fields``."""
 
-def _dit_config(self, in_channels: int, input_size: int, learn_sigma: bool = True) -> DiTConfig:
-    """The DiT for data of ``in_channels`` x ``input_size``^2; ``learn_sigma``: the objective's default."""
-    fields = {"learn_sigma": learn_sigma, **self.dit_fields()}
-    return model_config(self.model, input_size=input_size, in_channels=in_channels, **fields)
+    def check(self) -> None:
+        try:
+            model_config(self.model)
+        except UserError as e:
+            raise FieldError("{model}: " + str(e)) from None
+
+    def dit_fields(self) -> dict:
+        """The DiTConfig fields this section sets (None: the registry's size, or the objective's choice)."""
+        return {k: v for k in DITCONFIG_FLAGS if (v := getattr(self, k)) is not None}
+
+    def dit_config(self, in_channels: int, input_size: int, learn_sigma: bool = True) -> DiTConfig:
+        """The DiT for data of ``in_channels`` x ``input_size``^2; ``learn_sigma``: the objective's default."""
+        fields = {"learn_sigma": learn_sigma, **self.dit_fields()}
+        return model_config(self.model, input_size=input_size, in_channels=in_channels, **fields)
 
 
 DITCONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(DiTConfig) if "flag" in f.metadata)
-_SECTION_DOC = """The DiT to build: a registry name with any size overridden, the images it makes and its classes.
-
-    Read by the trainer and ``dit-cost`` alike; the data decide the input channels and size (a VAE's latents
-    or the pixels) and the objective whether the variance is learned (``dit_config``)."""
-ModelSection = dataclasses.make_dataclass(
-    "ModelSection", list(_section_fields()), bases=(Section,), frozen=True,
-    namespace={"__doc__": _SECTION_DOC, "__module__": __name__, "check": _check, "dit_fields": dit_fields,
-               "dit_config": _dit_config},
-)  # fmt: skip
 
 
 def registry_name(cfg: DiTConfig) -> str | None:
@@ -265,20 +271,11 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
     if swiglu:  # its width is 2/3 of hidden x mlp_ratio, rounded: the ratio that gives it (checked below)
         ratio = 4.0 if swiglu_width(4 * hidden) == mlp_hidden else 1.5 * ratio
     cfg = DiTConfig(
-        depth=depth,
-        hidden_size=hidden,
-        num_heads=heads,
-        patch_size=patch,
-        input_size=grid * patch,
-        in_channels=in_channels,
-        num_classes=table[0] - 1 if table else 0,
-        learn_sigma=out_channels == 2 * in_channels,
-        class_dropout_prob=0.1 if table else 0.0,
-        mlp_ratio=ratio,
-        frequency_embedding_size=frequencies,
-        mlp="swiglu" if swiglu else "gelu",
-        qk_norm=bool(qk_norm),
-    )
+        depth=depth, hidden_size=hidden, num_heads=heads, patch_size=patch, input_size=grid * patch,
+        in_channels=in_channels, num_classes=table[0] - 1 if table else 0, learn_sigma=out_channels == 2 * in_channels,
+        class_dropout_prob=0.1 if table else 0.0, mlp_ratio=ratio, frequency_embedding_size=frequencies,
+        mlp="swiglu" if swiglu else "gelu", qk_norm=bool(qk_norm),
+    )  # fmt: skip
     if swiglu and cfg.mlp_hidden != mlp_hidden:
         raise UserError(
             f"the SwiGLU MLP is {mlp_hidden} wide, which no mlp_ratio gives (dit-ledger rounds 2/3 of hidden x "

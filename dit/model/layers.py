@@ -1,11 +1,7 @@
-"""The Diffusion Transformer's blocks, embedders, attention and MLPs (Peebles & Xie 2022), from the paper.
+"""The DiT's blocks, embedders, attention and MLPs, with the official module names and numerics (``dit.model.dit``).
 
-The module tree and parameter names reproduce the official release's state dict exactly, so its
-checkpoints load with ``strict=True``; the numerics (adaLN-Zero, sin-cos tables, tanh GELU, eps 1e-6)
-follow the official semantics. Attention goes through ``F.scaled_dot_product_attention``.
-
-The block options (``dit.model.options``) build their modules here; each off by default, in which case the
-model is the official one (same modules, keys and outputs).
+Attention goes through ``F.scaled_dot_product_attention`` or explicit matmuls. The block options' modules
+(``dit.model.options``) live here; all off, the block is the official one (same modules, keys and outputs).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Block options: one entry each, carrying its module builder, its cost terms and its memory terms.
 
 ``norm`` and ``mlp`` choose an entry of ``NORMS`` and ``MLPS``; a ``SWITCHES`` entry is on when the
-``DiTConfig`` field of its name is true. The first entry of each registry, and every switch off, is the
-official DiT. ``dit.cost`` reads the terms of the entries a config has (``chosen``) and never their names,
-so a new option is an entry here (and its module, and for a switch its ``DiTConfig`` field): no edit to
-``dit/cost/`` or the docs (the flags' help is the entries' ``brief``). No torch at import: the builders
-import it when called, and ``dit-cost`` reads the terms without it.
+``DiTConfig`` field of its name is true; the first entries, all switches off, are the official DiT.
+``dit.cost`` reads the terms of a config's entries (``chosen``), never their names, so a new option needs no
+edit to ``dit/cost/`` or the docs. No torch at import: builders import it when called.
 
-Cost terms, per block, as ``dit.cost`` counts them (docs/cost_model.md): ``macs`` are forward
-multiply-accumulates per token in matmuls (which are also the weights autocast keeps 16-bit copies of);
-``params`` are weights and biases; ``saved`` is what backward keeps, in D-wide tensors of the activation
-dtype per token, and ``saved_fp32`` in float32 bytes per (token x D) element; ``new_qk``: the option makes
-new q and k, which attention keeps instead of views of qkv's output (two tensors, once however many do).
+Terms per block, as ``dit.cost`` counts them (docs/cost_model.md): ``macs``, forward multiply-accumulates per
+token in matmuls (also the weights autocast copies to 16 bits); ``params``, weights and biases; ``saved``,
+D-wide tensors of the activation dtype backward keeps per token, and ``saved_fp32`` float32 bytes per
+(token x D) element; ``new_qk``: makes new q and k, which attention keeps (two tensors, once for all).
 """
 
 from __future__ import annotations
