@@ -100,7 +100,7 @@ def bench_attention(
     with Runtime(device, precision) as runtime:
         dev, dtype = runtime.device, runtime.precision.compute_dtype
         mc = model_config(model, input_size=image_size // 8)
-        attn = Attention(mc.hidden_size, mc.num_heads).to(dev, dtype)
+        attn = Attention(mc).to(dev, dtype)
         x = torch.randn(batch_size, mc.tokens, mc.hidden_size, device=dev, dtype=dtype, requires_grad=True)
         out = []
         for backend in backends:
