@@ -29,12 +29,8 @@ def _flag(default, help: str, flag_default=_UNSET, **checks):
 class DiTConfig:
     """Everything that fixes a DiT's shapes and compute; the cost package reads only this.
 
-    The last four fields are block options, all off by default (the official DiT): ``norm`` "rmsnorm"
-    replaces the three affine-free LayerNorms per block and final layer by affine-free RMSNorms; ``mlp``
-    "swiglu" is a SwiGLU of about the GELU MLP's parameters (``mlp_hidden``); ``rope`` adds 2-D axial
-    rotary embeddings to q and k (the absolute sin-cos table stays); ``qk_norm`` is a per-head RMSNorm with
-    a learned weight on q and k. A config saved before they existed builds with the defaults.
-    """
+    The last fields are block options (``dit.model.options``), by default the official DiT's; a config saved
+    before they existed builds with the defaults. A field made with ``_flag`` is also a flag."""
 
     depth: int = _flag(28, "custom size: override the registry depth", None, ge=1)
     hidden_size: int = _flag(1152, "custom size: override the hidden size", None, ge=4)
