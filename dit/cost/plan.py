@@ -270,6 +270,10 @@ def plan_training(
     total_flops = float(train.model) * images
     aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
     batch_per_device = global_batch_size // num_devices
+    budget = _budget(
+        cfg, image_size, total_flops + aux * images, images, num_devices, device, precision, mfu, calibration,
+        price_per_device_hour, peak_tflops,
+    )  # fmt: skip
     plan = {
         "model": registry_name(cfg) or "custom",
         "description": describe(cfg),
@@ -290,19 +294,7 @@ def plan_training(
         "total_flops": total_flops,
         "total_macs": total_flops / 2,  # the DiT paper's "Gflops" convention
         **_beside_the_dit(image_size, global_batch_size, images, vae_config, repa, repa_cached, train.model),
-        **_budget(
-            cfg,
-            image_size,
-            total_flops + aux * images,
-            images,
-            num_devices,
-            device,
-            precision,
-            mfu,
-            calibration,
-            price_per_device_hour,
-            peak_tflops,
-        ),  # fmt: skip
+        **budget,
         "price_per_device_hour": price_per_device_hour,
     }
     if precision in MEMORY_PRECISIONS:
