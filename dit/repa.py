@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dit.models import DiT
+from dit.model.dit import DiT
 
 
 class RepaProjector(nn.Sequential):

@@ -227,7 +227,8 @@ def _numerics(ctx: Ctx, torch) -> dict:
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from dit.models import DiTBlock
+    from dit.model.config import DiTConfig
+    from dit.model.layers import DiTBlock
 
     # XL/2's block (width 1152, 16 heads of 72, 256 tokens at 256 px); tiny on the CPU
     width, heads, tokens, n = (1152, 16, 256, 8) if ctx.cuda else (64, 2, 16, 2)
@@ -238,7 +239,7 @@ def _numerics(ctx: Ctx, torch) -> dict:
         )
     figures = {"block": {"width": width, "heads": heads, "tokens": tokens, "batch": n, "compile_backend": backend}}
     torch.manual_seed(0)
-    base = DiTBlock(width, heads).to(ctx.device)
+    base = DiTBlock(DiTConfig(hidden_size=width, num_heads=heads)).to(ctx.device)
     for p in base.parameters():  # adaLN-Zero's zero gates would make the block the identity
         torch.nn.init.normal_(p, std=0.02)
     x0, c0 = torch.randn(n, tokens, width, device=ctx.device), torch.randn(n, width, device=ctx.device)
@@ -404,7 +405,7 @@ def section_bench(ctx: Ctx) -> dict:
     """scripts/benchmark.py train per configuration in its own process (compile sees one static shape; a
     crash costs one row), each row appended to DIR/bench.jsonl as it finishes, beside dit-cost's estimate."""
     from dit.cost.memory import estimate_training_memory
-    from dit.model_config import model_config
+    from dit.model.config import model_config
 
     plan, common = _bench_plan(ctx)
     model, size = common[common.index("--model") + 1], 256 if ctx.cuda else 64

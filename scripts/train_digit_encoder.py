@@ -36,7 +36,7 @@ from dit.data.digits import load_mnist_5k, seeded_script
 from dit.data.store import sha256_file
 from dit.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.eval.features import digit_split
-from dit.models import sincos_2d
+from dit.model.layers import sincos_2d
 
 NAME = "digits-mae"
 

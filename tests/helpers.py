@@ -15,7 +15,7 @@ from PIL import Image
 
 from dit.checkpoint import save_training_checkpoint
 from dit.cli import run_cli
-from dit.models import DiT
+from dit.model.dit import DiT
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"  # ground truth copied from the spec (data/README.md)

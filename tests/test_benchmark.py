@@ -118,7 +118,7 @@ def test_repeat_mode_runs_the_quick_start_with_in_loop_evaluations(tmp_path):
 
 def test_train_skips_a_configuration_that_does_not_fit_and_says_why(tmp_path):
     from dit.cost.memory import estimate_training_memory
-    from dit.model_config import model_config
+    from dit.model.config import model_config
 
     rows_file = tmp_path / "rows.json"
     argv = ["--model", "DiT-XL/2", "--global-batch-size", "256", "--precision", "bf16", "--attention", "sdpa"]

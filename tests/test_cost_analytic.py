@@ -15,7 +15,8 @@ from dit.cost.analytic import (
     vae_flops,
 )
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig, model_config
+from dit.model.config import DiTConfig, model_config
+from dit.model.dit import DiT
 from dit.vae_facts import SD_VAE_CONFIG
 
 # tests/data/dit_configs.csv: the official code's GMACs and parameter counts, and the paper's "Gflops".

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dit.cost.__main__ import main
-from dit.models import MODEL_NAMES
+from dit.model.config import MODEL_NAMES
 
 
 def run(capsys, *argv):

@@ -1,12 +1,15 @@
 """The analytic counts against FlopCounterMode (meta and CPU) and fvcore with an SDPA handle."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit.cost.analytic import ATTENTION_COMPONENTS, forward_macs, training_flops_per_image
+from dit.cost.analytic import ATTENTION_COMPONENTS, forward_macs, param_counts, training_flops_per_image
 from dit.cost.measured import fvcore_forward_macs, measure_flops
-from dit.models import DiT, DiTConfig, model_config
+from dit.model.config import DiTConfig, model_config
+from dit.model.dit import DiT
 
 CUSTOM = DiTConfig(
     depth=4,
@@ -110,6 +113,23 @@ def test_block_options_meta_count_equals_the_analytic_one(name, options):
         assert flops == 2 * (analytic.attention if component == "attention" else analytic.components[component])
     predicted = training_flops_per_image(cfg, checkpointed_blocks=2, fused_attention=False)
     assert measured["train_flops_per_image"] == predicted.hardware - _skipped_input_grads(cfg)
+
+
+def test_a_new_block_option_is_one_registry_entry(monkeypatch):
+    """An MLP entry added to the registry alone (here GELU at twice the width) builds, is counted by the cost
+    and memory models through its own terms, and the counts equal the meta-device model's."""
+    from dit.cost.memory import estimate_training_memory
+    from dit.model import options
+
+    wide = dataclasses.replace(options.MLPS["gelu"], width=lambda w: 2 * w)
+    monkeypatch.setitem(options.MLPS, "wide", wide)
+    base, cfg = model_config("DiT-S/2"), model_config("DiT-S/2", mlp="wide")
+    assert cfg.mlp_hidden == 2 * base.mlp_hidden and cfg.block_options == ["wide"]
+    with torch.device("meta"):
+        assert param_counts(cfg).total == sum(p.numel() for p in DiT.from_config(cfg).parameters())
+    assert forward_macs(cfg).components["mlp"] == 2 * forward_macs(base).components["mlp"]
+    assert measure_flops(cfg, batch_size=2)["forward_flops_per_image"] == forward_macs(cfg).flops
+    assert estimate_training_memory(cfg, 8, "bf16").total > estimate_training_memory(base, 8, "bf16").total
 
 
 def test_swiglu_changes_the_mlp_count_by_its_width():

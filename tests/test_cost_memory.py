@@ -4,7 +4,7 @@ import pytest
 
 from dit.cost.memory import estimate_training_memory, max_batch_that_fits, trace_training_memory
 from dit.errors import UserError
-from dit.models import DiTConfig, model_config
+from dit.model.config import DiTConfig, model_config
 
 ALL = "all"
 # S/2: every combination. B/2 and XL/2 (traces take seconds each): a covering set in which each model

@@ -5,7 +5,7 @@ import pytest
 from dit.cost.analytic import training_flops_per_image
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import Peak
-from dit.models import model_config
+from dit.model.config import model_config
 
 PEAK = Peak(1e15, "override", "test device", "bf16")
 

@@ -15,7 +15,7 @@ from dit.cost.plan import (
     save_calibration,
 )
 from dit.errors import UserError
-from dit.models import model_config
+from dit.model.config import model_config
 from dit.vae_facts import SD_VAE_CONFIG
 
 ISSUE_COMMAND = (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dit.diffusion import create_diffusion, space_timesteps
-from dit.models import DiT
+from dit.model.dit import DiT
 
 
 def linear_alpha_bar(t):

@@ -75,7 +75,7 @@ def test_a_flow_run_is_evaluated_with_its_ode_sampler(tmp_path, digits_ref):
     assert evals[0]["eval_sampler"] == "ode heun 2 steps, 4 evaluations"
     from dit.checkpoint import latest_checkpoint, load_checkpoint
     from dit.cost.analytic import sampling_flops_per_image
-    from dit.models import DiTConfig
+    from dit.model.config import DiTConfig
 
     model = DiTConfig(**load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["model_config"])
     heun = sampling_flops_per_image(model, 4, evals[0]["eval_guidance_scale"]).total  # 2 steps x 2 evaluations
@@ -84,7 +84,8 @@ def test_a_flow_run_is_evaluated_with_its_ode_sampler(tmp_path, digits_ref):
 
 def test_the_same_weights_score_the_same(tmp_path, digits_ref):
     from dit.eval.inloop import InLoopEval
-    from dit.models import DiT, model_config
+    from dit.model.config import model_config
+    from dit.model.dit import DiT
     from dit.runtime import Runtime
 
     cfg = eval_config(tmp_path, digits_ref)

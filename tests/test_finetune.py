@@ -15,8 +15,8 @@ from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.errors import UserError
-from dit.model_config import MODEL_NAMES, model_config_from_shapes
-from dit.models import DiT_models, model_config
+from dit.model.config import MODEL_NAMES, model_config, model_config_from_shapes
+from dit.model.dit import DiT_models
 from dit.runtime import Runtime
 from dit.train import TrainConfig, Trainer, train
 

@@ -8,9 +8,9 @@ LAYERS = [  # module prefixes, top layer first
     (
         "core",
         (
-            "dit.model_config",
-            "dit.sampling_plan",
+            "dit.model",
             "dit.models",
+            "dit.sampling_plan",
             "dit.diffusion",
             "dit.transport",
             "dit.repa",

@@ -8,18 +8,14 @@ import torch
 from helpers import DATA, spec_rows
 
 from dit.errors import UserError
-from dit.models import (
+from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.dit import DiT, DiT_models
+from dit.model.layers import (
     ATTENTION_BACKENDS,
-    MODEL_NAMES,
-    DiT,
-    DiT_models,
-    DiTConfig,
     HeadRMSNorm,
     _RMSNormWeighted,
     apply_rope,
     attention_kernel,
-    describe,
-    model_config,
     rope_2d,
     sincos_2d,
 )
@@ -406,16 +402,16 @@ def test_option_values_are_checked_and_old_configs_build():
 def test_a_pinned_attention_kernel_is_entered_once_around_the_blocks(monkeypatch):
     """Not inside a block: an sdpa_kernel context in a compiled block defeats AOTAutograd's cache (pytorch
     194007). In eager, a checkpointed block's recomputation re-enters the pin, and matches."""
-    import dit.models
+    import dit.model.layers
 
     entered = []
-    real = dit.models.sdpa_kernel
+    real = dit.model.layers.sdpa_kernel
 
     def spy(backends):
         entered.append(backends)
         return real(backends)
 
-    monkeypatch.setattr(dit.models, "sdpa_kernel", spy)
+    monkeypatch.setattr(dit.model.layers, "sdpa_kernel", spy)
     torch.manual_seed(0)
     model = randomize(tiny(class_dropout_prob=0.0)).set_attention("math")
     x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([1, 900]), torch.tensor([1, 2])

@@ -10,7 +10,7 @@ from helpers import tiny_dit
 
 import dit.train.parallel as parallel
 from dit.config import FieldError
-from dit.models import DiTBlock
+from dit.model.layers import DiTBlock
 from dit.train.parallel import ParallelSection
 
 

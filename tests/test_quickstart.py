@@ -19,7 +19,8 @@ from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.cli import run_cli
 from dit.data import digits
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig
+from dit.model.config import DiTConfig
+from dit.model.dit import DiT
 
 STEPS, PER_CLASS = 6, 2
 REPO = Path(__file__).resolve().parents[1]

@@ -120,7 +120,7 @@ def test_gated_mlps_are_counted_as_three_matrices():
 
 @pytest.mark.parametrize("model", ["DiT-XL/2", "DiT-B/2"])
 def test_projector_training_flops_equal_the_meta_count(model):
-    from dit.models import model_config
+    from dit.model.config import model_config
 
     cfg = model_config(model)
     with torch.device("meta"):
@@ -169,7 +169,7 @@ def test_the_alignment_loss_trains_down_and_is_costed_apart(tmp_path, encoder_fi
     align = [r["repa_loss"] for r in rows]
     assert -1 <= align[-1] < align[0] - 0.05, align  # minus the cosine similarity falls
     saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
-    from dit.models import DiTConfig
+    from dit.model.config import DiTConfig
 
     cfg = DiTConfig(**saved["model_config"])
     shape = encoder_shape(ENCODER, 64)  # the default: the DiT's 4x4 grid x patch 16

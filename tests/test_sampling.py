@@ -18,7 +18,7 @@ from PIL import Image
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.data.images import to_uint8
 from dit.errors import UserError
-from dit.models import DiT, DiT_models
+from dit.model.dit import DiT, DiT_models
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.fid_set import batches

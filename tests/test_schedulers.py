@@ -17,7 +17,7 @@ from helpers import TINY, randomize
 
 from dit.diffusion import create_diffusion
 from dit.errors import UserError
-from dit.models import DiT
+from dit.model.dit import DiT
 from dit.objectives.schedulers import make_scheduler, scheduler_sample
 from dit.sample.generate import Guidance, Sampler, SamplingModel, noise_seed, sample_latents
 from dit.sampling_plan import SCHEDULER_SAMPLERS, check_guidance_interval, sampling_plan

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from dit.cost.analytic import training_flops_per_image
 from dit.errors import UserError
-from dit.models import DiTConfig
+from dit.model.config import DiTConfig
 from dit.train import TrainConfig, train
 
 METRIC_KEYS = {
@@ -261,7 +261,7 @@ class _ScalarReads(TorchDispatchMode):
 
 def test_auto_checkpointing_picks_the_fewest_blocks_that_fit():
     from dit.cost.memory import estimate_training_memory, fewest_checkpointed_blocks, usable_memory
-    from dit.models import model_config
+    from dit.model.config import model_config
 
     xl = model_config("DiT-XL/2")
     full = estimate_training_memory(xl, 128, "bf16", checkpointed_blocks=0).total

@@ -61,7 +61,7 @@ def test_trains_on_images_encoded_on_the_fly(tmp_path, vae_dir):
     assert ckpt["config"]["data"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
     # The encoder runs inside the step: its FLOPs are counted, and MFU is given with and without them.
     from dit.cost.analytic import training_flops_per_image, vae_flops
-    from dit.models import DiTConfig
+    from dit.model.config import DiTConfig
     from dit.vae import load_vae
 
     encode = vae_flops(dict(load_vae(vae_dir).config), 32).encode

@@ -211,7 +211,8 @@ def test_dit_cost_counts_a_samplers_evaluations(capsys):
 
 def test_sits_own_checkpoints_sample_as_flow_models(tmp_path):
     """SiT's train.py files (args in SiT's spelling, a 2C head) and bare releases with --objective flow."""
-    from dit.models import DiT, model_config
+    from dit.model.config import model_config
+    from dit.model.dit import DiT
     from dit.sample.loading import load_sampling_model
 
     net = DiT.from_config(model_config("DiT-S/2", input_size=8, in_channels=3, num_classes=2, depth=1,

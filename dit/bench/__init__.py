@@ -74,8 +74,8 @@ def _unfit(
 
     from dit.config import FieldError
     from dit.cost.memory import estimate_training_memory, usable_memory
-    from dit.model_config import model_config, parse_activation_checkpointing
-    from dit.models import attention_kernel
+    from dit.model.config import model_config, parse_activation_checkpointing
+    from dit.model.layers import attention_kernel
     from dit.runtime import Precision
 
     if capacity is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.config import Section, option
-from dit.model_config import ACTIVATION_CHECKPOINTING_HELP
-from dit.models import ATTENTION_BACKENDS
+from dit.model.config import ACTIVATION_CHECKPOINTING_HELP
+from dit.model.layers import ATTENTION_BACKENDS
 from dit.runtime import PRECISIONS
 from dit.sampling_plan import GUIDANCE_HELP
 

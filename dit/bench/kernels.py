@@ -12,7 +12,9 @@ from torch.utils.data import DataLoader
 from dit.bench.steps import _fresh_device_memory, spread
 from dit.cost.analytic import sampling_flops_per_image
 from dit.cost.peaks import device_name, measure_matmul_peak, peak_for_device
-from dit.models import Attention, DiT_models, attention_context, attention_kernel, model_config
+from dit.model.config import model_config
+from dit.model.dit import DiT_models
+from dit.model.layers import Attention, attention_context, attention_kernel
 from dit.runtime import Precision, Runtime
 
 
@@ -98,7 +100,7 @@ def bench_attention(
     with Runtime(device, precision) as runtime:
         dev, dtype = runtime.device, runtime.precision.compute_dtype
         mc = model_config(model, input_size=image_size // 8)
-        attn = Attention(mc.hidden_size, mc.num_heads).to(dev, dtype)
+        attn = Attention(mc).to(dev, dtype)
         x = torch.randn(batch_size, mc.tokens, mc.hidden_size, device=dev, dtype=dtype, requires_grad=True)
         out = []
         for backend in backends:

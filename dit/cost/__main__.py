@@ -29,7 +29,7 @@ from dit.cost.args import (
     planned_guidance,
 )
 from dit.errors import UserError
-from dit.model_config import MODEL_NAMES, describe
+from dit.model.config import MODEL_NAMES, describe
 from dit.progress import duration
 from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.sampling_plan import FidSamplingSection

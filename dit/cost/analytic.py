@@ -4,9 +4,9 @@ Conventions (docs/cost_model.md): one multiply-accumulate (MAC) = 2 FLOPs; only 
 count (norms, modulate/gate, activations, softmax and bias adds are < 1% and left out, as FlopCounterMode
 does); attention is bidirectional (no causal halving). The DiT paper's "Gflops" are GMACs.
 
-The block options change the matmuls only through SwiGLU (three D x h matrices, ``DiTConfig.mlp_matrices``,
-at its own width ``mlp_hidden``); RMSNorm, RoPE, QK-norm and SwiGLU's gate product are elementwise, so
-they add no counted FLOPs (docs/recipes.md sizes them: 0.03% of a forward each).
+A block's options (norm, MLP, switches) count what their registry entries say (``dit.model.options``): their
+matmul MACs per token (under "mlp") and their parameters; RMSNorm, RoPE, QK-norm and SwiGLU's gate product
+are elementwise, so they add no counted FLOPs (docs/recipes.md sizes them: 0.03% of a forward each).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.errors import UserError
-from dit.model_config import DiTConfig, describe, registry_name
+from dit.model.config import DiTConfig, describe, registry_name
+from dit.model.options import chosen
 from dit.vae_facts import AUTOENCODER_KL_DEFAULTS
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
@@ -98,7 +99,6 @@ class ParamCounts:
 def forward_macs(cfg: DiTConfig) -> FlopBreakdown:
     """MACs of one forward pass for one image."""
     t, d, p, depth = cfg.tokens, cfg.hidden_size, cfg.patch_size, cfg.depth
-    mlp = cfg.mlp_hidden
     return FlopBreakdown(
         {
             "patch_embed": t * p * p * cfg.in_channels * d,
@@ -108,7 +108,7 @@ def forward_macs(cfg: DiTConfig) -> FlopBreakdown:
             "attention_scores": depth * t * t * d,
             "attention_values": depth * t * t * d,
             "attention_out_proj": depth * t * d * d,
-            "mlp": depth * cfg.mlp_matrices * t * d * mlp,
+            "mlp": depth * t * sum(o.macs(cfg) for o in chosen(cfg)),
             "final_adaln": 2 * d * d,
             "final_linear": t * d * p * p * cfg.out_channels,
         }
@@ -164,12 +164,10 @@ def sampling_flops_per_image(
 
 
 def param_counts(cfg: DiTConfig) -> ParamCounts:
-    """Exact parameter counts of ``dit.models.DiT`` built from ``cfg`` (weights and biases)."""
+    """Exact parameter counts of ``dit.model.dit.DiT`` built from ``cfg`` (weights and biases)."""
     d, p, depth = cfg.hidden_size, cfg.patch_size, cfg.depth
     patch = p * p * cfg.in_channels * d + d
-    block_token = (
-        (3 * d * d + 3 * d) + (d * d + d) + mlp_param_count(cfg) + (2 * cfg.head_dim if cfg.qk_norm else 0)
-    )
+    block_token = (3 * d * d + 3 * d) + (d * d + d) + option_params(cfg)
     final_linear = d * p * p * cfg.out_channels + p * p * cfg.out_channels
     t_embed = cfg.frequency_embedding_size * d + d + d * d + d
     adaln = depth * (6 * d * d + 6 * d) + (2 * d * d + 2 * d)
@@ -182,10 +180,9 @@ def param_counts(cfg: DiTConfig) -> ParamCounts:
     )
 
 
-def mlp_param_count(cfg: DiTConfig) -> int:
-    """One block's MLP, weights and biases: fc1 (D -> h) and fc2; or SwiGLU's w12 (D -> 2h) and w3."""
-    d, h, matrices = cfg.hidden_size, cfg.mlp_hidden, cfg.mlp_matrices
-    return matrices * d * h + (matrices - 1) * h + d
+def option_params(cfg: DiTConfig) -> int:
+    """One block's parameters in its options: the MLP's weights and biases, QK-norm's weights."""
+    return sum(o.params(cfg) for o in chosen(cfg))
 
 
 def six_nt_flops(cfg: DiTConfig) -> int:

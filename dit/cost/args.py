@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dit.config import FieldError, Section, option
 from dit.cost import memory, peaks, plan
 from dit.errors import UserError
-from dit.model_config import ModelSection, parse_activation_checkpointing
+from dit.model.config import ModelSection, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
 from dit.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 
@@ -35,18 +35,9 @@ class CostModelSection(ModelSection):
 
     def config(self, model: str | None = None):
         """The DiT this section describes (``model``: another registry name at the same sizes and space)."""
-        sizes = {k: getattr(self, k) for k in ("depth", "hidden_size", "num_heads", "patch_size")}
         return plan.model_for_image(
-            model if model is not None else self.model,
-            self.image_size,
-            vae=plan.vae_config_for(self.vae),
-            latent_size=self.latent_size,
-            in_channels=self.in_channels,
-            num_classes=self.num_classes,
-            class_dropout_prob=self.class_dropout_prob,
-            learn_sigma=None if self.learn_sigma is None else self.learn_sigma,
-            norm=self.norm, mlp=self.mlp, rope=self.rope, qk_norm=self.qk_norm,
-            **sizes,
+            model if model is not None else self.model, self.image_size, vae=plan.vae_config_for(self.vae),
+            latent_size=self.latent_size, in_channels=self.in_channels, **self.dit_fields(),
         )  # fmt: skip
 
     def checkpointed(self, cfg, value: str, allow_auto: bool = False) -> int | str:

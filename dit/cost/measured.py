@@ -15,7 +15,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from dit.errors import require
-from dit.models import DiT, DiTConfig
+from dit.model.config import DiTConfig
+from dit.model.dit import DiT
 
 
 def _fused_sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.cost.analytic import mlp_param_count, param_counts
+from dit.cost.analytic import option_params, param_counts
 from dit.errors import UserError
-from dit.model_config import DiTConfig, describe
+from dit.model.config import DiTConfig, describe
+from dit.model.options import chosen
 
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtype names; torch loads lazily
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # "fused": flash / memory-efficient / cuDNN SDPA kernels; "explicit": the T x T matrix is materialised
-# (dit.models' explicit and math backends).
+# (dit.model.layers' explicit and math backends).
 ATTENTION_KINDS = ("fused", "explicit")
 
 # Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md).
@@ -33,19 +34,15 @@ def _block_saved(cfg: DiTConfig, precision: str) -> float:
     proj out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4.
     Under 16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half:
     48. No tokens^2 term here: fused attention keeps its output and a logsumexp (see ``_attention_matrix``).
-    Options: RMSNorm keeps what LayerNorm keeps; SwiGLU keeps w12's output (2h wide), SiLU's and the product
-    (h each) instead of 2r: 4h/D; RoPE and QK-norm each make new q and k, which attention keeps (QK-norm
-    keeps its input, a view of qkv's output that attention keeps anyway, and 1/rms per head and token;
-    RoPE keeps only its tables)."""
+    The MLP's 2r and the other options' terms are their registry entries' (``dit.model.options``); new q and
+    k, which attention then keeps, count once however many options make them."""
     half = precision in _AUTOCAST
-    mlp = (4 if cfg.mlp == "swiglu" else 2) * cfg.mlp_hidden / cfg.hidden_size
-    tensors = 12 + mlp
+    options = chosen(cfg)
+    tensors = 12 + sum(o.saved(cfg) for o in options)
     saved = 4 * tensors if not half else 4 * 4 + 2 * (tensors - 4)
-    if cfg.rope or cfg.qk_norm:
+    if any(o.new_qk for o in options):
         saved += 2 * (2 if half else 4)
-    if cfg.qk_norm:
-        saved += 2 * 4 / cfg.head_dim
-    return saved
+    return saved + sum(o.saved_fp32(cfg) for o in options)
 
 
 def _attention_matrix(cfg: DiTConfig, precision: str, attention: str) -> int:
@@ -71,8 +68,8 @@ class MemoryEstimate:
 
 def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
     """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
-    d, p, mlp = cfg.hidden_size, cfg.patch_size, cfg.mlp_hidden
-    block = 4 * d * d + cfg.mlp_matrices * d * mlp + 6 * d * d
+    d, p = cfg.hidden_size, cfg.patch_size
+    block = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
     rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d
     return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
 
@@ -112,10 +109,8 @@ def estimate_training_memory(
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
     all_matmul, block_matmul = _matmul_params(cfg)
-    d = cfg.hidden_size  # a block's parameters: attention, MLP and adaLN with their biases, QK-norm weights
-    block_params = (
-        (4 * d * d + 4 * d) + mlp_param_count(cfg) + (6 * d * d + 6 * d) + 2 * cfg.head_dim * cfg.qk_norm
-    )
+    d = cfg.hidden_size  # a block's parameters: attention and adaLN with their biases, and its options'
+    block_params = (4 * d * d + 4 * d) + option_params(cfg) + (6 * d * d + 6 * d)
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     plain = cfg.depth - checkpointed_blocks
     autocast = precision in _AUTOCAST
@@ -239,7 +234,7 @@ def trace_training_memory(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dit.diffusion import create_diffusion
-    from dit.models import DiT
+    from dit.model.dit import DiT
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(checkpointed_blocks).train()

@@ -28,7 +28,7 @@ from dit.cost.memory import (
 )
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
 from dit.errors import UserError
-from dit.model_config import DiTConfig, describe, model_config, registry_name
+from dit.model.config import DiTConfig, describe, model_config, registry_name
 from dit.userfiles import read_json
 from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
 
@@ -269,8 +269,11 @@ def plan_training(
     images = global_batch_size * steps
     total_flops = float(train.model) * images
     aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
-    encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
     batch_per_device = global_batch_size // num_devices
+    budget = _budget(
+        cfg, image_size, total_flops + aux * images, images, num_devices, device, precision, mfu, calibration,
+        price_per_device_hour, peak_tflops,
+    )  # fmt: skip
     plan = {
         "model": registry_name(cfg) or "custom",
         "description": describe(cfg),
@@ -290,29 +293,8 @@ def plan_training(
         "step_flops": float(train.model) * global_batch_size,
         "total_flops": total_flops,
         "total_macs": total_flops / 2,  # the DiT paper's "Gflops" convention
-        "vae_encode_gflops_per_image": encode / 1e9 if encode is not None else None,
-        "vae_encode_flops_per_step": encode * global_batch_size if encode is not None else None,
-        "vae_encode_total_flops_on_the_fly": encode * images if encode is not None else None,
-        # REPA: the frozen encoder (forward) and the projector (trained), beside the DiT; mfu stays the DiT's
-        "repa_encoder_forward_gflops_per_image": repa.encoder_forward / 1e9 if repa is not None else None,
-        "repa_projector_train_gflops_per_image": repa.projector_train / 1e9 if repa is not None else None,
-        "repa_features_cached": repa_cached if repa is not None else None,
-        "aux_gflops_per_image": aux / 1e9,
-        "aux_share_of_dit": aux / train.model,
-        "aux_total_flops": aux * images,
-        **_budget(
-            cfg,
-            image_size,
-            total_flops + aux * images,
-            images,
-            num_devices,
-            device,
-            precision,
-            mfu,
-            calibration,
-            price_per_device_hour,
-            peak_tflops,
-        ),  # fmt: skip
+        **_beside_the_dit(image_size, global_batch_size, images, vae_config, repa, repa_cached, train.model),
+        **budget,
         "price_per_device_hour": price_per_device_hour,
     }
     if precision in MEMORY_PRECISIONS:
@@ -323,6 +305,26 @@ def plan_training(
         capacity = device_memory_bytes(plan["device"]) if plan["device"] else None
         plan["device_memory_gib"] = capacity / 2**30 if capacity else None
     return plan
+
+
+def _beside_the_dit(
+    image_size: int, global_batch_size: int, images: int, vae_config: dict | None, repa: RepaFlops | None,
+    repa_cached: bool, dit_flops: int,
+) -> dict:  # fmt: skip
+    """A training plan's FLOPs apart from the DiT's: the VAE encoder's, and REPA's (the plan's mfu stays the DiT's)."""
+    encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
+    aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
+    return {
+        "vae_encode_gflops_per_image": encode / 1e9 if encode is not None else None,
+        "vae_encode_flops_per_step": encode * global_batch_size if encode is not None else None,
+        "vae_encode_total_flops_on_the_fly": encode * images if encode is not None else None,
+        "repa_encoder_forward_gflops_per_image": repa.encoder_forward / 1e9 if repa is not None else None,
+        "repa_projector_train_gflops_per_image": repa.projector_train / 1e9 if repa is not None else None,
+        "repa_features_cached": repa_cached if repa is not None else None,
+        "aux_gflops_per_image": aux / 1e9,
+        "aux_share_of_dit": aux / dit_flops,
+        "aux_total_flops": aux * images,
+    }
 
 
 def plan_sampling(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dit.cost.analytic import forward_macs, param_counts
 from dit.cost.memory import estimate_training_memory, trace_training_memory
-from dit.model_config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
 
 
 def _pyplot():

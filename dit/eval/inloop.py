@@ -21,7 +21,7 @@ from dit.errors import UserError
 from dit.eval.evaluator import SCORES, Evaluator, judges_for, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
-from dit.models import DiT
+from dit.model.dit import DiT
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
 from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed

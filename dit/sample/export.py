@@ -21,7 +21,9 @@ import torch
 
 from dit.atomic import atomic_write_bytes
 from dit.errors import UserError, require
-from dit.models import DiT, DiTConfig, timestep_embedding
+from dit.model.config import DiTConfig
+from dit.model.dit import DiT
+from dit.model.layers import timestep_embedding
 from dit.userfiles import read_json, read_text
 
 if typing.TYPE_CHECKING:

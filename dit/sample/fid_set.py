@@ -21,7 +21,7 @@ from dit.checkpoint import find_checkpoint, official_release
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.errors import UserError
-from dit.models import registry_name
+from dit.model.config import registry_name
 from dit.progress import progress
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig

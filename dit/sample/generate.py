@@ -20,7 +20,8 @@ import torch
 from dit import objectives
 from dit.config import FieldError
 from dit.errors import UserError
-from dit.models import DiT, DiTConfig
+from dit.model.config import DiTConfig
+from dit.model.dit import DiT
 from dit.objectives import Objective
 from dit.runtime import Precision, Stream, mix_seed
 from dit.sampling_plan import (

@@ -10,8 +10,8 @@ import torch
 from dit.checkpoint import load_checkpoint, model_weights, official_release
 from dit.config import Section, flatten_record, option
 from dit.errors import UserError
-from dit.model_config import model_config_from_shapes
-from dit.models import DiT, DiTConfig, describe, registry_name
+from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
+from dit.model.dit import DiT
 from dit.objectives import OBJECTIVES
 from dit.sample.generate import SamplingModel
 from dit.vae import latent_downsample, load_vae

@@ -1,6 +1,6 @@
 """train.py's configuration: the sections it composes, and a resumed run that remembers its own settings.
 
-Each section is owned by the component that reads it (the model's shape by ``dit.model_config``, the
+Each section is owned by the component that reads it (the model's shape by ``dit.model.config``, the
 objective by ``dit.objective``, the data by ``dit.train.data``, the recipe by ``dit.train.optim``, ...);
 ``TrainConfig`` only composes them and checks what spans two of them. A run writes its resolved
 configuration beside its checkpoints (``config.yaml``) and inside each one; ``parse_train_config`` reads
@@ -18,7 +18,7 @@ from dit.checkpoint import CheckpointSection
 from dit.config import Face, FieldError, Section, option
 from dit.errors import UserError
 from dit.eval.inloop import EvalSamplingSection, EvalSection
-from dit.model_config import DiTConfig, ModelSection
+from dit.model.config import DiTConfig, ModelSection
 from dit.objectives.section import ObjectiveSection
 from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.runtime import DeviceSection
@@ -27,11 +27,10 @@ from dit.train.ledger import LedgerSection
 from dit.train.optim import RECIPE_FIELDS, OptimSection
 from dit.train.parallel import ParallelSection
 
-# What a resumed run must share with its checkpoint: the data order and the model's math.
+# What a resumed run must share with its checkpoint: the data order and the model's math (every model flag).
 IDENTITY_FIELDS = (
-    "seed", "global_batch_size", "image_size", "num_classes", "class_dropout_prob", "learn_sigma",
-    *ObjectiveSection.identity(), "model", "depth", "hidden_size", "num_heads", "patch_size", "norm", "mlp", "rope",
-    "qk_norm", "repa_encoder", "repa_input_size", "repa_depth", "repa_projector_dim",
+    "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
+    "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
@@ -223,7 +222,7 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
     space and the recipe must match the checkpoint's, or every difference is listed; recipe fields may
     change when ``--allow-changes`` names them; any other option that differs is returned, to be named."""
     from dit.checkpoint import latest_checkpoint, load_training_checkpoint
-    from dit.model_config import describe
+    from dit.model.config import describe
 
     start = cfg.checkpoint
     if not start.resume:

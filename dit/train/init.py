@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dit.checkpoint import load_checkpoint, model_weights
 from dit.errors import UserError
-from dit.models import DiT
+from dit.model.dit import DiT
 
 TABLE = "y_embedder.embedding_table.weight"
 

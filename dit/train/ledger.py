@@ -22,7 +22,8 @@ from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import forget_cpu_peak, peak_for_device
-from dit.models import DiT, describe
+from dit.model.config import describe
+from dit.model.dit import DiT
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
 from dit.train.sinks import Sinks, TensorBoard

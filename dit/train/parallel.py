@@ -21,8 +21,9 @@ from torch import nn
 from dit.config import FieldError, Section, option
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
 from dit.errors import UserError
-from dit.model_config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
-from dit.models import ATTENTION_BACKENDS, DiT
+from dit.model.config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
+from dit.model.dit import DiT
+from dit.model.layers import ATTENTION_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def parallelize(
 ) -> DiT:
     """The DiT made ready to train, in torchtitan's order: activation checkpointing (inside each block's
     forward), then each block compiled whole (fullgraph: its recomputation traced in, the attention pin
-    outside it, ``dit.models.attention_context``), then FSDP2 over the compiled blocks."""
+    outside it, ``dit.model.layers.attention_context``), then FSDP2 over the compiled blocks."""
     model.set_checkpointing(checkpointed)
     if compile:
         if next(model.parameters()).device.type == "cpu":

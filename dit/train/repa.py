@@ -12,7 +12,7 @@ import torch
 
 from dit.cost.analytic import RepaFlops, repa_flops
 from dit.errors import UserError
-from dit.model_config import DiTConfig
+from dit.model.config import DiTConfig
 from dit.repa import RepaProjector, repa_loss, resample_tokens
 from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.train.hooks import StepHook

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dit.errors import UserError
-from dit.models import DiT
+from dit.model.dit import DiT
 from dit.runtime import Runtime
 from dit.train.ema import EMA
 from dit.train.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state

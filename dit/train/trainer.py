@@ -21,7 +21,8 @@ from dit.atomic import atomic_write
 from dit.checkpoint import Checkpointer, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
 from dit.errors import UserError, unwrap_worker_error
-from dit.models import DiT, attention_kernel
+from dit.model.dit import DiT
+from dit.model.layers import attention_kernel
 from dit.progress import progress
 from dit.repa import RepaModel
 from dit.runtime import Runtime, Stream, mix_seed

@@ -1,47 +1,55 @@
 """The shapes of a DiT, with no torch import: what the cost planner and the registry share.
 
-``dit.models`` builds modules from a ``DiTConfig``; ``dit.cost`` only reads it, so ``dit-cost`` answers
-without loading torch.
+``DiTConfig``'s fields are the one list of the model's fields: ``dit.model.dit.DiT`` is built from one, and
+the flags (``ModelSection``) and ``dit-cost``'s model arguments are generated from the fields that carry a
+flag's help (``_flag``). ``dit.cost`` only reads it, so ``dit-cost`` answers without loading torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import dataclasses
+import typing
+from dataclasses import asdict, dataclass, field
 
 from dit.config import FieldError, Section, option
 from dit.errors import UserError
+from dit.model.options import CHOICES, MLPS, NORMS, SWITCHES, choices_help, swiglu_width
 
-# The block options (docs/recipes.md); the first of each is the official DiT's.
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+_UNSET = object()
+
+
+def _flag(default, help: str, flag_default=_UNSET, **checks):
+    """A field that is also a flag of ``ModelSection``; ``flag_default``: the flag's own (None: the registry's
+    size, or the objective's choice), where it differs from the model's."""
+    meta = dict(help=help, default=default if flag_default is _UNSET else flag_default, checks=checks)
+    return field(default=default, metadata={"flag": meta})
 
 
 @dataclass(frozen=True)
 class DiTConfig:
     """Everything that fixes a DiT's shapes and compute; the cost package reads only this.
 
-    The last four fields are block options, all off by default (the official DiT): ``norm`` "rmsnorm"
-    replaces the three affine-free LayerNorms per block and final layer by affine-free RMSNorms; ``mlp``
-    "swiglu" is a SwiGLU of about the GELU MLP's parameters (``mlp_hidden``); ``rope`` adds 2-D axial
-    rotary embeddings to q and k (the absolute sin-cos table stays); ``qk_norm`` is a per-head RMSNorm with
-    a learned weight on q and k. A config saved before they existed builds with the defaults.
-    """
+    The last fields are block options (``dit.model.options``), by default the official DiT's; a config saved
+    before they existed builds with the defaults. A field made with ``_flag`` is also a flag."""
 
-    depth: int = 28
-    hidden_size: int = 1152
-    num_heads: int = 16
-    patch_size: int = 2
+    depth: int = _flag(28, "custom size: override the registry depth", None, ge=1)
+    hidden_size: int = _flag(1152, "custom size: override the hidden size", None, ge=4)
+    num_heads: int = _flag(16, "custom size: override the head count", None, ge=1)
+    patch_size: int = _flag(2, "custom size: override the patch size", None, ge=1)
     input_size: int = 32
     in_channels: int = 4
-    num_classes: int = 1000
-    learn_sigma: bool = True
-    class_dropout_prob: float = 0.1
+    num_classes: int = _flag(1000, "number of classes (the null class is added); 0: an unconditional model", ge=0)
+    class_dropout_prob: float = _flag(0.1, "label dropout for classifier-free guidance, in [0, 1)", ge=0, lt=1)
+    learn_sigma: bool = _flag(
+        True, "learn the variance (the hybrid loss), as DiT does (default: on for diffusion; flow models never do)",
+        None,
+    )  # fmt: skip
     mlp_ratio: float = 4.0
     frequency_embedding_size: int = 256
-    norm: str = "layernorm"
-    mlp: str = "gelu"
-    rope: bool = False
-    qk_norm: bool = False
+    norm: str = _flag("layernorm", choices_help("block norms", NORMS), choices=NORMS)
+    mlp: str = _flag("gelu", choices_help("MLP", MLPS), choices=MLPS)
+    rope: bool = _flag(False, SWITCHES["rope"].brief)
+    qk_norm: bool = _flag(False, SWITCHES["qk_norm"].brief)
 
     def __post_init__(self):
         for name in ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels"):
@@ -65,11 +73,10 @@ class DiTConfig:
             raise UserError(
                 f"hidden size {self.hidden_size} must be a multiple of 4 for the 2-D sin-cos embedding."
             )
-        if self.norm not in NORMS:
-            raise UserError(f"unknown norm {self.norm!r}: choose one of {', '.join(NORMS)}.")
-        if self.mlp not in MLPS:
-            raise UserError(f"unknown mlp {self.mlp!r}: choose one of {', '.join(MLPS)}.")
-        for name in ("rope", "qk_norm"):
+        for name, registry in CHOICES.items():
+            if getattr(self, name) not in registry:
+                raise UserError(f"unknown {name} {getattr(self, name)!r}: choose one of {', '.join(registry)}.")
+        for name in SWITCHES:
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"{name} must be true or false, got {getattr(self, name)!r}.")
         if self.rope and self.head_dim % 4:
@@ -84,7 +91,11 @@ class DiTConfig:
 
     @property
     def tokens(self) -> int:
-        return (self.input_size // self.patch_size) ** 2
+        return self.grid**2
+
+    @property
+    def grid(self) -> int:
+        return self.input_size // self.patch_size
 
     @property
     def head_dim(self) -> int:
@@ -98,35 +109,18 @@ class DiTConfig:
         weights equal (3 D h = 2 D 4D at h = 8D/3); the multiple of 8 keeps matmuls aligned. For every
         registry width but L's (1024 -> 2728, 8 D / 3 = 2730.7) the weights are exactly equal, and the biases
         are 2h - 4D = h/2 more per block (docs/recipes.md)."""
-        width = int(self.hidden_size * self.mlp_ratio)
-        return width if self.mlp == "gelu" else swiglu_width(width)
-
-    @property
-    def mlp_matrices(self) -> int:
-        """Hidden-width matrices in the MLP (each D x ``mlp_hidden``): fc1, fc2; or SwiGLU's value, gate, out."""
-        return 3 if self.mlp == "swiglu" else 2
+        return MLPS[self.mlp].width(int(self.hidden_size * self.mlp_ratio))
 
     @property
     def block_options(self) -> list[str]:
-        """The options that differ from the official block, as ``describe`` names them."""
-        return [
-            name
-            for name, on in (
-                (self.norm, self.norm != "layernorm"),
-                (self.mlp, self.mlp != "gelu"),
-                ("rope", self.rope),
-                ("qk-norm", self.qk_norm),
-            )
-            if on
+        """The options that differ from the official block (each registry's first entry), as ``describe``
+        names them."""
+        return [getattr(self, f) for f, reg in CHOICES.items() if getattr(self, f) != next(iter(reg))] + [
+            name.replace("_", "-") for name in SWITCHES if getattr(self, name)
         ]
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def swiglu_width(gelu_width: int) -> int:
-    """2/3 of a GELU MLP's width, to the nearest multiple of 8: the SwiGLU of (about) its parameters."""
-    return max(8, 8 * round(2 * gelu_width / 3 / 8))
 
 
 # (depth, hidden size, heads) per size; the patch size is the number after the slash.
@@ -169,29 +163,37 @@ def parse_activation_checkpointing(value: str, depth: int | None = None) -> int 
     return blocks
 
 
-@dataclass(frozen=True)
+def _section_fields():
+    """``ModelSection``'s fields: the registry name, then DiTConfig's flagged fields, the image size standing
+    where the input size is (the data decide the input size and channels)."""
+    hints = typing.get_type_hints(DiTConfig)
+    yield "model", str, option("DiT-XL/2", "registry name, e.g. DiT-XL/2 (sizes S/B/L/XL, patch 2/4/8)")
+    for f in dataclasses.fields(DiTConfig):
+        if f.name == "input_size":
+            yield "image_size", int, option(256, "image size in pixels (latents are image_size / the VAE's "
+                                             "downsampling)", ge=1)  # fmt: skip
+        elif "flag" in f.metadata:
+            meta = f.metadata["flag"]
+            tp = hints[f.name] if meta["default"] is not None else hints[f.name] | None
+            yield f.name, tp, option(meta["default"], meta["help"], **meta["checks"])
+
+
+def _with_flags(cls):
+    """``cls`` as a frozen dataclass of ``_section_fields``."""
+    cls.__annotations__ = {}
+    for name, tp, f in _section_fields():
+        cls.__annotations__[name] = tp
+        setattr(cls, name, f)
+    return dataclass(frozen=True)(cls)
+
+
+@_with_flags
 class ModelSection(Section):
     """The DiT to build: a registry name with any size overridden, the images it makes and its classes.
 
     Read by the trainer and ``dit-cost`` alike; the data decide the input channels and size (a VAE's latents
-    or the pixels) and the objective whether the variance is learned (``dit_config``)."""
-
-    model: str = option("DiT-XL/2", "registry name, e.g. DiT-XL/2 (sizes S/B/L/XL, patch 2/4/8)")
-    depth: int | None = option(None, "custom size: override the registry depth", ge=1)
-    hidden_size: int | None = option(None, "custom size: override the hidden size", ge=4)
-    num_heads: int | None = option(None, "custom size: override the head count", ge=1)
-    patch_size: int | None = option(None, "custom size: override the patch size", ge=1)
-    image_size: int = option(256, "image size in pixels (latents are image_size / the VAE's downsampling)", ge=1)
-    num_classes: int = option(1000, "number of classes (the null class is added); 0: an unconditional model", ge=0)
-    class_dropout_prob: float = option(0.1, "label dropout for classifier-free guidance, in [0, 1)", ge=0, lt=1)
-    learn_sigma: bool | None = option(
-        None, "learn the variance (the hybrid loss), as DiT does (default: on for diffusion; flow models never do)"
-    )
-    norm: str = option("layernorm", "block norms: layernorm (DiT) or rmsnorm (no mean subtracted)", choices=NORMS)
-    mlp: str = option("gelu", "MLP: gelu (DiT) or swiglu (2/3 the width: the same weights and FLOPs at S/B/XL)",
-                      choices=MLPS)  # fmt: skip
-    rope: bool = option(False, "2-D axial rotary embeddings on q and k (the sin-cos table stays)")
-    qk_norm: bool = option(False, "per-head RMSNorm with a learned weight on q and k")
+    or the pixels) and the objective whether the variance is learned (``dit_config``). Its fields:
+    ``_section_fields``."""
 
     def check(self) -> None:
         try:
@@ -199,31 +201,23 @@ class ModelSection(Section):
         except UserError as e:
             raise FieldError("{model}: " + str(e)) from None
 
+    def dit_fields(self) -> dict:
+        """The DiTConfig fields this section sets (None: the registry's size, or the objective's choice)."""
+        return {k: v for k in DITCONFIG_FLAGS if (v := getattr(self, k)) is not None}
+
     def dit_config(self, in_channels: int, input_size: int, learn_sigma: bool = True) -> DiTConfig:
         """The DiT for data of ``in_channels`` x ``input_size``^2; ``learn_sigma``: the objective's default."""
-        sizes = {
-            k: getattr(self, k) for k in ("depth", "hidden_size", "num_heads", "patch_size") if getattr(self, k)
-        }
-        return model_config(
-            self.model, input_size=input_size, in_channels=in_channels, num_classes=self.num_classes,
-            class_dropout_prob=self.class_dropout_prob,
-            learn_sigma=self.learn_sigma if self.learn_sigma is not None else learn_sigma, norm=self.norm,
-            mlp=self.mlp, rope=self.rope, qk_norm=self.qk_norm, **sizes,
-        )  # fmt: skip
+        fields = {"learn_sigma": learn_sigma, **self.dit_fields()}
+        return model_config(self.model, input_size=input_size, in_channels=in_channels, **fields)
+
+
+DITCONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(DiTConfig) if "flag" in f.metadata)
 
 
 def registry_name(cfg: DiTConfig) -> str | None:
     """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
-    for name in MODEL_NAMES:
-        ref = model_config(name)
-        if (ref.depth, ref.hidden_size, ref.num_heads, ref.patch_size) == (
-            cfg.depth,
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.patch_size,
-        ):
-            return name
-    return None
+    shape = lambda c: (c.depth, c.hidden_size, c.num_heads, c.patch_size)  # noqa: E731
+    return next((name for name in MODEL_NAMES if shape(model_config(name)) == shape(cfg)), None)
 
 
 def describe(cfg: DiTConfig) -> str:
@@ -273,20 +267,11 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
     if swiglu:  # its width is 2/3 of hidden x mlp_ratio, rounded: the ratio that gives it (checked below)
         ratio = 4.0 if swiglu_width(4 * hidden) == mlp_hidden else 1.5 * ratio
     cfg = DiTConfig(
-        depth=depth,
-        hidden_size=hidden,
-        num_heads=heads,
-        patch_size=patch,
-        input_size=grid * patch,
-        in_channels=in_channels,
-        num_classes=table[0] - 1 if table else 0,
-        learn_sigma=out_channels == 2 * in_channels,
-        class_dropout_prob=0.1 if table else 0.0,
-        mlp_ratio=ratio,
-        frequency_embedding_size=frequencies,
-        mlp="swiglu" if swiglu else "gelu",
-        qk_norm=bool(qk_norm),
-    )
+        depth=depth, hidden_size=hidden, num_heads=heads, patch_size=patch, input_size=grid * patch,
+        in_channels=in_channels, num_classes=table[0] - 1 if table else 0, learn_sigma=out_channels == 2 * in_channels,
+        class_dropout_prob=0.1 if table else 0.0, mlp_ratio=ratio, frequency_embedding_size=frequencies,
+        mlp="swiglu" if swiglu else "gelu", qk_norm=bool(qk_norm),
+    )  # fmt: skip
     if swiglu and cfg.mlp_hidden != mlp_hidden:
         raise UserError(
             f"the SwiGLU MLP is {mlp_hidden} wide, which no mlp_ratio gives (dit-ledger rounds 2/3 of hidden x "

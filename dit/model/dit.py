@@ -1,0 +1,235 @@
+"""The Diffusion Transformer (Peebles & Xie 2022), reimplemented from the paper, built from one ``DiTConfig``.
+
+The module tree and parameter names reproduce the official release's state dict exactly, so its
+checkpoints load with ``strict=True``; the numerics (adaLN-Zero, sin-cos tables, tanh GELU, eps 1e-6)
+follow the official semantics. Its blocks and block options: ``dit.model.layers``, ``dit.model.options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from dit.errors import UserError
+from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.layers import (
+    DiTBlock,
+    FinalLayer,
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    attention_context,
+    attention_kernel,
+    sincos_2d,
+)
+from dit.model.options import SWITCHES
+
+
+def _registry_entry(name: str):
+    def build(**kwargs) -> DiT:
+        return DiT(model_config(name, **kwargs))
+
+    build.__name__ = name.replace("-", "_").replace("/", "_")
+    return build
+
+
+class DiT(nn.Module):
+    """Class-conditional latent (or pixel) diffusion transformer.
+
+    Takes the official constructor arguments; any combination of sizes builds, so custom small models
+    for pixel-space data need no registry entry.
+    """
+
+    def __init__(self, config: DiTConfig | None = None, **fields):
+        """``DiT(cfg)``, or the official keyword arguments: ``DiT(input_size=32, num_classes=1000)`` (any
+        ``DiTConfig`` field; sizes need no registry entry)."""
+        super().__init__()
+        cfg = self.config = config if config is not None else DiTConfig(**fields)
+        d = cfg.hidden_size
+        self.in_channels, self.out_channels, self.patch_size = cfg.in_channels, cfg.out_channels, cfg.patch_size
+        self.num_heads, self.input_size, self.num_classes = cfg.num_heads, cfg.input_size, cfg.num_classes
+
+        self.x_embedder = PatchEmbed(cfg.patch_size, cfg.in_channels, d)
+        self.t_embedder = TimestepEmbedder(d, cfg.frequency_embedding_size)
+        # An unconditional model (num_classes 0) has no label table: its conditioning is the timestep alone.
+        self.y_embedder = LabelEmbedder(cfg.num_classes, d, cfg.class_dropout_prob) if cfg.num_classes else None
+        # Frozen, but a Parameter (not a buffer) so that it is in the state dict as in the official release.
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.tokens, d), requires_grad=False)
+        self.attention = "auto"  # the blocks' attention kernel (set_attention)
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
+        self.final_layer = FinalLayer(cfg)
+        if cfg.rope:  # fixed tables, rebuilt from the config: not in the state dict
+            for name, table in zip(("rope_cos", "rope_sin"), SWITCHES["rope"].build(cfg)):
+                self.register_buffer(name, torch.tensor(table, dtype=torch.float32).unsqueeze(1), persistent=False)
+        self.initialize_weights()
+
+    @classmethod
+    def from_config(cls, cfg: DiTConfig) -> DiT:
+        return cls(cfg)
+
+    def initialize_weights(self):
+        """Xavier linears, fixed sin-cos positions, N(0, 0.02) embedders, and zeroed adaLN and output."""
+        if self.pos_embed.is_meta:
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        table = sincos_2d(self.config.hidden_size, self.config.grid)
+        self.pos_embed.data.copy_(torch.from_numpy(table).float().unsqueeze(0))
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        if self.y_embedder is not None:
+            nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        for layer in [b.adaLN_modulation[-1] for b in self.blocks] + [
+            self.final_layer.adaLN_modulation[-1],
+            self.final_layer.linear,
+        ]:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    # ---- activation checkpointing ---------------------------------------------------------------------
+
+    def set_checkpointing(self, blocks: str | int | bool | Iterable[int] | None = "all"):
+        """Activation checkpointing: recompute the forward of some blocks in backward to save memory.
+
+        ``"all"``/True: every block; ``"none"``/False/None/0: none; an int n: the first n blocks (the
+        count is what the memory model and the cost model need, not where the blocks are); an iterable of
+        indices: exactly those. Works on a built (even wrapped) model.
+        """
+        depth = len(self.blocks)
+        if blocks is True or blocks == "all":
+            chosen = set(range(depth))
+        elif blocks in (None, False, "none"):
+            chosen = set()
+        elif isinstance(blocks, int):
+            if not 0 <= blocks <= depth:
+                raise ValueError(f"cannot checkpoint {blocks} blocks of a depth-{depth} model")
+            chosen = set(range(blocks))
+        else:
+            chosen = {int(i) for i in blocks}
+            bad = sorted(i for i in chosen if not 0 <= i < depth)
+            if bad:
+                raise ValueError(f"checkpoint block indices {bad} are outside 0..{depth - 1}")
+        for i, block in enumerate(self.blocks):
+            block.checkpointed = i in chosen
+        return self
+
+    @property
+    def checkpoint_mask(self) -> list[bool]:
+        return [block.checkpointed for block in self.blocks]
+
+    def set_attention(self, backend: str = "auto"):
+        """Attention kernel for every block: one of ``ATTENTION_BACKENDS`` (see ``attention_kernel``)."""
+        attention_kernel(backend, "cpu", torch.float32)  # validates the name
+        for block in self.blocks:
+            block.attn.backend = backend
+        self.attention = backend
+        return self
+
+    @property
+    def num_checkpointed_blocks(self) -> int:
+        return sum(self.checkpoint_mask)
+
+    # ---- forward --------------------------------------------------------------------------------------
+
+    def _check_input(self, x: torch.Tensor):
+        """A shape bug keeps its traceback (ValueError): user data is checked where it is loaded."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"DiT expects input of shape (N, {self.in_channels}, {self.input_size}, {self.input_size}), "
+                f"got {tuple(x.shape)}"
+            )
+        if x.shape[-2:] != (self.input_size, self.input_size):
+            raise ValueError(f"DiT was built for {self.input_size}x{self.input_size} inputs, got {tuple(x.shape)}")
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, p*p*C) -> (N, C, H, W); the output features are ordered (p, q, c)."""
+        c, p = self.out_channels, self.patch_size
+        h = w = int(x.shape[1] ** 0.5)
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        force_drop_ids: torch.Tensor | None = None,
+        return_hidden_at: int | None = None,
+    ):
+        """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null).
+
+        ``force_drop_ids`` (1 = use the null label) replaces the random class dropout, so that a trainer
+        can draw the dropout from its own counter-based random stream. ``return_hidden_at=k`` (1-based, as
+        REPA's ``encoder_depth``) also returns the (N, T, D) tokens after block k: (output, tokens).
+        """
+        self._check_input(x)
+        if return_hidden_at is not None and not 1 <= return_hidden_at <= len(self.blocks):
+            raise ValueError(f"return_hidden_at must be in 1..{len(self.blocks)}, got {return_hidden_at}")
+        x = self.x_embedder(x) + self.pos_embed
+        c = self.t_embedder(t)
+        if self.y_embedder is not None:
+            c = c + self.y_embedder(y, self.training, force_drop_ids)
+        rope = (self.rope_cos, self.rope_sin) if self.config.rope else None
+        hidden = None
+        with attention_context(self.attention):
+            for i, block in enumerate(self.blocks, start=1):
+                x = block(x, c, rope)
+                if i == return_hidden_at:
+                    hidden = x
+        out = self.unpatchify(self.final_layer(x, c))
+        return out if return_hidden_at is None else (out, hidden)
+
+    def forward_with_cfg(
+        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, cfg_channels: int | str = 3
+    ) -> torch.Tensor:
+        """Classifier-free guidance on a batch [conditional; unconditional] sharing the first half's noise.
+
+        ``cfg_channels=3`` is the official behaviour (the paper's FID used it); ``"all"`` guides every
+        noise channel. The learned-variance channels are never guided, even for models with fewer than
+        3 input channels, where the official ``[:3]`` would reach into them.
+        """
+        guided = self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
+        half = x[: len(x) // 2]
+        out = self.forward(torch.cat([half, half]), t, y)
+        eps, rest = out[:, :guided], out[:, guided:]
+        cond, uncond = eps.chunk(2)
+        half_eps = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([half_eps, half_eps]), rest], dim=1)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+
+    def load_weights(self, state_dict: dict, source: str = "checkpoint"):
+        """Strict load whose error lists every missing, unexpected and mis-shaped key."""
+        state_dict = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state_dict.items()}
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        shapes = [
+            f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"
+            for k in own
+            if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+        ]
+        if missing or unexpected or shapes:
+            parts = []
+            for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+                if keys:
+                    shown = "; ".join(keys[:8]) + (f"; ... ({len(keys)} in all)" if len(keys) > 8 else "")
+                    parts.append(f"{label}: {shown}")
+            raise UserError(
+                f"{source} does not fit this model ({describe(self.config)}). "
+                + " | ".join(parts)
+                + ". Pass the --model, --image-size and --num-classes the checkpoint was trained with."
+            )
+        self.load_state_dict(state_dict, strict=True)
+        return self
+
+
+# The official drop-in: DiT_models["DiT-XL/2"](input_size=32, num_classes=1000).
+DiT_models = {name: _registry_entry(name) for name in MODEL_NAMES}
