@@ -88,7 +88,7 @@ class StudyConfig(Section):
         "guidance intervals: all, edm2 (sigma in [0.28, 5.42], EDM2-S's, in this model's time), or LO:HI in "
         "--guidance-interval's units (t/1000 for diffusion, 1 = noise; flow t, 1 = data)",
     )
-    num_samples: int = option(500, "samples per setting", ge=65)
+    num_samples: int = option(1000, "samples per setting (docs/evaluation.md: the sample count)", ge=65)
     batch_size: int = option(250, "samples per batch", ge=1)
     seed: int = option(0, "image i has the label and noise of (seed, i) in every setting", ge=0)
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")

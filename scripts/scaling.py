@@ -86,7 +86,12 @@ class ScalingConfig(Section):
         "training FLOPs between evaluations (TFLOP), and one at the end: a larger budget continues a run",
         gt=0,
     )
-    eval_num_samples: int = option(500, "EMA samples per evaluation", ge=65, aliases=("--eval-samples",))
+    eval_num_samples: int = option(
+        1000,
+        "EMA samples per evaluation (docs/evaluation.md: the sample count)",
+        ge=65,
+        aliases=("--eval-samples",),
+    )
     eval_num_sampling_steps: int = option(
         10, "network evaluations per evaluation sample: DDIM steps, or twice the Heun steps of a flow run", ge=2,
         aliases=("--eval-sampling-steps",),
