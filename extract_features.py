@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from dit.cli import run_cli
 from dit.data.store import verify_store
 from dit.extract import EXTRACT_FACE, extract_features
+from dit.io.cli import run_cli
 
 FACE = EXTRACT_FACE
 

@@ -6,7 +6,7 @@ python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   
 
 from __future__ import annotations
 
-from dit.cli import run_cli
+from dit.io.cli import run_cli
 from dit.runtime import Runtime
 from dit.sample.config import SAMPLE_FACE, parse_sample_config
 from dit.sample.grid import run_sample

@@ -6,7 +6,7 @@ Exit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGT
 
 import sys
 
-from dit.cli import run_cli
+from dit.io.cli import run_cli
 from dit.runtime.stop import EXIT_CODES
 from dit.train import TRAIN_FACE, parse_train_config, train
 

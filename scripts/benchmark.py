@@ -22,9 +22,9 @@ import json
 import sys
 
 from dit import bench
-from dit.atomic import atomic_write_bytes
-from dit.cli import run_cli
-from dit.config import Face
+from dit.io.atomic import atomic_write_bytes
+from dit.io.cli import run_cli
+from dit.io.config import Face
 from dit.runtime import Runtime
 
 FACE = Face(

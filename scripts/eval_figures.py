@@ -24,9 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dit.atomic import atomic_write
-from dit.cli import run_cli
-from dit.config import Face, Section, option
 from dit.data.digits import load_mnist_5k
 from dit.eval.evaluator import Evaluator, shard_batches
 from dit.eval.features import InceptionFeatures, digit_split, load_digit_classifier
@@ -40,6 +37,9 @@ from dit.eval.metrics import (
 )
 from dit.eval.reference import load_reference, save_stats, stats_from_features
 from dit.eval.sources import NpzImages
+from dit.io.atomic import atomic_write
+from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
 
 MNIST_BATCH = 500
 

@@ -564,7 +564,7 @@ def section_sample(ctx: Ctx) -> dict:
 
 
 def _write(path: Path, record) -> None:
-    from dit.atomic import atomic_write_bytes
+    from dit.io.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 

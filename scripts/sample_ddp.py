@@ -8,7 +8,7 @@ same command after a kill finishes the set without duplicates or gaps.
 
 from __future__ import annotations
 
-from dit.cli import run_cli
+from dit.io.cli import run_cli
 from dit.runtime import Runtime
 from dit.sample.config import FID_FACE, parse_fid_config
 from dit.sample.fid_set import write_fid_samples

@@ -7,7 +7,7 @@ The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of
 and noise of (seed, i)), scored by the digit classifier and by the digit judge against the 4,000 training
 digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
 JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
-guided evaluation, one per unguided one (``dit.sampling_plan``). Finished rows are kept in the ``--out``
+guided evaluation, one per unguided one (``dit.objectives.sampling_plan``). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
 
@@ -28,21 +28,21 @@ from pathlib import Path
 
 import numpy as np
 
-from dit.atomic import atomic_write_bytes
-from dit.cli import run_cli
-from dit.config import Face, Section, option
 from dit.cost.plots import plot_sampling_front
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.errors import UserError
 from dit.eval.evaluator import Evaluator, judges_for
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference
+from dit.io.atomic import atomic_write_bytes
+from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
+from dit.io.errors import UserError
+from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
 from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
 from dit.sample.loading import load_sampling_model
-from dit.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 
 SPECS = (
     "ddpm",

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dit.atomic import atomic_write_bytes
-from dit.cli import run_cli
-from dit.config import Face, Section, option
-from dit.errors import UserError
 from dit.eval.compare import Judged, better, judge_ahead
 from dit.eval.features import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
+from dit.io.atomic import atomic_write_bytes
+from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
+from dit.io.errors import UserError
 
 SCORES = ("fid", "fd_judge")
 

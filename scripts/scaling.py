@@ -20,19 +20,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit.atomic import atomic_write_bytes
-from dit.cli import run_cli
-from dit.config import Face, Section, option
 from dit.cost.analytic import training_flops_per_image
 from dit.cost.plots import plot_quality
 from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
-from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
+from dit.io.atomic import atomic_write_bytes
+from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
+from dit.io.errors import UserError
 from dit.objectives import OBJECTIVES
+from dit.objectives.sampling_plan import sampling_plan
 from dit.runtime.stop import EXIT_CODES
-from dit.sampling_plan import sampling_plan
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
 
@@ -68,7 +68,7 @@ def flops_per_step(cfg, batch: int) -> tuple[float, float]:
     if not cfg.repa_encoder.encoder:
         return dit, 0.0, 0.0
     from dit.cost.analytic import repa_flops
-    from dit.encoder import encoder_shape, resolve_input_size, upstream_flops
+    from dit.data.encoder import encoder_shape, resolve_input_size, upstream_flops
 
     name = cfg.repa_encoder.encoder
     size = resolve_input_size(name, cfg.repa_encoder.input_size, round(model.tokens**0.5))

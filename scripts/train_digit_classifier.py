@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save
 
-from dit.atomic import atomic_write, atomic_write_bytes
-from dit.cli import run_cli
 from dit.data.digits import load_mnist_5k, seeded_script
 from dit.data.store import sha256_file
 from dit.eval.features import DIGIT_WEIGHTS, DigitClassifier, digit_split, digits_to_input
+from dit.io.atomic import atomic_write, atomic_write_bytes
+from dit.io.cli import run_cli
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:

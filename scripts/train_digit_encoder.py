@@ -1,9 +1,9 @@
-"""Train REPA's digit encoder, ``digits-mae`` (dit/weights/digits_mae.safetensors), without labels.
+"""Train REPA's digit encoder, ``digits-mae`` (dit/data/weights/digits_mae.safetensors), without labels.
 
     python scripts/train_digit_encoder.py
 
 The digit FID's classifier must not be REPA's teacher, so this is another network trained another way: the
-timm ViT of ``dit.encoder.LOCAL_ENCODERS["digits-mae"]`` (patch 4 on 28x28: the quick start's 7x7 token grid)
+timm ViT of ``dit.data.encoder.LOCAL_ENCODERS["digits-mae"]`` (patch 4 on 28x28: the quick start's 7x7 token grid)
 as a masked autoencoder (He et al. 2021, reimplemented from the paper): 75% of the patches hidden, the
 encoder sees the rest, a small decoder (discarded) predicts the hidden patches' pixels, normalised per patch.
 On the 4,000 training digits of MNIST-5k (``dit.eval.features.digit_split``), no labels. Deterministic: one
@@ -28,14 +28,14 @@ from timm.models.vision_transformer import Block
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit.atomic import atomic_write_bytes
-from dit.cli import run_cli
 from dit.cost.analytic import vit_forward_macs
 from dit.cost.measured import CPU_SDPA_FORMULAS
 from dit.data.digits import load_mnist_5k, seeded_script
+from dit.data.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.data.store import sha256_file
-from dit.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.eval.features import digit_split
+from dit.io.atomic import atomic_write_bytes
+from dit.io.cli import run_cli
 from dit.model.layers import sincos_2d
 
 NAME = "digits-mae"

@@ -23,8 +23,6 @@ import torch.nn.functional as F
 from safetensors.torch import save
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit.atomic import atomic_write, atomic_write_bytes
-from dit.cli import run_cli
 from dit.data.digits import load_mnist_5k, seeded_script
 from dit.data.store import sha256_file
 from dit.eval.features import (
@@ -37,6 +35,8 @@ from dit.eval.features import (
 )
 from dit.eval.metrics import frechet_distance, mean_cov
 from dit.eval.reference import digits_reference, save_stats
+from dit.io.atomic import atomic_write, atomic_write_bytes
+from dit.io.cli import run_cli
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

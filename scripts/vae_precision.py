@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from dit.data.vae import encode_moments
 from dit.runtime.precision import Precision
-from dit.vae import encode_moments
 
 
 def _vae(sd_shape: bool):

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from dit.checkpoint import save_training_checkpoint
-from dit.cli import run_cli
+from dit.io.cli import run_cli
 from dit.model.dit import DiT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ FACE_MODULES = {
     "dit-cost": "dit/cost/__main__.py",
     "dit.cost": "dit/cost/__main__.py",
     "dit.eval": "dit/eval/__main__.py",
-    "dit.quickstart": "dit/quickstart.py",
+    "dit.quickstart": "dit/quickstart/__init__.py",
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit import checkpoint as ck
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from dit.checkpoint import (
     load_checkpoint,
     verify_checkpoint,
 )
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.train import parse_train_config, train
 
 

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 import dit
 from dit.checkpoint import latest_checkpoint, load_checkpoint
-from dit.config import Section
-from dit.errors import UserError
+from dit.io.config import Section
+from dit.io.errors import UserError
 from dit.train import TRAIN_FACE, TrainConfig, parse_train_config, train
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -185,7 +185,7 @@ def test_the_trainer_flags_are_the_sections_fields():
 
 def face_options(name: str, face) -> list[tuple[str, str, str, str]]:
     """(command, flag, type, default) of every option of a face and its subcommands, as the docs write them."""
-    from dit.config import _REQUIRED, _unwrap
+    from dit.io.config import _REQUIRED, _unwrap
 
     def tname(hint) -> str:
         return tname(typing.get_args(hint)[0]) + "..." if typing.get_origin(hint) is tuple else hint.__name__

@@ -14,10 +14,10 @@ from dit.cost.analytic import (
     training_flops_per_image,
     vae_flops,
 )
-from dit.errors import UserError
+from dit.cost.vae_facts import SD_VAE_CONFIG
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, model_config
 from dit.model.dit import DiT
-from dit.vae_facts import SD_VAE_CONFIG
 
 # tests/data/dit_configs.csv: the official code's GMACs and parameter counts, and the paper's "Gflops".
 ROWS = [

@@ -3,7 +3,7 @@
 import pytest
 
 from dit.cost.memory import estimate_training_memory, max_batch_that_fits, trace_training_memory
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, model_config
 
 ALL = "all"

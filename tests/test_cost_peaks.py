@@ -14,7 +14,7 @@ from dit.cost.peaks import (
     resolve_peak,
     table_peak,
 )
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 # torch.cuda.get_device_name() strings seen in public code (../shared/research/accounting.md, 3.3).
 REAL_NAMES = {

@@ -14,9 +14,9 @@ from dit.cost.plan import (
     plan_training,
     save_calibration,
 )
-from dit.errors import UserError
+from dit.cost.vae_facts import SD_VAE_CONFIG
+from dit.io.errors import UserError
 from dit.model.config import model_config
-from dit.vae_facts import SD_VAE_CONFIG
 
 ISSUE_COMMAND = (
     "train --model DiT-XL/2 --image-size 256 --global-batch-size 256 --max-steps 400000 --gpu H100-SXM "

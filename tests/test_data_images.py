@@ -15,7 +15,7 @@ from dit.data.images import (
     read_image,
     scan_image_folder,
 )
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 
 def test_center_crop_keeps_the_centre_and_resizes_the_short_side():

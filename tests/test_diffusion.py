@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from dit.diffusion import create_diffusion, space_timesteps
 from dit.model.dit import DiT
+from dit.objectives.gaussian import create_diffusion, space_timesteps
 
 
 def linear_alpha_bar(t):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import FACE_MODULES, faces
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "scripts" / "gpu_bench.sh"]

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from dit.errors import UserError
 from dit.eval.metrics import (
     FrechetToReference,
     bootstrap_fd,
@@ -16,6 +15,7 @@ from dit.eval.metrics import (
     paired_bootstrap,
     resample_indices,
 )
+from dit.io.errors import UserError
 
 
 def gaussian(n: int, d: int, seed: int, shift: float = 0.0, scale: float = 1.0) -> np.ndarray:

@@ -16,7 +16,6 @@ import torch
 from helpers import build_tiny_vae, make_image_folder
 from PIL import Image
 
-from dit.cli import run_cli
 from dit.data.digits import load_mnist_5k
 from dit.data.store import sha256_file
 from dit.eval import Evaluator, load_feature_net, load_reference
@@ -25,6 +24,7 @@ from dit.eval.__main__ import main
 from dit.eval.evaluator import judges_for
 from dit.eval.features import digit_split
 from dit.extract import ExtractConfig, extract_features
+from dit.io.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,6 @@ from torch import nn
 
 from dit.data.digits import load_mnist_5k
 from dit.data.store import sha256_file
-from dit.errors import UserError
 from dit.eval.features import (
     DIGIT_WEIGHTS,
     INCEPTION_NAME,
@@ -22,6 +21,7 @@ from dit.eval.features import (
     load_digit_classifier,
     load_inception,
 )
+from dit.io.errors import UserError
 
 
 @pytest.fixture(scope="module")

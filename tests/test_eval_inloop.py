@@ -119,7 +119,7 @@ def test_evaluation_time_stays_out_of_the_mfu_window(tmp_path, digits_ref, monke
 
 
 def test_bad_eval_settings_fail_at_start(tmp_path, digits_ref):
-    from dit.errors import UserError
+    from dit.io.errors import UserError
 
     with pytest.raises(UserError, match="--eval-ref"):
         eval_config(tmp_path, None)

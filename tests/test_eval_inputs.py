@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from dit.cli import run_cli
 from dit.data.digits import load_mnist_5k
-from dit.errors import UserError
 from dit.eval import Evaluator, load_feature_net, load_reference
 from dit.eval import evaluator as evaluator_module
 from dit.eval.__main__ import main
 from dit.eval.features import digit_split
 from dit.eval.metrics import knn_radii, precision_recall
 from dit.eval.reference import checksum
+from dit.io.cli import run_cli
+from dit.io.errors import UserError
 
 
 def cli(argv, capsys) -> tuple[int, str, str]:

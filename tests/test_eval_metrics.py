@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-from dit.errors import UserError
 from dit.eval.features import INCEPTION_NAME
 from dit.eval.metrics import (
     class_accuracy,
@@ -18,6 +17,7 @@ from dit.eval.metrics import (
     precision_recall,
 )
 from dit.eval.reference import load_reference, save_stats, stats_from_features
+from dit.io.errors import UserError
 
 
 def gaussian_with_exact_moments(rng, n: int, mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:

@@ -13,9 +13,10 @@ import torch
 from diffusers import DiTPipeline
 from helpers import face, run_face, tiny_dit, write_our_checkpoint
 
-from dit.cli import run_cli
-from dit.diffusion import create_diffusion
-from dit.errors import UserError
+from dit.data.vae import decode
+from dit.io.cli import run_cli
+from dit.io.errors import UserError
+from dit.objectives.gaussian import create_diffusion
 from dit.sample.export import (
     PIPELINE_NULL_CLASS,
     exported_label_table,
@@ -26,7 +27,6 @@ from dit.sample.export import (
 )
 from dit.sample.generate import Guidance, GuidedModel
 from dit.sample.loading import load_sampling_model
-from dit.vae import decode
 
 
 @pytest.fixture(scope="module")

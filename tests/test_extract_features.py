@@ -15,12 +15,12 @@ import pytest
 import torch
 from helpers import build_tiny_vae, make_image_folder
 
-from dit.cli import run_cli
 from dit.data.images import read_image, to_model_range
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import MANIFEST, read_header, sha256_file, shard_file
-from dit.errors import UserError
-from dit.vae import encode_moments, load_vae
+from dit.data.vae import encode_moments, load_vae
+from dit.io.cli import run_cli
+from dit.io.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("extract_features", REPO / "extract_features.py")
@@ -211,7 +211,7 @@ def test_bad_input_is_refused_and_nothing_is_overwritten(reference, images, vae_
 
 def test_a_second_extraction_into_the_same_store_is_refused(images, vae_dir, tmp_path, capsys):
     """The second would delete the first one's temp files as a killed run's (reliability.md, row 1)."""
-    from dit.atomic import FolderLock
+    from dit.io.atomic import FolderLock
 
     out = tmp_path / "store"
     holder = FolderLock(out, "extraction", "wait").acquire()  # as a running extraction holds it

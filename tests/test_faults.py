@@ -15,13 +15,13 @@ from helpers import make_image_folder, run_face, write_our_checkpoint
 from PIL import Image
 from test_train import Pixels, tiny_config
 
-from dit.atomic import FolderLock, atomic_write_bytes
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from dit.cli import run_cli
-from dit.config import flatten_record
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import MANIFEST, read_manifest, shard_file, verify_store, write_moments_store
-from dit.errors import UserError
+from dit.io.atomic import FolderLock, atomic_write_bytes
+from dit.io.cli import run_cli
+from dit.io.config import flatten_record
+from dit.io.errors import UserError
 from dit.train import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from helpers import build_tiny_vae, make_image_folder, randomize, run_face
 from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import MODEL_NAMES, model_config, model_config_from_shapes
 from dit.model.dit import DiT_models
 from dit.runtime import Runtime

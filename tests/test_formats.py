@@ -14,9 +14,9 @@ from dit.checkpoint import FORMAT, atomic_torch_save, load_checkpoint, load_trai
 from dit.checkpoint.lineage import HEAD, HEAD_FORMAT, follow, read_head
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import FORMAT_VERSION, MANIFEST, check_existing_store, write_manifest, write_moments_store
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.eval.reference import FORMAT as STATS_FORMAT
 from dit.eval.reference import checksum, load_reference, save_stats
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.sample.loading import load_sampling_model
 from dit.train import parse_train_config
 

@@ -5,7 +5,7 @@ in no set the quick start installed) while every test passed in a `.venv` that h
 reads the imports reachable from each face statically (ast; lazy imports inside functions count, a
 ``typing.TYPE_CHECKING`` block does not), and checks each against core (``install_requires``) plus the
 extras the docs name for that face. An optional import is covered where it is guarded: by
-``dit.errors.require(module, extra, ...)`` (the extra must provide it; that file's plain imports of the
+``dit.io.errors.require(module, extra, ...)`` (the extra must provide it; that file's plain imports of the
 module run after the check) or by ``try: import ... except
 ImportError: raise UserError(...)`` (some extra must provide it).
 """
@@ -28,7 +28,7 @@ FACES = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py")),
     "dit/cost/__main__.py",  # python -m dit.cost, dit-cost
     "dit/eval/__main__.py",  # python -m dit.eval
-    "dit/quickstart.py",  # python -m dit.quickstart
+    "dit/quickstart/__init__.py",  # python -m dit.quickstart
 ]
 # Extras the docs tell the users of a face to install for its unguarded imports (every other optional import
 # is guarded). A pair here must be written down: the face's name and the extra in one doc file.
@@ -203,7 +203,7 @@ def test_the_check_fails_on_an_import_no_install_set_provides(tmp_path):
     extra that does not hold it, is reported; stdlib, first-party and covered imports are not."""
     face = tmp_path / "new_face.py"
     face.write_text(
-        "import os\nimport numpy\nfrom helper_mod import thing\nfrom dit.errors import require\n\n"
+        "import os\nimport numpy\nfrom helper_mod import thing\nfrom dit.io.errors import require\n\n"
         "def optional():\n    require('scipy', 'vae', 'a job')\n    import no_such_package_xyz\n\n"
         "if False:\n    pass\n"
     )
@@ -216,6 +216,6 @@ def test_the_check_fails_on_an_import_no_install_set_provides(tmp_path):
     assert not any(m in p for p in problems for m in ("numpy", "yaml", " os")), problems
     assert len(problems) == 3
     no_scipy = core - {"scipy"}  # the defect that broke the quick start: FID's scipy outside core
-    assert any("import scipy" in p for p in uncovered([ROOT / "dit/quickstart.py"], no_scipy, extras)), (
+    assert any("import scipy" in p for p in uncovered([ROOT / "dit/quickstart/__init__.py"], no_scipy, extras)), (
         "the quick start imports scipy through its evaluation"
     )

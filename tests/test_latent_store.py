@@ -25,7 +25,7 @@ from dit.data.store import (
     write_moments_store,
     write_shard,
 )
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 
 def synthetic_moments(n, views=2, size=4, seed=0):

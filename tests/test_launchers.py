@@ -10,7 +10,7 @@ import pytest
 from helpers import make_image_folder
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_RUN = ["--model", "DiT-S/8", "--depth", "2", "--hidden-size", "64", "--num-heads", "2", "--patch-size", "4",
@@ -87,7 +87,7 @@ def _hand_started(rank: int, port: int, timeout_s: str) -> subprocess.Popen:
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "DIT_RENDEZVOUS_TIMEOUT_S": timeout_s}  # fmt: skip
     code = (  # a face: run_cli prints a UserError as one line
-        "from dit.cli import run_cli\nfrom dit.runtime import Runtime\ndef main(argv):\n"
+        "from dit.io.cli import run_cli\nfrom dit.runtime import Runtime\ndef main(argv):\n"
         "    with Runtime('cpu') as rt:\n        print(rt.rank, rt.world)\n    return 0\n"
         "raise SystemExit(run_cli(main, []))"
     )

@@ -1,42 +1,25 @@
-"""The layer rule of docs/architecture.md: core <- cost <- data and VAE <- engine <- faces, no import downward."""
+"""The layer rule of docs/architecture.md: foundations <- core <- cost <- data <- engine <- faces, no import
+downward, no import cycle, and every module in a folder named for its layer or component."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = [  # module prefixes, top layer first
-    (
-        "core",
-        (
-            "dit.model",
-            "dit.models",
-            "dit.sampling_plan",
-            "dit.diffusion",
-            "dit.transport",
-            "dit.repa",
-            "dit.config",
-            "dit.errors",
-            "dit.atomic",
-            "dit.userfiles",
-            "dit.cli",
-            "dit.progress",
-            "dit.launcher",
-            "dit.objectives",
-            "dit.repa_config",
-            "dit.vae_facts",
-        ),
-    ),
+LAYERS = [  # module prefixes (folders), top layer first
+    ("foundations", ("dit.io",)),
+    ("core", ("dit.model", "dit.models", "dit.objectives")),  # dit.models: the official drop-in (a re-export)
     ("cost", ("dit.cost",)),
-    ("data", ("dit.vae", "dit.encoder", "dit.data")),
+    ("data", ("dit.data",)),
     (
         "engine",
-        ("dit.runtime", "dit.checkpoint", "dit.train", "dit.sample", "dit.extract", "dit.bench", "dit.eval"),
+        ("dit.runtime", "dit.checkpoint", "dit.train", "dit.sample", "dit.eval", "dit.bench", "dit.extract"),
     ),
     (
         "faces",
         ("dit.quickstart", "dit.cost.__main__", "dit.eval.__main__", "dit.checkpoint.__main__"),
     ),  # python -m
 ]
+LOOSE = {"__init__.py", "models.py"}  # the only modules directly in dit/: the package and the official drop-in
 
 
 def layer_of(module: str) -> int:
@@ -63,6 +46,66 @@ def test_no_module_imports_a_layer_below_it():
                 if name.startswith("dit.") and layer_of(name) > mine:
                     bad.append(f"{module} ({LAYERS[mine][0]}) imports {name} ({LAYERS[layer_of(name)][0]})")
     assert not bad, "\n".join(bad)
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in sorted((ROOT / "dit").rglob("*.py"))}  # fmt: skip
+
+
+def _module_level_imports(tree: ast.Module):
+    """The imports that run when the module is imported: not those inside functions or under TYPE_CHECKING."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (the graph is small)."""
+    reaches = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            if (m := todo.pop()) not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        reaches[start] = seen
+    return sorted({tuple(sorted(n for n in reaches[m] if m in reaches[n])) for m in graph if m in reaches[m]})
+
+
+def test_import_cycles_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [("a", "b", "c")]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_dit_modules():
+    """Module-level imports only; a submodule's import of its own package is not an edge (the package is always
+    initialised first, and a package re-exporting its submodules would otherwise be a cycle by construction)."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        graph[module] = set()
+        for node in _module_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            graph[module] |= {n for n in names if n in modules and n != module and not module.startswith(n + ".")}
+    assert not import_cycles(graph), import_cycles(graph)
+
+
+def test_no_loose_module_in_dit():
+    """Every module lives in a folder named for its layer or component (docs/architecture.md, Layers)."""
+    loose = sorted(p.name for p in (ROOT / "dit").glob("*.py") if p.name not in LOOSE)
+    assert not loose, f"move {loose} into the folder of their layer or component"
 
 
 def test_cost_never_imports_the_engine_or_torch_at_module_level():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import DATA, spec_rows
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
 from dit.model.dit import DiT, DiT_models
 from dit.model.layers import (

@@ -12,14 +12,14 @@ import sys
 for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm", "wandb"):
     sys.modules[name] = None  # "import diffusers" now raises ImportError
 import torch
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.runtime import Runtime
 from dit.sample.generate import Guidance, Sampler, generate
 from dit.sample.loading import load_sampling_model
 from dit.train import TrainConfig, train
 from dit.checkpoint import latest_checkpoint
-from dit.transport import Transport
-from dit.transport.samplers import FlowField, ode_sample
+from dit.objectives.transport import Transport
+from dit.objectives.transport.samplers import FlowField, ode_sample
 
 class Pixels(torch.utils.data.Dataset):
     def __len__(self):
@@ -35,11 +35,11 @@ with Runtime("cpu") as rt:
     sm = load_sampling_model(latest_checkpoint(out + "/checkpoints"))
     images = generate(sm, Sampler(sm, 2, "ddim", guidance=Guidance(2.0)), [0, 1], [0, 1], precision=rt.precision)
 assert images.shape == (2, 3, 8, 8)
-for call in (lambda: __import__("dit.vae").vae.load_vae("ema"),
+for call in (lambda: __import__("dit.data.vae").data.vae.load_vae("ema"),
              lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config),
              lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), [0.0, 1.0], "dopri5"),
              lambda: Sampler(sm, 5, "dpmpp-2m"),
-             lambda: __import__("dit.encoder").encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m")):
+             lambda: __import__("dit.data.encoder").data.encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

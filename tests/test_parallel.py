@@ -9,7 +9,7 @@ import torch
 from helpers import tiny_dit
 
 import dit.train.parallel as parallel
-from dit.config import FieldError
+from dit.io.config import FieldError
 from dit.model.layers import DiTBlock
 from dit.train.parallel import ParallelSection
 

@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from dit import quickstart
 from dit.checkpoint import latest_checkpoint, load_checkpoint
-from dit.cli import run_cli
 from dit.data import digits
-from dit.errors import UserError
+from dit.io.cli import run_cli
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 

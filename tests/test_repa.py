@@ -19,12 +19,12 @@ from dit.cost.analytic import (
     training_flops_per_image,
     vit_forward_macs,
 )
+from dit.data.encoder import Encoder, create_encoder_model, encoder_shape, vit_shape
 from dit.data.images import read_image, to_model_range
 from dit.data.reader import LatentStoreDataset
 from dit.data.store import read_header, shard_file
-from dit.encoder import Encoder, create_encoder_model, encoder_shape, vit_shape
-from dit.errors import UserError
-from dit.repa import RepaProjector, repa_loss, resample_tokens
+from dit.io.errors import UserError
+from dit.model.projector import RepaProjector, repa_loss, resample_tokens
 from dit.sample.loading import WeightsSection
 from dit.train import TrainConfig, train
 
@@ -310,9 +310,9 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
 
 
 def test_stores_without_features_or_flips_are_refused(tmp_path):
+    from dit.data.repa_config import RepaEncoderSection
     from dit.data.store import write_moments_store
     from dit.extract import ExtractConfig, extract_features
-    from dit.repa_config import RepaEncoderSection
 
     with pytest.raises(UserError, match="drop --no-flip"):
         extract_features(ExtractConfig(feature_path=str(tmp_path / "s"), flip=False), RepaEncoderSection(ENCODER))
@@ -415,8 +415,8 @@ def test_a_grey_image_is_repeated_for_a_colour_encoder(encoder_file):
 def test_digits_mae_loads_by_name_with_its_report():
     from safetensors.torch import load_file
 
+    from dit.data.encoder import LOCAL_ENCODERS
     from dit.data.store import sha256_file
-    from dit.encoder import LOCAL_ENCODERS
 
     local = LOCAL_ENCODERS["digits-mae"]
     report = json.loads(local.report.read_text())

@@ -14,8 +14,8 @@ import pytest
 import torch
 from helpers import face, run_face
 
-from dit.cli import run_cli
-from dit.errors import UserError
+from dit.io.cli import run_cli
+from dit.io.errors import UserError
 from dit.sample.fid_set import pack_npz, png_path
 from dit.sample.generate import fid_label
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 from helpers import TINY, randomize
 
-from dit.diffusion import create_diffusion
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.dit import DiT
+from dit.objectives.gaussian import create_diffusion
+from dit.objectives.sampling_plan import SCHEDULER_SAMPLERS, check_guidance_interval, sampling_plan
 from dit.objectives.schedulers import make_scheduler, scheduler_sample
+from dit.objectives.transport import Transport
 from dit.sample.generate import Guidance, Sampler, SamplingModel, noise_seed, sample_latents
-from dit.sampling_plan import SCHEDULER_SAMPLERS, check_guidance_interval, sampling_plan
-from dit.transport import Transport
 
 pytest.importorskip("diffusers")
 

@@ -15,7 +15,7 @@ import torch
 from test_train_cli import REPO, image_folder, run, train_args  # noqa: F401 (image_folder: a fixture)
 
 from dit.checkpoint import list_checkpoints, load_checkpoint
-from dit.errors import WRITER_KEY, UserError
+from dit.io.errors import WRITER_KEY, UserError
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -92,7 +92,7 @@ def test_a_sharded_folder_of_a_newer_format_or_foreign_metadata_is_one_line(tmp_
 
 def test_the_export_face_refuses_missing_arguments_in_one_line(capsys, tmp_path):
     from dit.checkpoint.__main__ import main
-    from dit.cli import run_cli
+    from dit.io.cli import run_cli
 
     for argv in ([], ["export"], ["export", str(tmp_path / "none"), str(tmp_path / "out.pt")]):
         assert run_cli(main, argv) == 2

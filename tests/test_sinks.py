@@ -8,7 +8,7 @@ import pytest
 from helpers import make_image_folder, run_face
 from test_train import Pixels, tiny_config
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.train import train
 from dit.train.ledger import LedgerSection
 from dit.train.sinks import Sink, Sinks
@@ -54,7 +54,7 @@ def test_a_sink_is_one_file_found_by_its_name_with_its_options(tmp_path, monkeyp
 
     (tmp_path / "sinks_probe.py").write_text(
         "from dataclasses import dataclass\n"
-        "from dit.config import Section, option\n"
+        "from dit.io.config import Section, option\n"
         "from dit.train.sinks import Sink\n\n"
         "@dataclass(frozen=True)\n"
         "class ProbeOptions(Section):\n"

@@ -11,9 +11,9 @@ import typing
 import pytest
 from helpers import faces
 
-from dit.cli import run_cli
-from dit.config import _REQUIRED, _hints, _unwrap
-from dit.errors import UserError
+from dit.io.cli import run_cli
+from dit.io.config import _REQUIRED, _hints, _unwrap
+from dit.io.errors import UserError
 
 # ---- helpers -------------------------------------------------------------------------------------------
 
@@ -226,8 +226,8 @@ def _filled(f, tmp_path) -> dict:
 
 def test_a_write_the_os_refuses_later_is_one_line_and_leaves_nothing(read_only, tmp_path, capsys):
     """Past the face's check (a folder made read-only meanwhile, a name built by the run): the one write
-    point, dit.atomic, and for any other open the CLI's printer, say it in one line."""
-    from dit.atomic import atomic_write_bytes
+    point, dit.io.atomic, and for any other open the CLI's printer, say it in one line."""
+    from dit.io.atomic import atomic_write_bytes
 
     def main(argv):
         atomic_write_bytes(argv[0], b"{}")
@@ -341,7 +341,7 @@ def test_a_degenerate_file_is_one_line_naming_it(reader, face_name, argv, name, 
 
 @pytest.mark.parametrize("kind", list(DEGENERATE) + ["not ids"])
 def test_a_degenerate_class_names_file_is_one_line(kind, tmp_path):
-    from dit.errors import UserError
+    from dit.io.errors import UserError
     from dit.sample.export import read_id2label
 
     path = tmp_path / "names.json"
@@ -367,8 +367,8 @@ def test_degenerate_weights_files_are_one_line(kind, suffix, tmp_path, capsys):
     from helpers import build_tiny_vae
 
     from dit.checkpoint import load_checkpoint
-    from dit.encoder import WEIGHTS, Encoder
-    from dit.vae import load_vae
+    from dit.data.encoder import WEIGHTS, Encoder
+    from dit.data.vae import load_vae
 
     real = (WEIGHTS / "digits_mae.safetensors").read_bytes()
     content = {"empty": b"", "truncated": real[:1000], "png": PNG + b"0" * 64, "text": b"not weights\n"}[kind]

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from dit.cost.analytic import training_flops_per_image
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.train import TrainConfig, train
 

@@ -9,7 +9,7 @@ from test_train import tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.data.store import write_moments_store
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.train import train
 
 
@@ -61,8 +61,8 @@ def test_trains_on_images_encoded_on_the_fly(tmp_path, vae_dir):
     assert ckpt["config"]["data"]["vae"] == vae_dir  # the sampler decodes with the run's own VAE
     # The encoder runs inside the step: its FLOPs are counted, and MFU is given with and without them.
     from dit.cost.analytic import training_flops_per_image, vae_flops
+    from dit.data.vae import load_vae
     from dit.model.config import DiTConfig
-    from dit.vae import load_vae
 
     encode = vae_flops(dict(load_vae(vae_dir).config), 32).encode
     model = training_flops_per_image(DiTConfig(**ckpt["model_config"])).model
@@ -96,7 +96,7 @@ def test_an_unreadable_image_names_the_file_and_keeps_the_work(tmp_path, vae_dir
 
 def test_a_store_reports_the_encode_it_paid_once(tmp_path):
     from dit.cost.analytic import vae_flops
-    from dit.vae_facts import SD_VAE_CONFIG
+    from dit.cost.vae_facts import SD_VAE_CONFIG
 
     g = torch.Generator().manual_seed(0)
     moments = torch.randn(16, 2, 2, 4, 4, 4, generator=g).abs()

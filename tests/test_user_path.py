@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dit import progress
+from dit.io import progress
 from dit.runtime import default_workers
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""dit.vae: loading by folder/alias/hub id, the scaling rule, posterior sampling, decoding, clear failures."""
+"""dit.data.vae: loading by folder/alias/hub id, the scaling rule, posterior sampling, decoding, clear failures."""
 
 import os
 
@@ -7,8 +7,7 @@ import pytest
 import torch
 from helpers import build_tiny_vae
 
-from dit.errors import UserError
-from dit.vae import (
+from dit.data.vae import (
     decode,
     encode,
     encode_moments,
@@ -19,6 +18,7 @@ from dit.vae import (
     vae_id_and_config_hash,
     weights_sha256,
 )
+from dit.io.errors import UserError
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from test_train import Pixels, tiny_config
 
-from dit.atomic import FolderLock
+from dit.io.atomic import FolderLock
 from dit.train import train
 
 STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")  # 2026-12-02T01:23:45.678Z

@@ -24,7 +24,7 @@ from dit.bench.steps import (
     bench_train,
     profile_train_step,
 )
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 MODES = {
     "train": (c.TrainBench, "training-step throughput and MFU, precisions paired"),
@@ -72,8 +72,8 @@ def _unfit(
     (no check, ``auto`` checkpointing, which the trainer fits itself, or a flag the trainer will refuse)."""
     import torch
 
-    from dit.config import FieldError
     from dit.cost.memory import estimate_training_memory, usable_memory
+    from dit.io.config import FieldError
     from dit.model.config import model_config, parse_activation_checkpointing
     from dit.model.layers import attention_kernel
     from dit.runtime import Precision

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import Section, option
+from dit.io.config import Section, option
 from dit.model.config import ACTIVATION_CHECKPOINTING_HELP
 from dit.model.layers import ATTENTION_BACKENDS
+from dit.objectives.sampling_plan import GUIDANCE_HELP
 from dit.runtime import PRECISIONS
-from dit.sampling_plan import GUIDANCE_HELP
 
 OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"
 

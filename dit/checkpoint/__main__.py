@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from dit.checkpoint.format import atomic_torch_save, load_checkpoint
-from dit.cli import run_cli
-from dit.config import Parser
-from dit.errors import UserError
+from dit.io.cli import run_cli
+from dit.io.config import Parser
+from dit.io.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:

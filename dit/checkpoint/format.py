@@ -23,9 +23,9 @@ import torch
 
 import dit.checkpoint.sharded as sharded
 from dit import __version__
-from dit.atomic import atomic_write, atomic_write_bytes, stale_temp_files
 from dit.data.store import sha256_file
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.atomic import atomic_write, atomic_write_bytes, stale_temp_files
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
 _STEP = re.compile(r"^(\d{7,})(\.pt)?$")  # a file NNNNNNN.pt, or a sharded folder NNNNNNN

@@ -19,9 +19,9 @@ import secrets
 from pathlib import Path
 
 from dit import __version__
-from dit.atomic import atomic_write_bytes
 from dit.checkpoint.format import FORMAT, checksum_path, list_checkpoints, read_record, verify_checkpoint
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.atomic import atomic_write_bytes
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 HEAD = "branch.json"
 HEAD_FORMAT = "dit-ledger-branch/1"

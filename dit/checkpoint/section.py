@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit.config import FieldError, Section, option
-from dit.errors import UserError
+from dit.io.config import FieldError, Section, option
+from dit.io.errors import UserError
 
 _TOLD: set[str] = set()  # fallbacks already reported
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from dit import __version__
-from dit.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
 from dit.data.store import sha256_file
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import sys
 
-from dit.cli import run_cli
-from dit.config import Face
 from dit.cost import analytic, peaks, plan
 from dit.cost.args import (
     CostModelSection,
@@ -28,11 +26,13 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
-from dit.errors import UserError
+from dit.data.repa_config import RepaEncoderSection, RepaSection
+from dit.io.cli import run_cli
+from dit.io.config import Face
+from dit.io.errors import UserError
+from dit.io.progress import duration
 from dit.model.config import MODEL_NAMES, describe
-from dit.progress import duration
-from dit.repa_config import RepaEncoderSection, RepaSection
-from dit.sampling_plan import FidSamplingSection
+from dit.objectives.sampling_plan import FidSamplingSection
 
 # ---- output ---------------------------------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
     """REPA's auxiliary FLOPs for --repa-encoder (torch and timm imported only then), or None."""
     if not encoder.encoder:
         return None
-    from dit.encoder import encoder_shape, resolve_input_size
+    from dit.data.encoder import encoder_shape, resolve_input_size
 
     size = resolve_input_size(encoder.encoder, encoder.input_size, round(cfg.tokens**0.5))
     return analytic.repa_flops(encoder_shape(encoder.encoder, size), cfg, repa.projector_dim), size

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.errors import UserError
+from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, registry_name
 from dit.model.options import chosen
-from dit.vae_facts import AUTOENCODER_KL_DEFAULTS
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
 # conditioning vector, not once per token; that is why 6*N*T overcounts DiT by ~46%.
@@ -301,7 +301,7 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
 
 @dataclass(frozen=True)
 class ViTShape:
-    """What fixes a ViT encoder's forward FLOPs (read from a built timm model by ``dit.encoder.vit_shape``).
+    """What fixes a ViT encoder's forward FLOPs (read from a built timm model by ``dit.data.encoder.vit_shape``).
 
     ``prefix_tokens`` are the class and register tokens, which every block processes with the patches;
     ``gated`` MLPs (SwiGLU) have three matrices of ``mlp_hidden`` columns where a GELU MLP has two."""

@@ -14,7 +14,7 @@ import warnings
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from dit.errors import require
+from dit.io.errors import require
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.cost.analytic import option_params, param_counts
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe
 from dit.model.options import chosen
 
@@ -233,8 +233,8 @@ def trace_training_memory(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from dit.diffusion import create_diffusion
     from dit.model.dit import DiT
+    from dit.objectives.gaussian import create_diffusion
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(checkpointed_blocks).train()

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 PEAK_ENV = "DIT_PEAK_TFLOPS"
@@ -396,7 +396,7 @@ def _keep(path: Path, data: bytes) -> str | None:
     """Write the cache file; None, or why it cannot be. The cache is an optimisation: a ``$DIT_CACHE_DIR``
     that is a file, read-only or not creatable (it stopped training with "File exists") is one warning line
     per process, on rank 0, and the run goes on with its peak measured and not kept."""
-    from dit.atomic import atomic_write_bytes
+    from dit.io.atomic import atomic_write_bytes
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,7 +426,7 @@ def forget_cpu_peak(precision: str) -> Path | None:
     try:
         cache = json.loads(path.read_text())
         cache.pop(_cpu_key(cpu_arithmetic(precision)))
-        from dit.atomic import atomic_write_bytes
+        from dit.io.atomic import atomic_write_bytes
 
         atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
         return path

@@ -10,7 +10,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dit.atomic import atomic_write_bytes
 from dit.cost.analytic import (
     RepaFlops,
     forward_macs,
@@ -27,10 +26,11 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
-from dit.errors import UserError
+from dit.cost.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
+from dit.io.atomic import atomic_write_bytes
+from dit.io.errors import UserError
+from dit.io.userfiles import read_json
 from dit.model.config import DiTConfig, describe, model_config, registry_name
-from dit.userfiles import read_json
-from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
 
 
 def vae_config_for(spec: str | None) -> dict | None:

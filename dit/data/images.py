@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # What a broken or mislabelled file makes PIL raise while opening or decoding it.

@@ -17,8 +17,8 @@ from dit.data.store import (
     sha256_file,
     sha256_files,
 )
-from dit.errors import UserError
-from dit.vae import sample_posterior as draw_posterior
+from dit.data.vae import sample_posterior as draw_posterior
+from dit.io.errors import UserError
 
 _TAGS = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}  # storage dtype -> safetensors tag
 

@@ -26,8 +26,8 @@ import safetensors.torch
 import torch
 
 from dit import __version__
-from dit.atomic import atomic_write_bytes, stale_temp_files
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.atomic import atomic_write_bytes, stale_temp_files
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger-latent-store"
 FORMAT_VERSION = 1
@@ -349,7 +349,7 @@ def write_moments_store(
 
     Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store;
     ``vae_config``, if the VAE that made the moments is known, lets a run report what encoding them cost.
-    ``features`` ([N, views, tokens, width]) are REPA's, made by ``encoder`` (``dit.encoder.Encoder.identity``).
+    ``features`` ([N, views, tokens, width]) are REPA's, made by ``encoder`` (``dit.data.encoder.Encoder.identity``).
     """
     n, views, _, c, h, w = moments.shape
     names = [f"{source}/{i}" for i in range(n)]

@@ -17,9 +17,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from dit.cli import run_cli
-from dit.config import Face, FieldError, Section, option
-from dit.errors import UserError
 from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, judges_for, shard_batches
 from dit.eval.features import (
     FEATURE_NETS,
@@ -32,6 +29,9 @@ from dit.eval.features import (
 from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES, min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
+from dit.io.cli import run_cli
+from dit.io.config import Face, FieldError, Section, option
+from dit.io.errors import UserError
 from dit.runtime import Runtime
 
 DEFAULT_BATCH = {"inception": 64, "mnist": 500, "dinov2": 64, "digit-judge": 500}

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dit.errors import UserError
 from dit.eval.metrics import BOOTSTRAP_RESAMPLES, paired_bootstrap
+from dit.io.errors import UserError
 
 MIN_SHARE = 0.95
 MIN_JUDGES = 2

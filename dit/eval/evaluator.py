@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.errors import UserError
 from dit.eval.features import DIGIT_JUDGE_REFERENCE, FeatureNet, judge_key, load_digit_judge, load_dinov2
 from dit.eval.metrics import (
     BOOTSTRAP_RESAMPLES,
@@ -35,6 +34,7 @@ from dit.eval.metrics import (
     precision_recall,
 )
 from dit.eval.reference import ReferenceStats, load_reference
+from dit.io.errors import UserError
 from dit.runtime import Runtime
 
 METRICS = ("fid", "sfid", "is", "pr", "accuracy")

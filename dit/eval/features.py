@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.runtime.precision import reference
 
 INCEPTION_NAME = "inception-v3-tf-2015-12-05"  # the network behind ADM's reference statistics
@@ -353,7 +353,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def create_dinov2(arch: str = DINOV2_ARCH) -> nn.Module:
     """timm's DINOv2 ViT at 224 px without a head, randomly initialised (tests use it so; a real file is
     loaded by ``load_dinov2``)."""
-    from dit.errors import require
+    from dit.io.errors import require
 
     timm = require("timm", "repa", "FD_DINOv2 (--dinov2-weights)")
     return timm.create_model(arch, pretrained=False, num_classes=0, img_size=DINOV2_SIZE)

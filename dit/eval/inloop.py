@@ -14,18 +14,18 @@ import re
 import time
 from dataclasses import dataclass
 
-from dit.config import FieldError, Section, option
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.data.images import to_uint8
-from dit.errors import UserError
 from dit.eval.evaluator import SCORES, Evaluator, judges_for, my_batches
 from dit.eval.features import feature_net_for
 from dit.eval.reference import load_reference
+from dit.io.config import FieldError, Section, option
+from dit.io.errors import UserError
 from dit.model.dit import DiT
+from dit.objectives.sampling_plan import SamplingSection
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
 from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed
-from dit.sampling_plan import SamplingSection
 
 
 @dataclass(frozen=True)

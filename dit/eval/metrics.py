@@ -14,7 +14,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 SQRTM_EPS = 1e-6  # ADM's offset on both covariances' diagonals when sqrtm(Σ1 Σ2) is not finite
 IMAG_TOLERANCE = 1e-3  # ADM: a complex sqrtm is accepted only if its diagonal is real within this

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from dit import __version__
-from dit.atomic import atomic_write
-from dit.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.eval.features import INCEPTION_NAME
 from dit.eval.metrics import mean_cov
 from dit.eval.sources import NpzImages
+from dit.io.atomic import atomic_write
+from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger-eval-stats/1"
 _ARRAYS = ("mu", "sigma", "mu_s", "sigma_s", "features")

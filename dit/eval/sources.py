@@ -17,8 +17,8 @@ from PIL import Image
 
 from dit.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, center_crop_arr, to_rgb, to_uint8
 from dit.data.reader import LatentStoreDataset
-from dit.errors import UserError
-from dit.vae import decode, load_vae, weights_sha256
+from dit.data.vae import decode, load_vae, weights_sha256
+from dit.io.errors import UserError
 
 
 class NpzImages:

@@ -11,8 +11,8 @@ import dataclasses
 import typing
 from dataclasses import asdict, dataclass, field
 
-from dit.config import FieldError, Section, option
-from dit.errors import UserError
+from dit.io.config import FieldError, Section, option
+from dit.io.errors import UserError
 from dit.model.options import CHOICES, MLPS, NORMS, SWITCHES, choices_help, swiglu_width
 
 _UNSET = object()

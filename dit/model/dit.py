@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
 from dit.model.layers import (
     DiTBlock,

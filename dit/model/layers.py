@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.options import MLPS, NORMS, SWITCHES
 

@@ -1,4 +1,4 @@
-"""DiT's Gaussian diffusion (``dit.diffusion``, the official ``create_diffusion``) as an ``Objective``."""
+"""DiT's Gaussian diffusion (``dit.objectives.gaussian``, the official ``create_diffusion``) as an ``Objective``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import inspect
 
 import numpy as np
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.objectives import Objective
-from dit.sampling_plan import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
+from dit.objectives.sampling_plan import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
 
 # The section's names of GaussianDiffusion's options where they differ from its own.
 RENAMED = {"loss_weight": "loss_weighting", "time_sampling": "timestep_sampling"}
@@ -27,7 +27,7 @@ class DiffusionObjective(Objective):
     def __init__(self, noise_schedule: str = "linear", predict_xstart: bool = False, learn_sigma: bool = True,
                  **recipe):  # fmt: skip
         """``recipe``: ``GaussianDiffusion``'s training options (loss weighting, times) under the section's names."""
-        from dit.diffusion import create_diffusion
+        from dit.objectives.gaussian import create_diffusion
 
         self.noise_schedule, self.predict_xstart, self.learn_sigma = noise_schedule, predict_xstart, learn_sigma
         self.diffusion = create_diffusion(
@@ -38,7 +38,7 @@ class DiffusionObjective(Objective):
     @classmethod
     def from_record(cls, run: dict, learn_sigma: bool) -> DiffusionObjective:
         """Every option of the record that ``GaussianDiffusion`` takes: a new one needs no line here."""
-        from dit.diffusion import GaussianDiffusion
+        from dit.objectives.gaussian import GaussianDiffusion
 
         takes = inspect.signature(GaussianDiffusion).parameters
         recipe = {k: v for k, v in run.items() if RENAMED.get(k, k) in takes and v is not None}
@@ -62,7 +62,7 @@ class DiffusionObjective(Objective):
             raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
 
     def process(self, num_steps, sample_eps):
-        from dit.diffusion import create_diffusion
+        from dit.objectives.gaussian import create_diffusion
 
         return create_diffusion(str(num_steps), noise_schedule=self.noise_schedule, learn_sigma=self.learn_sigma,
                                 predict_xstart=self.predict_xstart)  # fmt: skip

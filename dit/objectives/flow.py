@@ -1,13 +1,13 @@
-"""SiT's flow matching (``dit.transport``) as an ``Objective``."""
+"""SiT's flow matching (``dit.objectives.transport``) as an ``Objective``."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.objectives import Objective
-from dit.sampling_plan import FLOW_SAMPLERS
+from dit.objectives.sampling_plan import FLOW_SAMPLERS
 
 
 class FlowObjective(Objective):
@@ -24,7 +24,7 @@ class FlowObjective(Objective):
 
     @classmethod
     def from_record(cls, run: dict, learn_sigma: bool = False) -> FlowObjective:
-        from dit.transport import Transport
+        from dit.objectives.transport import Transport
 
         return cls(Transport.from_record(run))
 
@@ -46,7 +46,7 @@ class FlowObjective(Objective):
 
     def check_options(self, kind, method, sample_eps, diffusion_form) -> None:
         if kind == "sde" and diffusion_form == "SBDM":
-            from dit.transport.samplers import diffusion_coefficient
+            from dit.objectives.transport.samplers import diffusion_coefficient
 
             t0 = self.sampling_interval(sample_eps)[0]
             if not math.isfinite(diffusion_coefficient(self.process(0, sample_eps), "SBDM", t0)):
@@ -57,8 +57,8 @@ class FlowObjective(Objective):
 
     def sampling_loop(self, kind, process, plan, *, method, diffusion_form, last_step, atol, rtol):
         """The ODE (``ODE_INTEGRATORS[method]``) or the SDE along the plan's grid."""
-        from dit.progress import progress as progress_bar
-        from dit.transport.samplers import FlowField, ode_sample, sde_sample
+        from dit.io.progress import progress as progress_bar
+        from dit.objectives.transport.samplers import FlowField, ode_sample, sde_sample
 
         def loop(fn, x, kwargs, noise, progress):
             field, grid = FlowField(process, fn, kwargs), plan.grid

@@ -18,10 +18,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dit.diffusion import ModelMeanType, SpacedDiffusion
-from dit.errors import require
-from dit.progress import progress as progress_bar
-from dit.sampling_plan import SCHEDULERS, SamplingPlan
+from dit.io.errors import require
+from dit.io.progress import progress as progress_bar
+from dit.objectives.gaussian import ModelMeanType, SpacedDiffusion
+from dit.objectives.sampling_plan import SCHEDULERS, SamplingPlan
 
 
 def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):

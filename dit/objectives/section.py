@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from dit.config import FieldError, Section, option
-from dit.diffusion.gaussian_diffusion import LOSS_WEIGHTINGS
+from dit.io.config import FieldError, Section, option
 from dit.objectives import OBJECTIVES, Objective
-from dit.transport.path import PATHS
-from dit.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
+from dit.objectives.gaussian.gaussian_diffusion import LOSS_WEIGHTINGS
+from dit.objectives.transport.path import PATHS
+from dit.objectives.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
 
 # One flag for the loss weight of either objective; which values apply depends on it.
 DIFFUSION_LOSS_WEIGHTS = LOSS_WEIGHTINGS  # none, min-snr (Min-SNR-gamma on the MSE term)

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dit.atomic import FolderLock
-from dit.config import Section, option
-from dit.errors import UserError
-from dit.launcher import check_process_count, process_env, rendezvous_seconds
+from dit.io.atomic import FolderLock
+from dit.io.config import Section, option
+from dit.io.errors import UserError
+from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
 from dit.runtime.stop import StopFlag

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import Face, Section, option
+from dit.io.config import Face, Section, option
+from dit.objectives.sampling_plan import FidSamplingSection, SamplingSection
 from dit.runtime import DeviceSection
 from dit.sample.loading import WeightsSection
-from dit.sampling_plan import FidSamplingSection, SamplingSection
 
 _PRECISION = DeviceSection.__dataclass_fields__["precision"].metadata
 WEIGHTS_INPUTS = {"ckpt": "file", "vae": "file"}  # what WeightsSection's faces read

@@ -13,7 +13,7 @@ import torch
 
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.cost.peaks import Peak, peak_for_device
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.sample.generate import SamplingModel
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from dit.atomic import atomic_write_bytes
-from dit.errors import UserError, require
+from dit.io.atomic import atomic_write_bytes
+from dit.io.errors import UserError, require
+from dit.io.userfiles import read_json, read_text
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 from dit.model.layers import timestep_embedding
-from dit.userfiles import read_json, read_text
 
 if typing.TYPE_CHECKING:
     from diffusers import DDIMScheduler, DiTTransformer2DModel

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from dit.atomic import atomic_write, stale_temp_files
 from dit.checkpoint import find_checkpoint, official_release
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.errors import UserError
+from dit.io.atomic import atomic_write, stale_temp_files
+from dit.io.errors import UserError
+from dit.io.progress import progress
 from dit.model.config import registry_name
-from dit.progress import progress
+from dit.objectives.sampling_plan import settings_record
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
@@ -35,7 +36,6 @@ from dit.sample.generate import (
     to_images,
 )
 from dit.sample.loading import load_weights
-from dit.sampling_plan import settings_record
 
 
 @dataclass

@@ -18,21 +18,21 @@ from dataclasses import dataclass
 import torch
 
 from dit import objectives
-from dit.config import FieldError
-from dit.errors import UserError
+from dit.data.vae import decode
+from dit.io.config import FieldError
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 from dit.objectives import Objective
-from dit.runtime import Precision, Stream, mix_seed
-from dit.sampling_plan import (
+from dit.objectives.sampling_plan import (
     DEFAULT_METHODS,
     SamplingSection,
     check_guidance_interval,
     guided_at,
     sampling_plan,
 )
-from dit.transport import Transport
-from dit.vae import decode
+from dit.objectives.transport import Transport
+from dit.runtime import Precision, Stream, mix_seed
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
 OFFICIAL_CLASS_LABELS = (207, 360, 387, 974, 88, 979, 417, 279)
@@ -148,7 +148,7 @@ class PerImageNoise:
 class Guidance:
     """Classifier-free guidance: the scale (1 turns it off), the noise channels it guides (3, the official
     code's, or "all"), and the interval of times it is on (None: every evaluation; the units are
-    ``dit.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data)."""
+    ``dit.objectives.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data)."""
 
     scale: float = 1.0
     channels: int | str = 3
@@ -200,7 +200,7 @@ class GuidedModel:
 
 
 class Sampler:
-    """One sampling method with its settings and guidance, and its plan (``dit.sampling_plan``: which
+    """One sampling method with its settings and guidance, and its plan (``dit.objectives.sampling_plan``: which
     evaluations run, at which times, which of them guided), made before it runs and followed when it runs.
 
     ``run`` samples a batch and leaves ``nfe``, ``guided_nfe`` and ``unguided_nfe``: the network evaluations

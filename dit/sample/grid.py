@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torchvision.utils import save_image
 
-from dit.atomic import atomic_write
+from dit.io.atomic import atomic_write
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import torch
 
 from dit.checkpoint import load_checkpoint, model_weights, official_release
-from dit.config import Section, flatten_record, option
-from dit.errors import UserError
+from dit.cost.vae_facts import is_sd_vae
+from dit.data.vae import latent_downsample, load_vae
+from dit.io.config import Section, flatten_record, option
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
 from dit.model.dit import DiT
 from dit.objectives import OBJECTIVES
 from dit.sample.generate import SamplingModel
-from dit.vae import latent_downsample, load_vae
-from dit.vae_facts import is_sd_vae
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def load_sampling_model(
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
     official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
     ``image_size`` and ``num_classes`` are then checks; ``objective`` "flow" marks a bare SiT release, whose
-    transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.vae.load_vae``, "none" for pixel space, or
+    transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.data.vae.load_vae``, "none" for pixel space, or
     None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
     ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
     when the run was pixel space.

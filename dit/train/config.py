@@ -15,12 +15,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dit.checkpoint import CheckpointSection
-from dit.config import Face, FieldError, Section, option
-from dit.errors import UserError
+from dit.data.repa_config import RepaEncoderSection, RepaSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
+from dit.io.config import Face, FieldError, Section, option
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig, ModelSection
 from dit.objectives.section import ObjectiveSection
-from dit.repa_config import RepaEncoderSection, RepaSection
 from dit.runtime import DeviceSection
 from dit.train.data import DataSection
 from dit.train.ledger import LedgerSection
@@ -258,7 +258,7 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
 def latent_space(vae_spec: str | None) -> str | None:
     """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own;
     pixel space (None, "none") is none."""
-    from dit.vae_facts import is_sd_vae
+    from dit.cost.vae_facts import is_sd_vae
 
     if vae_spec in (None, "none"):
         return None

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dit.config import Section, option
-from dit.errors import UserError
+from dit.io.config import Section, option
+from dit.io.errors import UserError
 from dit.runtime import Runtime, Stream, default_workers, mix_seed
 from dit.runtime.stop import ignore_stop_signals
 
@@ -186,7 +186,7 @@ def build_data(
         )
     if data.pixel_space:
         return TrainData(ds, 3, image_size, notes=notes)
-    from dit import vae as vae_lib
+    from dit.data import vae as vae_lib
 
     vae = vae_lib.load_vae(data.vae, device=device)
     factor = vae_lib.latent_downsample(vae)

@@ -43,7 +43,7 @@ class EncodeImages(StepHook):
         self.eps = torch.randn((batch, *shape), generator=g, device=device)
 
     def prepare(self, x, stored, sl):
-        from dit.vae import encode
+        from dit.data.vae import encode
 
         with torch.no_grad(), self.precision.frozen():  # bf16: 273 GFLOP an SD image, not in fp32
             return encode(self.vae, x, eps=self.eps[sl])

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from dit.checkpoint import load_checkpoint, model_weights
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.dit import DiT
 
 TABLE = "y_embedder.embedding_table.weight"
@@ -64,7 +64,7 @@ def init_from(model: DiT, path: str, weights: str = "ema", report: Path | None =
     if report is not None:
         listing = {"source": str(path), "weights": which, "loaded": loaded, "recomputed": recomputed,
                    "reinitialised": reinitialised}  # fmt: skip
-        from dit.atomic import atomic_write_bytes
+        from dit.io.atomic import atomic_write_bytes
 
         atomic_write_bytes(report, json.dumps(listing, indent=1).encode())
     changed = "; ".join(recomputed + reinitialised) or "nothing resized or re-initialised"

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import torch
 
-from dit.config import Section, option
 from dit.cost.analytic import forward_macs, training_flops_per_image, vae_flops
 from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import forget_cpu_peak, peak_for_device
+from dit.cost.vae_facts import SD_VAE_CONFIG, is_sd_vae
+from dit.io.config import Section, option
 from dit.model.config import describe
 from dit.model.dit import DiT
 from dit.runtime import DeviceSection, Runtime
 from dit.train.data import TrainData
 from dit.train.sinks import Sinks, TensorBoard
-from dit.vae_facts import SD_VAE_CONFIG, is_sd_vae
 
 
 def _sink_modules() -> dict[str, type]:

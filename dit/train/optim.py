@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.config import Section, option
+from dit.io.config import Section, option
 
 # What a resume may change only when --allow-changes names it (the rest of this section fixes the data order).
 RECIPE_FIELDS = (

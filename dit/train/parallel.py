@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.config import FieldError, Section, option
 from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
-from dit.errors import UserError
+from dit.io.config import FieldError, Section, option
+from dit.io.errors import UserError
 from dit.model.config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
 from dit.model.dit import DiT
 from dit.model.layers import ATTENTION_BACKENDS

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from dit.cost.analytic import RepaFlops, repa_flops
-from dit.errors import UserError
+from dit.data.repa_config import RepaEncoderSection, RepaSection
+from dit.io.errors import UserError
 from dit.model.config import DiTConfig
-from dit.repa import RepaProjector, repa_loss, resample_tokens
-from dit.repa_config import RepaEncoderSection, RepaSection
+from dit.model.projector import RepaProjector, repa_loss, resample_tokens
 from dit.train.hooks import StepHook
 
 
@@ -28,7 +28,7 @@ class Repa(StepHook):
         device: torch.device,
         precision,
     ):
-        from dit.encoder import Encoder, encoder_shape, resolve_input_size, upstream_flops
+        from dit.data.encoder import Encoder, encoder_shape, resolve_input_size, upstream_flops
 
         if not 1 <= repa.depth <= model_cfg.depth:
             raise UserError(
@@ -89,7 +89,9 @@ class Repa(StepHook):
         return x
 
     def output(self, out):
-        out, self.projected = out  # ``dit.repa.RepaModel``: (the DiT's output, block ``depth``'s projected tokens)
+        out, self.projected = (
+            out  # ``dit.model.projector.RepaModel``: (the DiT's output, block ``depth``'s projected tokens)
+        )
         return out
 
     def loss(self, scale):

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import yaml
 
-from dit.atomic import cannot_write, utc_now
-from dit.progress import write
+from dit.io.atomic import cannot_write, utc_now
+from dit.io.progress import write
 
 
 class Sink(Protocol):

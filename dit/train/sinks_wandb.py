@@ -11,9 +11,9 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit.atomic import atomic_write_bytes
-from dit.config import Section, option
-from dit.errors import UserError, require
+from dit.io.atomic import atomic_write_bytes
+from dit.io.config import Section, option
+from dit.io.errors import UserError, require
 from dit.train.sinks import Sink, numbers
 
 

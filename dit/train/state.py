@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.runtime import Runtime
 from dit.train.ema import EMA
@@ -32,7 +32,7 @@ class TrainState:
         trained: nn.Module | None = None,
         record: dict | None = None,
     ):
-        """``trained``: what the optimizer steps, when more than the model (``dit.repa.RepaModel``); ``record``: the
+        """``trained``: what the optimizer steps, when more than the model (``dit.model.projector.RepaModel``); ``record``: the
         run's resolved configuration. ``lineage`` is set once the run knows its branch (``dit.checkpoint.lineage``)."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch

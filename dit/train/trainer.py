@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from dit.atomic import atomic_write
 from dit.checkpoint import Checkpointer, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.errors import UserError, unwrap_worker_error
+from dit.io.atomic import atomic_write
+from dit.io.errors import UserError, unwrap_worker_error
+from dit.io.progress import progress
 from dit.model.dit import DiT
 from dit.model.layers import attention_kernel
-from dit.progress import progress
-from dit.repa import RepaModel
+from dit.model.projector import RepaModel
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped, StopFlag, close_workers
 from dit.train.config import TrainConfig, resume_point
@@ -173,7 +173,7 @@ class Trainer:
         cfg, device = self.cfg, self.runtime.device
         self.decoder = self.data.vae
         if self.decoder is None and self.data.vae_spec is not None and (cfg.ledger.sample_every or cfg.eval.every):
-            from dit.vae import load_vae
+            from dit.data.vae import load_vae
 
             self.decoder = load_vae(self.data.vae_spec, device)
         self.evaluation = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.config import FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 
 
 @dataclass(frozen=True)

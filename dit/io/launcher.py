@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 # accelerate's --mixed_precision -> our --precision ("no" is its name for full precision).
 ACCELERATE_PRECISIONS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}

@@ -21,7 +21,7 @@ from torch import nn
 
 from dit.cost.analytic import ViTShape
 from dit.data.store import sha256_file
-from dit.errors import UserError, require
+from dit.io.errors import UserError, require
 
 WEIGHTS = Path(__file__).resolve().parent / "weights"
 

@@ -13,7 +13,7 @@ from dit import __version__
 WRITER_KEY = "dit_ledger_version"
 
 # What to do about a path the OS refuses (a full disk, a read-only folder, a name too long): a fault of the
-# request, whichever write met it first. dit.atomic's writes and the CLI's printer both say it with these.
+# request, whichever write met it first. dit.io.atomic's writes and the CLI's printer both say it with these.
 REFUSED = {
     errno.ENOSPC: "free space on that disk or write elsewhere",
     errno.EDQUOT: "free space on that disk or write elsewhere",

@@ -2,7 +2,7 @@
 paper: a 3-layer MLP projects the DiT's tokens after one block onto a frozen encoder's patch features, and
 the loss adds the negative cosine similarity between them, averaged over tokens.
 
-The frozen encoder lives in ``dit.encoder`` (it loads weights); this module is pure PyTorch.
+The frozen encoder lives in ``dit.data.encoder`` (it loads weights); this module is pure PyTorch.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Time units of a plan (and of ``--guidance-interval LO HI``, a closed interval):
 
 - diffusion samplers (ours and diffusers' schedulers): t / T, where t is the original integer timestep the
   model sees (T = 1000 training steps; t = 999 is the noise end, 0 the data end), so 1 is noise, 0 is data;
-- flow samplers: SiT's t in [0, 1], where 0 is noise and 1 is data (dit/transport's convention).
+- flow samplers: SiT's t in [0, 1], where 0 is noise and 1 is data (dit/objectives/transport's convention).
 
 A guided evaluation runs the [conditional; unconditional] batch (two forward passes per image); an
 unguided one the conditional rows alone (one pass). Each evaluation is guided iff the guidance scale is
@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dit.config import FieldError, Section, option
-from dit.errors import UserError
+from dit.io.config import FieldError, Section, option
+from dit.io.errors import UserError
 
 # The sampler registry: the --sampler choices; each objective (dit.objectives) names its own from here.
 DIFFUSION_SAMPLERS = ("ddpm", "ddim")  # the diffusion's own loops (the reference)
@@ -49,7 +49,7 @@ DIFFUSION_STEPS = 1000  # T: the training timesteps every DiT diffusion has
 
 
 # ---- flow ODE integrators: one entry each, its step and the evaluations the step makes ----------------------
-# ``ode_sample`` (dit/transport/samplers.py) runs ``step`` between grid points; the plan takes ``times`` from
+# ``ode_sample`` (dit/objectives/transport/samplers.py) runs ``step`` between grid points; the plan takes ``times`` from
 # the same entry, so a new integrator is one line of ``ODE_INTEGRATORS`` (plain arithmetic: no torch here).
 
 

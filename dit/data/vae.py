@@ -18,8 +18,8 @@ import torch
 if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sampler run without it in pixel space
     from diffusers import AutoencoderKL
 
-from dit.errors import UserError, require
-from dit.vae_facts import VAE_ALIASES, latent_downsample_of
+from dit.cost.vae_facts import VAE_ALIASES, latent_downsample_of
+from dit.io.errors import UserError, require
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -98,7 +98,7 @@ def shift_factor(vae: AutoencoderKL) -> float:
 
 
 def latent_downsample(vae: AutoencoderKL) -> int:
-    """Image pixels per latent pixel along one side (``dit.vae_facts``, the rule the planner uses too)."""
+    """Image pixels per latent pixel along one side (``dit.cost.vae_facts``, the rule the planner uses too)."""
     return latent_downsample_of(vae.config)
 
 

@@ -19,9 +19,9 @@ from collections import deque
 import numpy as np
 import torch
 
-from dit.diffusion.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
+from dit.io.progress import progress as progress_bar
+from dit.objectives.gaussian.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
 from dit.objectives.times import logit_normal
-from dit.progress import progress as progress_bar
 
 
 class ModelMeanType(enum.Enum):

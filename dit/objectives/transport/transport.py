@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dit.objectives.times import logit_normal
-from dit.transport.path import PATHS, Path, _expand
+from dit.objectives.transport.path import PATHS, Path, _expand
 
 PREDICTIONS = ("velocity", "score", "noise")
 LOSS_WEIGHTS = ("none", "velocity", "likelihood")

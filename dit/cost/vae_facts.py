@@ -1,6 +1,6 @@
 """What the planner and the VAE loader must agree on about the autoencoders, without torch or diffusers:
 the SD VAE's aliases and config, diffusers' AutoencoderKL defaults, and the downsampling a config implies.
-``dit.vae`` loads and runs VAEs from these; ``dit.cost`` counts their FLOPs and latent shapes from them."""
+``dit.data.vae`` loads and runs VAEs from these; ``dit.cost`` counts their FLOPs and latent shapes from them."""
 
 from __future__ import annotations
 

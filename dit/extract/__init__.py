@@ -15,8 +15,8 @@ from datetime import timedelta
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dit.config import Face, FieldError, Section, option
 from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
+from dit.data.repa_config import RepaEncoderSection
 from dit.data.store import (
     STORAGE_DTYPES,
     StoreSpec,
@@ -28,12 +28,7 @@ from dit.data.store import (
     sources_sha256,
     write_shard,
 )
-from dit.errors import UserError
-from dit.progress import progress
-from dit.repa_config import RepaEncoderSection
-from dit.runtime import Runtime, default_workers
-from dit.runtime.stop import close_workers, ignore_stop_signals
-from dit.vae import (
+from dit.data.vae import (
     encode_moments,
     latent_downsample,
     load_vae,
@@ -42,6 +37,11 @@ from dit.vae import (
     vae_id_and_config_hash,
     weights_sha256,
 )
+from dit.io.config import Face, FieldError, Section, option
+from dit.io.errors import UserError
+from dit.io.progress import progress
+from dit.runtime import Runtime, default_workers
+from dit.runtime.stop import close_workers, ignore_stop_signals
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
     encoder = None
     if repa.encoder:  # REPA's features, by default on the token grid of a /2 DiT
         from dit.cost.analytic import vit_forward_macs
-        from dit.encoder import Encoder, resolve_input_size
+        from dit.data.encoder import Encoder, resolve_input_size
 
         size = resolve_input_size(repa.encoder, repa.input_size, latent // 2)
         encoder = Encoder(repa.encoder, repa.encoder_weights, size, device)

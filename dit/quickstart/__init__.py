@@ -19,12 +19,11 @@ from pathlib import Path
 from torchvision.utils import save_image
 
 from dit.checkpoint import latest_checkpoint
-from dit.cli import run_cli
-from dit.config import Face, Section, option
 from dit.data.digits import NUM_CLASSES, DigitDataset
-from dit.errors import UserError
 from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
+from dit.io.config import Face, Section, option
+from dit.io.errors import UserError
 from dit.runtime import Runtime
 from dit.runtime.stop import EXIT_CODES
 from dit.sample.generate import Guidance, Sampler, generate, noise_seed
@@ -195,7 +194,3 @@ def main(argv=None):
         "  dit-cost train --model DiT-XL/2 --gpu H100-SXM --num-gpus 8 --mfu 0.4 --global-batch-size 256 "
         "--max-steps 400000   # what the paper's run would cost"
     )
-
-
-if __name__ == "__main__":
-    raise SystemExit(run_cli(main))

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from dit.errors import REFUSED, UserError
+from dit.io.errors import REFUSED, UserError
 
 TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
 

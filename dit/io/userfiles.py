@@ -1,6 +1,6 @@
 """The small files a user names (presets, calibrations, class names, a VAE's config.json), read at one point:
 a missing one, a folder, a binary file (a PNG given as YAML) or malformed JSON is one line naming the file and
-the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside. Torch-free, as dit.config is."""
+the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside. Torch-free, as dit.io.config is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from dit.errors import UserError
+from dit.io.errors import UserError
 
 
 def read_text(path: str | os.PathLike, what: str, fix: str) -> str:

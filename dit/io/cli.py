@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from dit.errors import REFUSED, UserError
+from dit.io.errors import REFUSED, UserError
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
 
 
 def _end_bars() -> None:
-    """Close the progress bars still drawn (none where dit.progress was never imported: dit-cost stays light)."""
-    progress = sys.modules.get("dit.progress")
+    """Close the progress bars still drawn (none where dit.io.progress was never imported: dit-cost stays light)."""
+    progress = sys.modules.get("dit.io.progress")
     if progress is not None:
         progress.end_bars()

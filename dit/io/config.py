@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from dit.errors import UserError
-from dit.launcher import launcher_precision
-from dit.userfiles import read_text
+from dit.io.errors import UserError
+from dit.io.launcher import launcher_precision
+from dit.io.userfiles import read_text
 
 _REQUIRED = dataclasses.MISSING
 

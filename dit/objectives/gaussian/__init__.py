@@ -1,7 +1,7 @@
 """Gaussian diffusion for DiT: ``create_diffusion`` takes the official arguments."""
 
-from dit.diffusion import gaussian_diffusion as gd
-from dit.diffusion.gaussian_diffusion import (
+from dit.objectives.gaussian import gaussian_diffusion as gd
+from dit.objectives.gaussian.gaussian_diffusion import (
     LOSS_WEIGHTINGS,
     TIMESTEP_SAMPLINGS,
     GaussianDiffusion,
@@ -10,7 +10,7 @@ from dit.diffusion.gaussian_diffusion import (
     ModelVarType,
     get_named_beta_schedule,
 )
-from dit.diffusion.respace import SpacedDiffusion, space_timesteps
+from dit.objectives.gaussian.respace import SpacedDiffusion, space_timesteps
 
 __all__ = [
     "LOSS_WEIGHTINGS",
