@@ -6,8 +6,8 @@ sample sets). For each count n and score: the scores of the disjoint n-image sli
 range: what a sampling seed changes), the mean width of their 95% bootstrap intervals, and the bias, from a
 fit of score = S_inf + b / n over every slice (a Fréchet distance's finite-sample bias falls as 1 / n).
 
-  python scripts/sample_count.py --features out/count_s0.features/unipc-15-g1.25-edm2.npz \\
-      out/count_s1.features/unipc-15-g1.25-edm2.npz --sizes 500 1000 2000 --out docs/results/sample_count.json
+  python scripts/sample_count.py --kept-features out/count_s0.features/unipc-15-g1.25-edm2.npz \\
+      out/count_s1.features/unipc-15-g1.25-edm2.npz --counts 500 1000 2000 --out docs/results/sample_count.json
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ SCORES = ("fid", "fd_judge")
 class CountConfig(Section):
     """Spread, interval width and bias of the digit FID and the judge's FD against the sample count."""
 
-    features: tuple[str, ...] = option(help="kept features (.npz) of one setting, one file per sampling seed")
-    sizes: tuple[int, ...] = option([500, 1000, 2000], "sample counts to measure", ge=65)
+    kept_features: tuple[str, ...] = option(help="kept features (.npz) of one setting, one file per sampling seed")
+    counts: tuple[int, ...] = option([500, 1000, 2000], "sample counts to measure", ge=65)
     out: str | None = option(None, "write the measurement here (JSON)")
 
 
@@ -43,7 +43,7 @@ FACE = Face(
     __doc__,
     sections={"count": CountConfig},
     outputs={"out": "file"},
-    inputs={"features": "file"},
+    inputs={"kept_features": "file"},
 )
 
 
@@ -60,7 +60,7 @@ def measure(sets: list[np.ndarray], mu: np.ndarray, sigma: np.ndarray, sizes: tu
                 values.append(value)
                 widths.append(interval.high - interval.low)
         if not values:
-            raise UserError(f"--sizes {n}: no feature file holds {n} samples; sample more or drop the size.")
+            raise UserError(f"--counts {n}: no feature file holds {n} samples; sample more or drop the size.")
         xs += [1 / n] * len(values)
         ys += values
         out[str(n)] = {"slices": len(values), "scores": values, "mean": float(np.mean(values)),
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     classifier = digits_reference(load_digit_classifier())
     judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
     refs = {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-    files = [np.load(p) for p in c.features]
+    files = [np.load(p) for p in c.kept_features]
     result = {
         "command": "python scripts/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        **{s: measure([f[s] for f in files], *refs[s], c.sizes) for s in SCORES},
+        **{s: measure([f[s] for f in files], *refs[s], c.counts) for s in SCORES},
     }
     for s in SCORES:
         for n, r in result[s]["sizes"].items():

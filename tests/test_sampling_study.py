@@ -53,8 +53,8 @@ def test_two_settings_are_scored_plotted_and_not_run_again(tmp_path, capsys):
         "fd_judge",
     }
     assert len(other["fid"]) == 2 and "| dpmpp-2m-5-g2-0.2:0.7 |" in table
-    code, out_text, err = run_face("scripts/sample_count.py", ["--features", str(features),
-                                   str(seed1.with_suffix(".features") / features.name), "--sizes", "66", "70"], capsys)  # fmt: skip
+    code, out_text, err = run_face("scripts/sample_count.py", ["--kept-features", str(features),
+                                   str(seed1.with_suffix(".features") / features.name), "--counts", "66", "70"], capsys)  # fmt: skip
     assert code == 0, err
     assert "fd_judge n=70: 2 slices" in out_text
 

@@ -365,7 +365,7 @@ class Face:
         given = {flat: values.get(flat, self.fields[flat][1].default) for flat in (*self.outputs, *self.inputs)}
         for out_flat in self.outputs:
             for in_flat, kind in self.inputs.items():
-                sources = given[in_flat] if isinstance(given[in_flat], tuple) else (given[in_flat],)
+                sources = given[in_flat] if isinstance(given[in_flat], (tuple, list)) else (given[in_flat],)
                 for source in sources:
                     if isinstance(given[out_flat], str) and isinstance(source, str):
                         check_apart(given[out_flat], spell(out_flat), source, spell(in_flat), kind)
