@@ -1,4 +1,5 @@
-"""The rule applied to a sampling study: every setting against a baseline (DDPM-250) under both judges.
+"""The rule applied to a sampling study: every setting against a baseline (DDPM-250) under both judges; or,
+with ``--against``, two training recipes: the same setting sampled from each recipe's checkpoints.
 
 Reads one ``scripts/sampling_study.py`` JSON per sampling seed (the same checkpoint, sample count and judges) and
 each setting's kept features, and for every setting all the studies ran: its digit FID and digit-judge FD per
@@ -10,6 +11,9 @@ is the study's answer to "what does DDPM-250's quality cost".
 
   python scripts/sampling_verdicts.py --studies docs/results/sampling_judged_s0.json \\
       docs/results/sampling_judged_s1.json --baseline ddpm-250-g1-all --out docs/results/sampling_verdicts.json
+
+With ``--against``, ``--studies`` are one recipe's studies (one per training seed, one sampling seed) and
+``--against`` the other's, in the same seed order: each setting both ran is judged A (``--studies``) against B.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class VerdictsConfig(Section):
 
     studies: tuple[str, ...] = option(help="one scripts/sampling_study.py JSON per sampling seed")
     baseline: str = option("ddpm-250-g1-all", "the setting to match: SAMPLER-STEPS-gSCALE-INTERVAL")
+    against: tuple[str, ...] | None = option(
+        None, "another recipe's studies (one per training seed): judge the same settings of --studies against them"
+    )
     out: str | None = option(None, "write the verdicts here (JSON)")
 
 
@@ -46,7 +53,7 @@ FACE = Face(
     __doc__,
     sections={"verdicts": VerdictsConfig},
     outputs={"out": "file"},
-    inputs={"studies": "file"},
+    inputs={"studies": "file", "against": "file"},
 )
 
 
@@ -61,13 +68,18 @@ def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
 
 
-def load(studies: tuple[str, ...]) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
-    """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features."""
+def load(
+    studies: tuple[str, ...], recipes: bool = False
+) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
+    """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features.
+    A sampler's studies share the checkpoint and differ in the sampling seed; a recipe's are one checkpoint per
+    training seed, sampled with one sampling seed (so row i of every set has the same noise and label)."""
     data = [json.loads(Path(p).read_text()) for p in studies]
-    if len({(d["ckpt_sha256"], d["num_samples"], tuple(d["feature_networks"])) for d in data}) != 1:
-        raise UserError("--studies must share the checkpoint, the sample count and the judges (seeds may differ).")
-    if len({d["seed"] for d in data}) != len(data):
-        raise UserError("--studies hold the same sampling seed twice: give one study per seed.")
+    shared = ("seed",) if recipes else ("ckpt_sha256",)
+    if len({(*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"])) for d in data}) != 1:
+        raise UserError(f"the studies must share the {' and '.join(shared)}, the sample count and the judges.")
+    if len({d["ckpt_sha256" if recipes else "seed"] for d in data}) != len(data):
+        raise UserError("two studies of one seed: give one study per seed.")
     per = [{name(r): r for r in d["rows"]} for d in data]
     common = [k for k in per[0] if all(k in p for p in per)]
     rows, judged = {}, {}
@@ -78,8 +90,29 @@ def load(studies: tuple[str, ...]) -> tuple[dict[str, list[dict]], dict[str, dic
     return rows, judged
 
 
+def recipes(c: VerdictsConfig) -> int:
+    """Each setting both recipes ran: A (--studies) against B (--against), by the rule."""
+    if len(c.against) != len(c.studies):
+        raise UserError("--against needs as many studies (training seeds) as --studies.")
+    (_, a), (_, b) = load(c.studies, recipes=True), load(c.against, recipes=True)
+    out, refs = [], references()
+    for k in (k for k in a if k in b):
+        v = better(a[k], b[k], refs)
+        out.append({"setting": k, **{f"{s}_a": a[k][s].scores for s in SCORES}, **{f"{s}_b": b[k][s].scores
+                    for s in SCORES}, "verdict": v.verdict, "reasons": list(v.reasons), "shares_ahead": dict(v.shares)})  # fmt: skip
+        print(f"{k}: {v.verdict} (A ahead in {v.shares['fid']:.0%} / {v.shares['fd_judge']:.0%} of paired resamples; "
+              f"FID A {a[k]['fid'].scores} B {b[k]['fid'].scores}; judge A {a[k]['fd_judge'].scores} B "
+              f"{b[k]['fd_judge'].scores})")  # fmt: skip
+    if c.out:
+        command = "python scripts/sampling_verdicts.py " + " ".join(sys.argv[1:])
+        atomic_write_bytes(c.out, (json.dumps({"command": command, "rows": out}, indent=1) + "\n").encode())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["verdicts"]
+    if c.against:
+        return recipes(c)
     rows, judged = load(c.studies)
     if c.baseline not in rows:
         raise UserError(f"--baseline {c.baseline} is not in every study; they share: {', '.join(rows)}.")

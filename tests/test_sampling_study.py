@@ -58,6 +58,17 @@ def test_two_settings_are_scored_plotted_and_not_run_again(tmp_path, capsys):
     assert code == 0, err
     assert "fd_judge n=70: 2 slices" in out_text
 
+    # two recipes: the same settings sampled from another checkpoint, judged A against B
+    other_ckpt = write_our_checkpoint(tmp_path / "other", None, seed=5, in_channels=1, input_size=28, patch_size=4)
+    recipe_b = tmp_path / "recipe_b.json"
+    argv_b = ["--ckpt", str(other_ckpt), "--out", str(recipe_b), *argv[4:]]
+    assert run_face("scripts/sampling_study.py", argv_b, capsys)[0] == 0
+    code, text, err = run_face(
+        "scripts/sampling_verdicts.py", ["--studies", str(out), "--against", str(recipe_b)], capsys
+    )
+    assert code == 0, err
+    assert text.count(": within noise") + text.count(": better") + text.count(": worse") == 2
+
 
 def test_the_pareto_front_keeps_the_points_nothing_beats():
     from dit.cost.plots import pareto_front
