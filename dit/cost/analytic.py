@@ -32,7 +32,6 @@ COMPONENTS = (
     "final_adaln",
     "final_linear",
 )
-PER_SAMPLE_COMPONENTS = ("timestep_embedder", "adaln_modulation", "final_adaln")
 ATTENTION_COMPONENTS = ("attention_scores", "attention_values")
 
 

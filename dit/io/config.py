@@ -91,10 +91,6 @@ def _unwrap(tp):
     return tp, False
 
 
-def _type_name(tp) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
 def _checked(name: str, tp, value, meta: Mapping):
     """``value`` as field ``name`` of type ``tp`` holds it, or a FieldError."""
     tp, nullable = _unwrap(tp)

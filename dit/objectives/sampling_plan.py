@@ -39,7 +39,6 @@ SCHEDULERS = {
 SCHEDULER_SAMPLERS = tuple(SCHEDULERS)
 FLOW_SAMPLERS = ("ode", "sde")
 SAMPLERS = DIFFUSION_SAMPLERS + SCHEDULER_SAMPLERS + FLOW_SAMPLERS
-STOCHASTIC_SAMPLERS = ("ddpm", "dpmpp-2m-sde", "sde")  # they draw noise at every step (per image)
 SDE_METHODS = ("euler", "heun")
 DEFAULT_METHODS = {"ode": "heun", "sde": "euler"}
 LAST_STEPS = ("mean", "tweedie", "euler", "none")

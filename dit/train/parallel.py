@@ -51,10 +51,6 @@ class ParallelSection(Section):
         if self.fsdp and self.ddp_bf16_grads:
             raise FieldError("{ddp_bf16_grads} is for DDP; {fsdp} reduce-scatters gradients in float32: pass one.")
 
-    @property
-    def checkpointing(self) -> int | str:
-        return parse_activation_checkpointing(self.activation_checkpointing)
-
 
 def data_parallel(model: nn.Module, device: torch.device, world: int, bf16_grads: bool = False) -> nn.Module:
     """DDP around ``model`` on several processes (gradient buckets as views: one copy less per step). No buffer

@@ -25,13 +25,11 @@ from dit.objectives.times import logit_normal
 
 
 class ModelMeanType(enum.Enum):
-    PREVIOUS_X = enum.auto()  # the model predicts x_{t-1}
     START_X = enum.auto()  # the model predicts x_0
     EPSILON = enum.auto()  # the model predicts the noise
 
 
 class ModelVarType(enum.Enum):
-    LEARNED = enum.auto()  # the model outputs log sigma^2
     FIXED_SMALL = enum.auto()  # posterior variance
     FIXED_LARGE = enum.auto()  # beta_t
     LEARNED_RANGE = enum.auto()  # the model interpolates between the two in log space
@@ -44,11 +42,10 @@ TIMESTEP_SAMPLINGS = ("uniform", "logit-normal")
 class LossType(enum.Enum):
     MSE = enum.auto()  # MSE, plus the VB term when the variance is learned
     RESCALED_MSE = enum.auto()  # the same, with the VB term scaled by num_timesteps / 1000
-    KL = enum.auto()  # the variational bound
     RESCALED_KL = enum.auto()  # the bound times num_timesteps
 
     def is_vb(self) -> bool:
-        return self in (LossType.KL, LossType.RESCALED_KL)
+        return self == LossType.RESCALED_KL
 
 
 def get_named_beta_schedule(schedule_name: str, num_diffusion_timesteps: int) -> np.ndarray:
@@ -119,10 +116,8 @@ class GaussianDiffusion:
         alphas = 1.0 - betas
         self.alphas_cumprod = np.cumprod(alphas, axis=0)
         self.alphas_cumprod_prev = np.append(1.0, self.alphas_cumprod[:-1])
-        self.alphas_cumprod_next = np.append(self.alphas_cumprod[1:], 0.0)
         self.sqrt_alphas_cumprod = np.sqrt(self.alphas_cumprod)
         self.sqrt_one_minus_alphas_cumprod = np.sqrt(1.0 - self.alphas_cumprod)
-        self.log_one_minus_alphas_cumprod = np.log(1.0 - self.alphas_cumprod)
         self.sqrt_recip_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod)
         self.sqrt_recipm1_alphas_cumprod = np.sqrt(1.0 / self.alphas_cumprod - 1)
         self.posterior_variance = betas * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
@@ -149,18 +144,13 @@ class GaussianDiffusion:
         min(SNR_t, gamma) / SNR_t on the noise error (|x0 - x0_hat|^2 = |eps - eps_hat|^2 / SNR_t)."""
         snr = self.alphas_cumprod / (1.0 - self.alphas_cumprod)
         clipped = np.minimum(snr, self.min_snr_gamma)
-        if self.model_mean_type == ModelMeanType.EPSILON:
-            return clipped / snr
-        if self.model_mean_type == ModelMeanType.START_X:
-            return clipped
-        raise ValueError("Min-SNR weighting is defined for noise or x0 targets, not for x_{t-1}.")
+        return clipped / snr if self.model_mean_type == ModelMeanType.EPSILON else clipped
 
     # ---- tables on the device ---------------------------------------------------------------------------
 
     _TABLES = (
         "sqrt_alphas_cumprod",
         "sqrt_one_minus_alphas_cumprod",
-        "log_one_minus_alphas_cumprod",
         "sqrt_recip_alphas_cumprod",
         "sqrt_recipm1_alphas_cumprod",
         "posterior_variance",
@@ -213,12 +203,6 @@ class GaussianDiffusion:
 
     # ---- forward process --------------------------------------------------------------------------------
 
-    def q_mean_variance(self, x_start, t):
-        mean = self._extract("sqrt_alphas_cumprod", t, x_start.shape) * x_start
-        variance = (1.0 - self._extract("alphas_cumprod", t, x_start.shape)).expand_as(x_start)
-        log_variance = self._extract("log_one_minus_alphas_cumprod", t, x_start.shape).expand_as(x_start)
-        return mean, variance, log_variance
-
     def q_sample(self, x_start, t, noise=None):
         """Sample x_t ~ q(x_t | x_0) = N(sqrt(abar_t) x_0, (1 - abar_t) I)."""
         if noise is None:
@@ -247,19 +231,16 @@ class GaussianDiffusion:
         model_output = model(x, self.model_timesteps(t), **model_kwargs)
         extra = None
 
-        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+        if self.model_var_type == ModelVarType.LEARNED_RANGE:
             if model_output.shape[:2] != (n, c * 2):
                 raise ValueError(
                     f"a learned-variance model must output {2 * c} channels, got {model_output.shape}"
                 )
             model_output, model_var_values = model_output.split(c, dim=1)
-            if self.model_var_type == ModelVarType.LEARNED:
-                model_log_variance = model_var_values
-            else:
-                min_log = self._extract("posterior_log_variance_clipped", t, x.shape)
-                max_log = self._extract("log_betas", t, x.shape)
-                frac = (model_var_values + 1) / 2  # the model outputs v in [-1, 1]
-                model_log_variance = frac * max_log + (1 - frac) * min_log
+            min_log = self._extract("posterior_log_variance_clipped", t, x.shape)
+            max_log = self._extract("log_betas", t, x.shape)
+            frac = (model_var_values + 1) / 2  # the model outputs v in [-1, 1]
+            model_log_variance = frac * max_log + (1 - frac) * min_log
             model_variance = torch.exp(model_log_variance)
         else:
             if self.model_var_type == ModelVarType.FIXED_LARGE:
@@ -271,17 +252,12 @@ class GaussianDiffusion:
             if model_output.shape[1] == 2 * c:  # a learned-sigma model sampled with a fixed variance
                 model_output, extra = model_output.split(c, dim=1)
 
-        def process_xstart(x0):
-            if denoised_fn is not None:
-                x0 = denoised_fn(x0)
-            return x0.clamp(-1, 1) if clip_denoised else x0
-
-        if self.model_mean_type == ModelMeanType.START_X:
-            pred_xstart = process_xstart(model_output)
-        elif self.model_mean_type == ModelMeanType.EPSILON:
-            pred_xstart = process_xstart(self._predict_xstart_from_eps(x, t, model_output))
-        else:
-            pred_xstart = process_xstart(self._predict_xstart_from_xprev(x, t, model_output))
+        x0_model = self.model_mean_type == ModelMeanType.START_X
+        pred_xstart = model_output if x0_model else self._predict_xstart_from_eps(x, t, model_output)
+        if denoised_fn is not None:
+            pred_xstart = denoised_fn(pred_xstart)
+        if clip_denoised:
+            pred_xstart = pred_xstart.clamp(-1, 1)
         model_mean, _, _ = self.q_posterior_mean_variance(pred_xstart, x, t)
         return {
             "mean": model_mean,
@@ -296,11 +272,6 @@ class GaussianDiffusion:
             self._extract("sqrt_recip_alphas_cumprod", t, x_t.shape) * x_t
             - self._extract("sqrt_recipm1_alphas_cumprod", t, x_t.shape) * eps
         )
-
-    def _predict_xstart_from_xprev(self, x_t, t, xprev):
-        coef1 = self._extract("posterior_mean_coef1", t, x_t.shape)
-        coef2 = self._extract("posterior_mean_coef2", t, x_t.shape)
-        return (xprev - coef2 * x_t) / coef1
 
     def _predict_eps_from_xstart(self, x_t, t, pred_xstart):
         return (self._extract("sqrt_recip_alphas_cumprod", t, x_t.shape) * x_t - pred_xstart) / self._extract(
@@ -412,7 +383,7 @@ class GaussianDiffusion:
             return terms
 
         model_output = model(x_t, self.model_timesteps(t), **model_kwargs)
-        if self.model_var_type in (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE):
+        if self.model_var_type == ModelVarType.LEARNED_RANGE:
             c = x_t.shape[1]
             if model_output.shape[:2] != (x_t.shape[0], 2 * c):
                 raise ValueError(
@@ -424,12 +395,7 @@ class GaussianDiffusion:
             if self.loss_type == LossType.RESCALED_MSE:
                 terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
 
-        if self.model_mean_type == ModelMeanType.EPSILON:
-            target = noise
-        elif self.model_mean_type == ModelMeanType.START_X:
-            target = x_start
-        else:
-            target = self.q_posterior_mean_variance(x_start, x_t, t)[0]
+        target = noise if self.model_mean_type == ModelMeanType.EPSILON else x_start
         terms["mse"] = mean_flat((target - model_output) ** 2)
         mse = terms["mse"]
         if self.mse_weight is not None:  # a table lookup on the device: no host sync
