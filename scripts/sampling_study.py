@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)]}  # fmt: skip
         rows = load_rows(out, header)
+        rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
         done = {key(r) for r in rows}
         todo = [s for s in settings(c, sm) if key(s) not in done]
         print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)

@@ -85,7 +85,12 @@ def load(
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        files = [np.load(Path(s).with_suffix(".features") / f"{k.replace(':', '_')}.npz") for s in studies]
+        paths = [Path(s).with_suffix(".features") / f"{k.replace(':', '_')}.npz" for s in studies]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise UserError(f"{', '.join(missing)} missing: the study keeps each setting's features beside its JSON; "
+                            "rerun scripts/sampling_study.py with that --out: it runs the settings again whose features are missing.")  # fmt: skip
+        files = [np.load(p) for p in paths]
         judged[k] = {s: Judged([r[s] for r in rows[k]], np.concatenate([f[s] for f in files])) for s in SCORES}
     return rows, judged
 
