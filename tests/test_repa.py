@@ -310,9 +310,9 @@ def test_training_on_stored_features_runs_no_encoder_and_says_so(store, encoder_
 
 
 def test_stores_without_features_or_flips_are_refused(tmp_path):
-    from dit.data.repa_config import RepaEncoderSection
     from dit.data.store import write_moments_store
     from dit.extract import ExtractConfig, extract_features
+    from dit.model.repa_config import RepaEncoderSection
 
     with pytest.raises(UserError, match="drop --no-flip"):
         extract_features(ExtractConfig(feature_path=str(tmp_path / "s"), flip=False), RepaEncoderSection(ENCODER))

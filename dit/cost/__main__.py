@@ -26,12 +26,12 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
-from dit.data.repa_config import RepaEncoderSection, RepaSection
 from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
 from dit.model.config import MODEL_NAMES, describe
+from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_plan import FidSamplingSection
 
 # ---- output ---------------------------------------------------------------------------------------------

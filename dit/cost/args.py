@@ -100,7 +100,7 @@ class TrainArgs(Section):
     max_steps: int = option(400_000, "optimizer steps to train for", ge=1)
     activation_checkpointing: str = option("none", CKPT_HELP + " (memory and hardware FLOPs)")
     json: bool = option(False, "print JSON")
-    # REPA's flags are train.py's (dit.data.repa_config's sections); the encoder's shape comes from timm's config on
+    # REPA's flags are train.py's (dit.model.repa_config's sections); the encoder's shape comes from timm's config on
     # the meta device, with no download. Whether its features come from a store is this plan's own question:
     repa_cached_features: bool = option(
         False, "REPA: features from a latent store (the encoder paid once per image view, at extraction)"

@@ -16,7 +16,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dit.data.images import ImageFolderDataset, refuse_skipped, to_model_range
-from dit.data.repa_config import RepaEncoderSection
 from dit.data.store import (
     STORAGE_DTYPES,
     StoreSpec,
@@ -40,6 +39,7 @@ from dit.data.vae import (
 from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.io.progress import progress
+from dit.model.repa_config import RepaEncoderSection
 from dit.runtime import Runtime, default_workers
 from dit.runtime.stop import close_workers, ignore_stop_signals
 

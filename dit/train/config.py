@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dit.checkpoint import CheckpointSection
-from dit.data.repa_config import RepaEncoderSection, RepaSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
 from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, ModelSection
+from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.section import ObjectiveSection
 from dit.runtime import DeviceSection
 from dit.train.data import DataSection

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from dit.cost.analytic import RepaFlops, repa_flops
-from dit.data.repa_config import RepaEncoderSection, RepaSection
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.projector import RepaProjector, repa_loss, resample_tokens
+from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.train.hooks import StepHook
 
 
