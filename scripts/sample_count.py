@@ -72,12 +72,24 @@ def measure(sets: list[np.ndarray], mu: np.ndarray, sigma: np.ndarray, sizes: tu
     return {"sizes": out, "infinite_set_estimate": float(limit), "bias_slope": float(slope)}
 
 
+def read_features(path: str) -> dict[str, np.ndarray]:
+    """One setting's kept features (an .npz scripts/sampling_study.py wrote beside its JSON), both scores'."""
+    fix = "pass a file from the .features folder beside a scripts/sampling_study.py JSON"
+    try:
+        with np.load(path) as f:
+            return {s: f[s] for s in SCORES}
+    except FileNotFoundError:
+        raise UserError(f"--kept-features {path} does not exist: {fix}.") from None
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--kept-features {path} is not a study's features file ({e}): {fix}.") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["count"]
     classifier = digits_reference(load_digit_classifier())
     judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
     refs = {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-    files = [np.load(p) for p in c.kept_features]
+    files = [read_features(p) for p in c.kept_features]
     result = {
         "command": "python scripts/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
         **{s: measure([f[s] for f in files], *refs[s], c.counts) for s in SCORES},

@@ -32,6 +32,7 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
+from dit.io.userfiles import read_json
 
 SCORES = ("fid", "fd_judge")
 
@@ -68,13 +69,23 @@ def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
 
 
+def read_study(path: str) -> dict:
+    """A study's JSON, checked to be one that scripts/sampling_study.py wrote."""
+    fix = "pass the --out of scripts/sampling_study.py"
+    data = read_json(path, "study", fix)
+    keys = ("ckpt_sha256", "num_samples", "seed", "feature_networks", "rows")
+    if not isinstance(data, dict) or any(k not in data for k in keys):
+        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(keys)}): {fix}.")
+    return data
+
+
 def load(
     studies: tuple[str, ...], recipes: bool = False
 ) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
     """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features.
     A sampler's studies share the checkpoint and differ in the sampling seed; a recipe's are one checkpoint per
     training seed, sampled with one sampling seed (so row i of every set has the same noise and label)."""
-    data = [json.loads(Path(p).read_text()) for p in studies]
+    data = [read_study(p) for p in studies]
     shared = ("seed",) if recipes else ("ckpt_sha256",)
     if len({(*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"])) for d in data}) != 1:
         raise UserError(f"the studies must share the {' and '.join(shared)}, the sample count and the judges.")

@@ -75,3 +75,15 @@ def test_the_pareto_front_keeps_the_points_nothing_beats():
 
     points = [(3, 4), (1, 5), (2, 3), (4, 1), (5, 2), (2, 6)]
     assert pareto_front(points) == [(1, 5), (2, 3), (4, 1)]
+
+
+def test_a_file_that_is_no_study_is_one_error_line(tmp_path, capsys):
+    """The verdicts and the sample count read files a user names: a missing or foreign one is one line."""
+    foreign = tmp_path / "other.json"
+    foreign.write_text("{}")
+    for face, argv in (("scripts/sampling_verdicts.py", ["--studies", str(tmp_path / "missing.json")]),
+                       ("scripts/sampling_verdicts.py", ["--studies", str(foreign)]),
+                       ("scripts/sample_count.py", ["--kept-features", str(tmp_path / "missing.npz")]),
+                       ("scripts/sample_count.py", ["--kept-features", str(foreign)])):  # fmt: skip
+        code, _, err = run_face(face, argv, capsys)
+        assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
