@@ -1,15 +1,16 @@
 """The sections of scripts/gpu_validate.sh, one subcommand each, so that each runs (and is tested) alone.
 
-  python scripts/gpu_validate.py SECTION --out DIR [--dry-run] [--budget SECONDS] [--fail]
-  python scripts/gpu_validate.py finish SECTION --out DIR --rc RC --seconds S   # after the section's process
+  python scripts/gpu_validate.py SECTION --work SCRATCH [--dry-run] [--budget SECONDS] [--fail]
+  python scripts/gpu_validate.py finish SECTION --work SCRATCH --out DIR --rc RC --seconds S   # after each
 
-A section writes its record, {name, status (ok, failed, skipped), seconds, figures}, to DIR/sections/NAME.json
-when it ends; ``finish`` writes one for a section whose process died or timed out without writing it
-(status failed or timeout, the log's tail kept), then gathers every record into DIR/gpu_validate.json. A check
-that does not hold is listed in the figures' ``problems`` and fails its section; a part that cannot run on
-this machine (a CUDA-only check in the CPU dry run) is listed in ``skipped_parts`` with the reason.
-``--dry-run`` runs every section on the CPU with tiny shapes; ``--fail`` makes the section fail at once (to
-test that the others still run).
+A section works in SCRATCH/work/NAME and writes its record, {name, status (ok, failed, skipped), seconds,
+figures}, to SCRATCH/sections/NAME.json when it ends; ``finish`` writes one for a section whose process died or
+timed out without writing it (status failed or timeout, the log's tail kept), then writes the two files that
+come back in DIR: ``gpu_validate.json`` (every record) and ``logs.tar.gz`` (each section's log, its tail where
+long). A check that does not hold is listed in the figures' ``problems`` and fails its section; a part that
+cannot run on this machine (a CUDA-only check in the CPU dry run) is listed in ``skipped_parts`` with the
+reason. ``--dry-run`` runs every section on the CPU with tiny shapes; ``--fail`` makes the section fail at once
+(to test that the others still run).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "flags", "numerics", "sync", "bench", "e2e", "sample")
+SECTIONS = ("env", "flags", "numerics", "sync", "parallel", "bench", "e2e", "sample")
+RETURNED = ("gpu_validate.json", "logs.tar.gz")  # all that is written to DIR
+LOG_TAIL_BYTES = 1 << 20  # of each log, in the archive: eight sections stay far under the 16 MiB a file may be
 STATUSES = ("ok", "failed", "timeout", "skipped")
 TIMEOUT_CODES = (124, 137)  # timeout(1): the limit passed, or the process had to be killed
 
@@ -34,10 +37,11 @@ TIMEOUT_CODES = (124, 137)  # timeout(1): the limit passed, or the process had t
 class Ctx:
     """What a section runs on: the real shapes on the GPU, tiny ones on the CPU in a dry run."""
 
-    def __init__(self, out: Path, dry_run: bool, budget: float):
+    def __init__(self, work: Path, dry_run: bool, budget: float):
         import torch
 
-        self.out, self.dry_run, self.budget, self.start = out, dry_run, budget, time.perf_counter()
+        self.work, self.dry_run, self.budget, self.start = work, dry_run, budget, time.perf_counter()
+        work.mkdir(parents=True, exist_ok=True)
         self.device = torch.device("cpu" if dry_run else "cuda")
         self.cuda = self.device.type == "cuda"
         self.skipped: dict[str, str] = {}
@@ -187,21 +191,28 @@ class _Captured(logging.Handler):
             logging.getLogger(name).removeHandler(self)
 
 
-def _block_variants(block, backend: str):
-    """eager; compiled; checkpoint(compiled) (the trainer's order: DiT.forward checkpoints a compiled block);
-    compile(checkpoint(block)) (torchtitan's order)."""
+def _block_variants(block, backend: str, precision: str):
+    """eager; compiled; ``checkpointed_compiled`` (what train.py runs: the block's forward checkpoints itself,
+    ``DiTBlock.checkpointed``, and the block is compiled whole, as ``dit.train.parallel.parallelize`` does, so its
+    recomputation is traced into the graph); and in bf16 ``checkpoint_of_compiled``, an outer checkpoint around a
+    compiled block, which the trainer no longer runs: kept to compare the two orders."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     compiled = torch.compile(block, backend=backend, fullgraph=True)
-    return {
-        "eager": block,
-        "compiled": compiled,
-        "checkpoint_of_compiled": lambda x, c: checkpoint(compiled, x, c, None, use_reentrant=False),
-        "compiled_checkpoint": torch.compile(
-            lambda x, c: checkpoint(block, x, c, None, use_reentrant=False), backend=backend, fullgraph=True
-        ),
-    }
+    inner = torch.compile(block, backend=backend, fullgraph=True)  # its own cache entry: guards see checkpointed
+
+    def checkpointed_compiled(x, c):
+        block.checkpointed = True
+        try:
+            return inner(x, c)
+        finally:
+            block.checkpointed = False
+
+    variants = {"eager": block, "compiled": compiled, "checkpointed_compiled": checkpointed_compiled}
+    if precision == "bf16":
+        variants["checkpoint_of_compiled"] = lambda x, c: checkpoint(compiled, x, c, None, use_reentrant=False)
+    return variants
 
 
 def _max_diff(a, b) -> float:
@@ -259,12 +270,13 @@ def _numerics(ctx: Ctx, torch) -> dict:
         ref_block = copy.deepcopy(base).double()
         ref = [r.float() for r in run(ref_block, ref_block, x0.double(), c0.double(), dtype=None)]
         torch._dynamo.reset()
-        variants = _block_variants(base, backend)
+        variants = _block_variants(base, backend, precision)
         eager = run(variants.pop("eager"), base, x0, c0)
         rows = {"eager": {"max_rel_error_vs_fp64": error(eager, ref)}}
         for variant, fn in variants.items():
+            start = time.perf_counter()
             try:
-                got = run(fn, base, x0, c0)
+                got = run(fn, base, x0, c0)  # the first call: its compile included
             except Exception as e:
                 rows[variant] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
                 ctx.problems.append(f"block {precision} {variant}: {type(e).__name__}")
@@ -273,6 +285,7 @@ def _numerics(ctx: Ctx, torch) -> dict:
                 "output_max_abs_diff_vs_eager": _max_diff(got[0], eager[0]),
                 "grad_max_abs_diff_vs_eager": max(_max_diff(g, e) for g, e in zip(got[1:], eager[1:])),
                 "max_rel_error_vs_fp64": error(got, ref),
+                "first_call_seconds": time.perf_counter() - start,
             }
             worst, eager_error = rows[variant]["max_rel_error_vs_fp64"], rows["eager"]["max_rel_error_vs_fp64"]
             if worst > 4 * eager_error + 1e-6:  # compiled may reorder sums, not lose digits
@@ -318,7 +331,6 @@ def _numerics(ctx: Ctx, torch) -> dict:
 def section_sync(ctx: Ctx) -> dict:
     """Three ``train_step``s under ``set_sync_debug_mode("warn")`` (none expected: the step reads nothing
     back), then a NaN batch: the weights, the EMA and the optimizer's step counts must stay as they were."""
-    import tempfile
     import warnings
 
     import torch
@@ -327,39 +339,38 @@ def section_sync(ctx: Ctx) -> dict:
 
     model, size, batch = ("DiT-S/2", 256, 32) if ctx.cuda else ("DiT-S/8", 64, 2)
     figures = {"model": model, "image_size": size, "batch": batch, "precision": "bf16"}
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer, batches = bench_trainer(
-            model, size, batch, tmp, max_steps=100, precision="bf16", device=ctx.device.type, peak_tflops=1.0
-        )
-        runtime = trainer.runtime
-        with runtime.precision.flags():
-            trainer.train_step(batches)  # the first step creates the optimizer state
+    trainer, batches = bench_trainer(
+        model, size, batch, str(ctx.work), max_steps=100, precision="bf16", device=ctx.device.type, peak_tflops=1.0
+    )
+    runtime = trainer.runtime
+    with runtime.precision.flags():
+        trainer.train_step(batches)  # the first step creates the optimizer state
+        runtime.sync()
+        if ctx.cuda_only("sync_debug_mode", "torch.cuda.set_sync_debug_mode"):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    for _ in range(3):
+                        trainer.train_step(batches)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
             runtime.sync()
-            if ctx.cuda_only("sync_debug_mode", "torch.cuda.set_sync_debug_mode"):
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        for _ in range(3):
-                            trainer.train_step(batches)
-                    finally:
-                        torch.cuda.set_sync_debug_mode(0)
-                runtime.sync()
-                syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-                figures["sync_warnings"] = len(syncs)
-                figures["sync_warning_messages"] = syncs[:5]
-                if syncs:
-                    ctx.problems.append(f"{len(syncs)} host syncs in 3 training steps")
-            state = trainer.state
-            params = lambda m: [p.detach().clone() for p in m.parameters()]  # noqa: E731
-            steps = lambda: [s["step"].clone() for s in state.optimizer.state.values() if "step" in s]  # noqa: E731
-            before = params(state.model), params(state.ema.model), steps(), state.step
-            x, y = batches[0]
-            trainer.train_step([(torch.full_like(x, float("nan")), y)])
-            runtime.sync()
-            after = params(state.model), params(state.ema.model), steps(), state.step
-        counters = trainer.counters.read(runtime)
-        trainer.ledger.close()
+            syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+            figures["sync_warnings"] = len(syncs)
+            figures["sync_warning_messages"] = syncs[:5]
+            if syncs:
+                ctx.problems.append(f"{len(syncs)} host syncs in 3 training steps")
+        state = trainer.state
+        params = lambda m: [p.detach().clone() for p in m.parameters()]  # noqa: E731
+        steps = lambda: [s["step"].clone() for s in state.optimizer.state.values() if "step" in s]  # noqa: E731
+        before = params(state.model), params(state.ema.model), steps(), state.step
+        x, y = batches[0]
+        trainer.train_step([(torch.full_like(x, float("nan")), y)])
+        runtime.sync()
+        after = params(state.model), params(state.ema.model), steps(), state.step
+    counters = trainer.counters.read(runtime)
+    trainer.ledger.close()
     same = lambda u, v: len(u) == len(v) and all(torch.equal(a, b) for a, b in zip(u, v))  # noqa: E731
     figures["nan_batch"] = {
         "weights_unchanged": same(before[0], after[0]),
@@ -377,27 +388,151 @@ def section_sync(ctx: Ctx) -> dict:
     return figures
 
 
-# ---- 5. the training benchmark, one process per configuration -----------------------------------------------
+# ---- 5. the trainer's parallel paths: DDP and FSDP2 over compiled, checkpointed blocks; a DCP save and resume -
 
 
-def _jsonl(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+def _parallel_model(ctx: Ctx, torch, sharded: bool):
+    """The DiT as ``Parallelism.wrap`` makes it ready, from seed 0: half its blocks checkpointed inside, every
+    block compiled (``parallelize``), then FSDP2 (``shard``: bf16 weights, fp32 reduce) or DDP
+    (``data_parallel``); and the trainer's AdamW (fused)."""
+    from dit.model.config import model_config
+    from dit.model.dit import DiT
+    from dit.train.parallel import data_parallel, parallelize
+
+    # XL/2's blocks at the numerics section's batch (one compile cache); a few, so that the save is small
+    cfg = model_config("DiT-XL/2", depth=4, class_dropout_prob=0.0) if ctx.cuda else model_config(
+        "DiT-S/2", depth=2, hidden_size=64, num_heads=2, input_size=8, num_classes=4, class_dropout_prob=0.0
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = DiT.from_config(cfg).to(ctx.device)
+    for p in model.parameters():  # adaLN-Zero's zero gates would leave the blocks out of the gradients
+        torch.nn.init.normal_(p, std=0.02)
+    parallelize(model, cfg.depth // 2, True, sharded, torch.bfloat16 if sharded else None)
+    module = model if sharded else data_parallel(model, ctx.device)
+    return model, module, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+
+def _parallel_steps(ctx: Ctx, torch, module, optimizer, steps: int) -> list[float]:
+    losses = []
+    cfg = getattr(module, "module", module).config
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        n = 8 if ctx.cuda else 4  # the numerics section's batch; on the CPU e2e's (one compile cache)
+        x = torch.randn(n, cfg.in_channels, cfg.input_size, cfg.input_size, generator=g).to(ctx.device)
+        t = torch.randint(0, 1000, (n,), generator=g).to(ctx.device)
+        y = torch.randint(0, cfg.num_classes, (n,), generator=g).to(ctx.device)
+        with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
+            loss = module(x, t, y).float().square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _state(model, optimizer) -> dict:
+    from dit.train.parallel import model_state, optimizer_state
+
+    return {"model": model_state(model, True), "optimizer": optimizer_state(model, optimizer, True)}
+
+
+def _tensors(state: dict) -> list:
+    """Every tensor of a state dict, local shards as plain tensors, in a fixed order."""
+    if isinstance(state, dict):
+        return [t for k in sorted(state, key=str) for t in _tensors(state[k])]
+    if hasattr(state, "to_local"):
+        return [state.to_local()]
+    return [state] if hasattr(state, "dtype") else []
+
+
+def section_parallel(ctx: Ctx) -> dict:
+    """The trainer's wrapping in a process group of one (NCCL on the device, gloo in the dry run), three AdamW
+    steps each: DDP, whose all-reduce over one rank must leave the steps bit for bit as one process's, and FSDP2,
+    close to it (its weights are gathered in bf16). Then FSDP2's model and optimizer saved with DCP
+    (``dit.checkpoint.sharded``), loaded into a fresh model, and one more step on each: bit for bit."""
+    import torch
+    import torch.distributed as dist
+
+    from dit.checkpoint import sharded
+    from dit.train.parallel import load_model_state, load_optimizer_state
+
+    backend = "nccl" if ctx.cuda else "gloo"
+    dist.init_process_group(
+        backend, store=dist.HashStore(), rank=0, world_size=1, device_id=ctx.device if ctx.cuda else None
+    )
+    figures = {"backend": backend, "world_size": 1, "steps": 3}
+    try:
+        plain, _, opt = _parallel_model(ctx, torch, sharded=False)
+        reference = _parallel_steps(ctx, torch, plain, opt, 3)
+        ref_weights = [p.detach().clone() for p in plain.parameters()]
+        _, ddp, opt = _parallel_model(ctx, torch, sharded=False)
+        ddp_losses = _parallel_steps(ctx, torch, ddp, opt, 3)
+        figures["ddp"] = {
+            "wrapped": type(ddp).__name__,
+            "losses": ddp_losses,
+            "weights_equal_to_one_process": all(torch.equal(a, b) for a, b in zip(ref_weights, ddp.parameters())),
+        }
+        if not figures["ddp"]["weights_equal_to_one_process"] or ddp_losses != reference:
+            ctx.problems.append("DDP over one rank: the steps differ from one process's")
+        model, _, opt = _parallel_model(ctx, torch, sharded=True)
+        losses = _parallel_steps(ctx, torch, model, opt, 3)
+        gap = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+        figures["fsdp"] = {"losses": losses, "reference_losses": reference, "max_rel_loss_gap": gap}
+        if gap > 0.05:  # bf16 weights: close to the fp32 weights' losses, not equal
+            ctx.problems.append(f"FSDP2: losses {gap:.3g} away from one process's")
+        figures["dcp"] = _dcp_resume(ctx, torch, model, opt, sharded, load_model_state, load_optimizer_state)
+    finally:
+        dist.destroy_process_group()
+    return figures
+
+
+def _dcp_resume(ctx, torch, model, opt, sharded, load_model_state, load_optimizer_state) -> dict:
+    folder = ctx.work / "dcp"
+    start = time.perf_counter()
+    sharded.write(folder, _state(model, opt))
+    figures = {"save_seconds": time.perf_counter() - start,
+               "bytes": sum(p.stat().st_size for p in folder.iterdir())}  # fmt: skip
+    fresh, _, fresh_opt = _parallel_model(ctx, torch, sharded=True)
+    _parallel_steps(ctx, torch, fresh, fresh_opt, 1)  # the optimizer's state exists to load into
+    state = _state(fresh, fresh_opt)
+    start = time.perf_counter()
+    sharded.read_into(folder, state)
+    load_model_state(fresh, state["model"], True)
+    load_optimizer_state(fresh, fresh_opt, state["optimizer"], True)
+    figures["load_seconds"] = time.perf_counter() - start
+
+    def same() -> bool:
+        ours, theirs = _tensors(_state(model, opt)), _tensors(_state(fresh, fresh_opt))
+        return len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+    figures["resumed_equal"] = same()
+    figures["next_step_losses_equal"] = _parallel_steps(ctx, torch, model, opt, 1) == _parallel_steps(
+        ctx, torch, fresh, fresh_opt, 1
+    )
+    figures["after_next_step_equal"] = same()
+    for check in ("resumed_equal", "next_step_losses_equal", "after_next_step_equal"):
+        if not figures[check]:
+            ctx.problems.append(f"DCP resume: not {check} bit for bit")
+    return figures
+
+
+# ---- 6. the training benchmark, one process per configuration -----------------------------------------------
 
 
 def _bench_plan(ctx: Ctx) -> tuple[list[dict], list[str]]:
-    """(configurations, common flags): XL/2 bf16 at the batches that fit, compile off and on."""
+    """(configurations, common flags): XL/2 bf16 at batch 128 eager and compiled, and at 256 as train.py runs a
+    batch that needs it: every block checkpointed inside and compiled."""
     if ctx.cuda:
         common = ["--model", "DiT-XL/2", "--precision", "bf16", "--timed-steps", "8", "--peak-probe", "0"]
-        plan = [{"batch": b, "compile": "off"} for b in (64, 128, 256)]
-        plan += [{"batch": b, "compile": "on"} for b in (128, 256)]  # about 30 s of Inductor each
-    else:  # a batch no memory holds, to see it skipped by the fit check, and no Inductor
+        plan = [{"batch": 128, "compile": "off", "checkpointing": "none"},
+                {"batch": 128, "compile": "on", "checkpointing": "none"},
+                {"batch": 256, "compile": "on", "checkpointing": "all"}]  # fmt: skip
+    else:  # a batch no memory holds, to see it skipped by the fit check
         common = ["--model", "DiT-S/8", "--image-size", "64", "--precision", "bf16", "--timed-steps", "2",
                   "--peak-probe", "0", "--peak-tflops", "1", "--memory-gib", "4"]  # fmt: skip
-        plan = [{"batch": b, "compile": "off"} for b in (2, 100_000)]
-        ctx.skipped["compile_on"] = (
-            "Inductor on the CPU takes minutes per block: the dry run times eager steps only"
-        )
+        plan = [{"batch": 2, "compile": "off", "checkpointing": "none"},
+                {"batch": 2, "compile": "on", "checkpointing": "all"},
+                {"batch": 100_000, "compile": "off", "checkpointing": "none"}]  # fmt: skip
     return plan, common
 
 
@@ -405,23 +540,24 @@ def section_bench(ctx: Ctx) -> dict:
     """scripts/benchmark.py train per configuration in its own process (compile sees one static shape; a
     crash costs one row), each row appended to DIR/bench.jsonl as it finishes, beside dit-cost's estimate."""
     from dit.cost.memory import estimate_training_memory
-    from dit.model.config import model_config
+    from dit.model.config import model_config, parse_activation_checkpointing
 
     plan, common = _bench_plan(ctx)
     model, size = common[common.index("--model") + 1], 256 if ctx.cuda else 64
-    rows_dir, jsonl = ctx.out / "bench", ctx.out / "bench.jsonl"
-    rows_dir.mkdir(parents=True, exist_ok=True)
-    jsonl.unlink(missing_ok=True)
     rows = []
     for i, conf in enumerate(plan):
-        name = f"b{conf['batch']}_compile_{conf['compile']}"
-        path = rows_dir / f"{name}.json"
+        ckpt = "" if conf["checkpointing"] == "none" else f"_checkpointed_{conf['checkpointing']}"
+        name = f"b{conf['batch']}_compile_{conf['compile']}{ckpt}"
+        path = ctx.work / f"{name}.json"
         path.unlink(missing_ok=True)  # a file from an earlier run would pass for this one's
-        warmup = "5" if conf["compile"] == "on" else "2" if ctx.cuda else "1"
+        warmup = "3" if conf["compile"] == "on" else "2" if ctx.cuda else "1"
         argv = ["scripts/benchmark.py", "train", *common, "--global-batch-size", str(conf["batch"]),
-                "--compile", conf["compile"], "--untimed-steps", warmup, "--out", str(path)]  # fmt: skip
+                "--compile", conf["compile"], "--activation-checkpointing", conf["checkpointing"],
+                "--untimed-steps", warmup, "--out", str(path)]  # fmt: skip
         row = {"name": name, **conf}
-        estimate = estimate_training_memory(model_config(model, input_size=size // 8), conf["batch"], "bf16").total
+        mc = model_config(model, input_size=size // 8)
+        blocks = parse_activation_checkpointing(conf["checkpointing"], mc.depth)
+        estimate = estimate_training_memory(mc, conf["batch"], "bf16", checkpointed_blocks=blocks).total
         row["estimate_gib"] = estimate / 2**30
         timeout = max(20.0, ctx.left() - 5 - 20 * (len(plan) - i - 1))  # leaves each later row 20 s
         start = time.perf_counter()
@@ -445,32 +581,26 @@ def section_bench(ctx: Ctx) -> dict:
                     if k in measured:
                         row[k] = measured[k]
         rows.append(row)
-        _jsonl(jsonl, row)
+        print(json.dumps(row), flush=True)  # into the log as each row ends
     measured = [r for r in rows if "mfu" in r]
     best = max(measured, key=lambda r: r["mfu"], default=None)
     return {"model": model, "image_size": size, "precision": "bf16", "rows": rows,
             "best_mfu": best and best["mfu"], "best": best and best["name"]}  # fmt: skip
 
 
-# ---- 6. end to end: a synthetic store, a save, --resume auto ------------------------------------------------
+# ---- 7. end to end: a synthetic store, a save, --resume auto ------------------------------------------------
 
 
-def section_e2e(ctx: Ctx) -> dict:
-    """train.py twice from a synthetic latent store (20 steps and a save, then ``--resume auto`` to 40): the
-    ledger's MFU against the benchmark's, peak reserved memory against ``dit-cost memory``, the save time."""
-    import runpy
-    import shutil
-
+def _e2e_argv(ctx: Ctx, work: Path) -> tuple[list[str], list[str], int]:
+    """(train.py's flags, the model's, the batch): XL/2's blocks at 256 px, but four of them (a small save);
+    compiled, half of them checkpointed inside, as the trainer runs them; tiny on the CPU."""
     import torch
 
     from dit.data.store import write_moments_store
-    from dit.train.trainer import Trainer
 
-    work = ctx.out / "e2e"
-    shutil.rmtree(work, ignore_errors=True)
     if ctx.cuda:
-        model = ["--model", "DiT-XL/2", "--image-size", "256", "--num-classes", "1000"]
-        images, side, classes, batch, extra = 512, 32, 1000, 64, ["--num-workers", "4"]  # the bench's first row
+        model = ["--model", "DiT-XL/2", "--depth", "4", "--image-size", "256", "--num-classes", "1000"]
+        images, side, classes, batch, extra = 512, 32, 1000, 64, ["--num-workers", "4"]
     else:
         model = ["--model", "DiT-S/2", "--depth", "2", "--hidden-size", "64", "--num-heads", "2", "--image-size",
                  "64", "--num-classes", "4"]  # fmt: skip
@@ -480,8 +610,47 @@ def section_e2e(ctx: Ctx) -> dict:
     moments[:, :, 1].abs_()  # the std half
     write_moments_store(str(work / "store"), moments, torch.randint(0, classes, (images,), generator=g), classes)
     common = [*model, "--feature-path", str(work / "store"), "--precision", "bf16", "--global-batch-size",
-              str(batch), "--log-every", "5", "--ckpt-every", "1000", "--results-dir", str(work / "run"),
-              "--no-progress", *extra]  # fmt: skip
+              str(batch), "--log-every", "5", "--ckpt-every", "10", "--keep-last", "0", "--compile",
+              "--activation-checkpointing", "2" if ctx.cuda else "1", "--no-progress", *extra]  # fmt: skip
+    return common, model, batch
+
+
+def _same_checkpoints(a: Path, b: Path) -> bool:
+    """Whether two checkpoints hold the same model, EMA and optimizer state, bit for bit."""
+    from dit.checkpoint import load_checkpoint
+
+    x, y = load_checkpoint(a), load_checkpoint(b)
+    return all(_flat(x[k]) == _flat(y[k]) for k in ("model", "ema")) and _flat(x["optimizer"]["state"]) == _flat(
+        y["optimizer"]["state"]
+    )
+
+
+def _flat(state) -> list:
+    """A state's tensors as bytes (and its other values as text), in key order: equal lists, equal states."""
+    import torch
+
+    if isinstance(state, dict):
+        return [b for k in sorted(state, key=str) for b in _flat(state[k])]
+    if hasattr(state, "untyped_storage"):
+        data = state.detach().cpu().contiguous().view(-1)
+        return [str(state.dtype), tuple(state.shape), bytes(data.view(torch.uint8).numpy())]
+    return [repr(state)]
+
+
+def section_e2e(ctx: Ctx) -> dict:
+    """train.py as a user runs it, compiled with checkpointed blocks, from a synthetic latent store: 20 steps
+    with a save at 10 and 20, then a second run resumed from the save at 10 to 20, whose last checkpoint must
+    equal the first's bit for bit. The MFU is the ledger's own (metrics.jsonl); peak reserved memory against
+    ``dit-cost memory``; each save's seconds."""
+    import runpy
+    import shutil
+
+    import torch
+
+    from dit.train.trainer import Trainer
+
+    work = ctx.work
+    common, model, batch = _e2e_argv(ctx, work)
     saves = []
     plain_save = Trainer.save
 
@@ -492,10 +661,16 @@ def section_e2e(ctx: Ctx) -> dict:
         saves.append(time.perf_counter() - start)
 
     main = runpy.run_path(str(ROOT / "train.py"))["main"]
+    first, resumed = work / "run", work / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
     figures = {"argv": common, "runs": []}
     Trainer.save = timed_save
+    runs = (["--max-steps", "20", "--results-dir", str(first)],
+            ["--max-steps", "20", "--results-dir", str(resumed), "--resume", "auto"])  # fmt: skip
     try:
-        for argv in (["--max-steps", "20"], ["--max-steps", "40", "--resume", "auto"]):
+        for i, argv in enumerate(runs):
+            if i == 1:  # a run stopped at step 10
+                shutil.copy(first / "checkpoints" / "0000010.pt", resumed / "checkpoints")
             if ctx.cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -509,20 +684,23 @@ def section_e2e(ctx: Ctx) -> dict:
                 ctx.problems.append(f"train.py {' '.join(argv)}: exit status {code}")
     finally:
         Trainer.save = plain_save
-    records = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("kind", "train") == "train"]
     timed = [r for r in train if not r["in_warmup"] and r.get("mfu") is not None]
     figures["steps_logged"] = [r["step"] for r in train]
     figures["ledger_mfu"] = statistics.fmean(r["mfu"] for r in timed) if timed else None
     figures["ledger_images_per_sec"] = statistics.fmean(r["images_per_sec"] for r in timed) if timed else None
     figures["save_seconds"] = saves
-    ckpts = sorted((work / "run" / "checkpoints").glob("*.pt"))
-    figures["checkpoint_gib"] = ckpts[-1].stat().st_size / 2**30 if ckpts else None
-    log = (work / "run" / "log.txt").read_text()
-    figures["resumed"] = "resumed from step 20" in log
-    if not figures["resumed"] or not train or train[-1]["step"] != 40:
-        ctx.problems.append("the resumed run did not continue from step 20 to 40")
+    last = first / "checkpoints" / "0000020.pt"
+    figures["checkpoint_gib"] = last.stat().st_size / 2**30 if last.exists() else None
+    figures["resumed"] = "resumed from step 10" in (resumed / "log.txt").read_text()
+    figures["resume_bit_for_bit"] = figures["resumed"] and _same_checkpoints(
+        last, resumed / "checkpoints" / last.name
+    )
+    if not figures["resume_bit_for_bit"]:
+        ctx.problems.append("the run resumed from step 10 did not reach step 20's checkpoint bit for bit")
     estimate = _python("-m", "dit.cost", "memory", *model, "--batch-size", str(batch), "--precision", "bf16",
+                       "--activation-checkpointing", common[common.index("--activation-checkpointing") + 1],
                        "--json", timeout=120)  # fmt: skip
     if estimate.returncode == 0:
         figures["estimate_gib"] = json.loads(estimate.stdout)["estimate_bytes"] / 2**30
@@ -530,21 +708,14 @@ def section_e2e(ctx: Ctx) -> dict:
         ctx.problems.append(f"dit-cost memory: {_tail(estimate.stderr, 3)}")
     if ctx.cuda_only("max_memory_reserved", "torch.cuda.max_memory_reserved") and "estimate_gib" in figures:
         figures["reserved_over_estimate"] = figures["runs"][0]["max_memory_reserved_gib"] / figures["estimate_gib"]
-    bench = ctx.out / "sections" / "bench.json"
-    if bench.exists() and figures["ledger_mfu"]:  # the benchmark's eager row at this batch, if it ran
-        rows = json.loads(bench.read_text())["figures"].get("rows", [])
-        same = [r for r in rows if r.get("batch") == batch and r.get("compile") == "off" and "mfu" in r]
-        if same:
-            figures["bench_mfu"] = same[0]["mfu"]
-            figures["ledger_over_bench_mfu"] = figures["ledger_mfu"] / same[0]["mfu"]
     return figures
 
 
-# ---- 7. sampling throughput ---------------------------------------------------------------------------------
+# ---- 8. sampling throughput ---------------------------------------------------------------------------------
 
 
 def section_sample(ctx: Ctx) -> dict:
-    path = ctx.out / "sample_rows.json"
+    path = ctx.work / "sample_rows.json"
     if ctx.cuda:
         argv = ["--model", "DiT-XL/2", "--precision", "bf16", "--batch-size", "64", "--num-sampling-steps", "50",
                 "--guidance-scale", "4", "--repeats", "2"]  # fmt: skip
@@ -569,11 +740,23 @@ def _write(path: Path, record) -> None:
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
 
 
-def run_section(name: str, out: Path, dry_run: bool, budget: float, fail: bool) -> int:
+def _compiles() -> dict | None:
+    """The graphs Dynamo compiled in this process and its seconds on them (forward compiles: a lazily compiled
+    backward is not counted), or None where nothing was compiled."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    seconds = sum(compilation_time_metrics.get("_compile.compile_inner", []))
+    return {"graphs": graphs, "dynamo_seconds": seconds} if graphs else None
+
+
+def run_section(name: str, work: Path, dry_run: bool, budget: float, fail: bool) -> int:
     start = time.perf_counter()
     record = {"name": name, "status": "ok", "seconds": None, "figures": {}}
     try:
-        ctx = Ctx(out, dry_run, budget)
+        ctx = Ctx(work / "work" / name, dry_run, budget)
         if fail:
             raise RuntimeError("made to fail (--fail)")
         record["figures"] = globals()[f"section_{name}"](ctx)
@@ -586,15 +769,17 @@ def run_section(name: str, out: Path, dry_run: bool, budget: float, fail: bool) 
             status="failed", error=f"{type(e).__name__}: {e}", traceback=_tail(traceback.format_exc(), 20)
         )
     record["seconds"] = time.perf_counter() - start
-    _write(out / "sections" / f"{name}.json", record)
+    record["compiles"] = _compiles()
+    _write(work / "sections" / f"{name}.json", record)
     return 0 if record["status"] == "ok" else 1
 
 
-def finish(name: str, out: Path, rc: int, seconds: float, dry_run: bool) -> int:
-    """A record for a section whose process wrote none (killed, timed out, crashed), then the gathered file."""
-    path = out / "sections" / f"{name}.json"
+def finish(name: str, work: Path, out: Path, rc: int, seconds: float, dry_run: bool) -> int:
+    """A record for a section whose process wrote none (killed, timed out, crashed), then the two files that come
+    back: every record so far in ``DIR/gpu_validate.json`` and the logs in ``DIR/logs.tar.gz``."""
+    path = work / "sections" / f"{name}.json"
+    log = work / "logs" / f"{name}.log"
     if not path.exists():
-        log = out / "logs" / f"{name}.log"
         record = {
             "name": name,
             "status": "timeout" if rc in TIMEOUT_CODES else "failed",
@@ -604,20 +789,44 @@ def finish(name: str, out: Path, rc: int, seconds: float, dry_run: bool) -> int:
             "log_tail": _tail(log.read_text(errors="replace")) if log.exists() else "",
         }
         _write(path, record)
-    records = {p.stem: json.loads(p.read_text()) for p in (out / "sections").glob("*.json")}
+    else:
+        record = json.loads(path.read_text())
+        record["process_seconds"] = seconds  # with the interpreter's start and end
+        _write(path, record)
+    records = {p.stem: json.loads(p.read_text()) for p in (work / "sections").glob("*.json")}
+    out.mkdir(parents=True, exist_ok=True)
     _write(
-        out / "gpu_validate.json",
+        out / RETURNED[0],
         {"dry_run": dry_run, "complete": set(SECTIONS) <= set(records),
          "sections": [records[s] for s in SECTIONS if s in records]},
     )  # fmt: skip
+    _pack_logs(work / "logs", out / RETURNED[1])
     return 0
+
+
+def _pack_logs(logs: Path, archive: Path) -> None:
+    """Each section's log into one gzipped tar, the last ``LOG_TAIL_BYTES`` of a longer one."""
+    import io
+    import tarfile
+
+    from dit.io.atomic import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for log in sorted(logs.glob("*.log")):
+            data = log.read_bytes()[-LOG_TAIL_BYTES:]
+            info = tarfile.TarInfo(f"logs/{log.name}")
+            info.size, info.mtime = len(data), int(log.stat().st_mtime)
+            tar.addfile(info, io.BytesIO(data))
+    atomic_write_bytes(archive, buffer.getvalue())
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("section", choices=(*SECTIONS, "finish"))
     parser.add_argument("name", nargs="?", choices=SECTIONS, help="finish: the section")
-    parser.add_argument("--out", type=Path, default=Path("results/gpu_validate"))
+    parser.add_argument("--work", type=Path, required=True, help="the scratch folder: records, logs, work")
+    parser.add_argument("--out", type=Path, help="finish: the folder the results come back in")
     parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds this section may take")
     parser.add_argument("--fail", action="store_true", help="fail at once (tests that the others still run)")
@@ -625,10 +834,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="finish: how long it ran")
     a = parser.parse_args(argv)
     if a.section == "finish":
-        if a.name is None:
-            parser.error("finish needs the section's name")
-        return finish(a.name, a.out, a.rc, a.seconds, a.dry_run)
-    return run_section(a.section, a.out, a.dry_run, a.budget, a.fail)
+        if a.name is None or a.out is None:
+            parser.error("finish needs the section's name and --out")
+        return finish(a.name, a.work, a.out, a.rc, a.seconds, a.dry_run)
+    return run_section(a.section, a.work, a.dry_run, a.budget, a.fail)
 
 
 if __name__ == "__main__":

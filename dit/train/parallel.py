@@ -52,11 +52,9 @@ class ParallelSection(Section):
             raise FieldError("{ddp_bf16_grads} is for DDP; {fsdp} reduce-scatters gradients in float32: pass one.")
 
 
-def data_parallel(model: nn.Module, device: torch.device, world: int, bf16_grads: bool = False) -> nn.Module:
-    """DDP around ``model`` on several processes (gradient buckets as views: one copy less per step). No buffer
+def data_parallel(model: nn.Module, device: torch.device, bf16_grads: bool = False) -> nn.Module:
+    """DDP around ``model`` over the process group (gradient buckets as views: one copy less per step). No buffer
     broadcast before each forward: the DiT's buffers (RoPE tables) are fixed and built alike on every rank."""
-    if world == 1:
-        return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
@@ -264,7 +262,7 @@ Single = Parallelism  # one process: the base's no-ops
 class DDP(Parallelism):
     def wrap(self, model, trained, ema, micro, attention):
         super().wrap(model, trained, ema, micro, attention)
-        self.module = data_parallel(trained, self.runtime.device, self.runtime.world, self.section.ddp_bf16_grads)
+        self.module = data_parallel(trained, self.runtime.device, self.section.ddp_bf16_grads)
         return self.module
 
     def sync_gradients(self, last):
