@@ -45,7 +45,7 @@ fi
 # plus its compile budget (docs/performance.md, "GPU validation"): 350 in all, 366 with the 2 s each may take
 # to die, under the 420 s the run must fit. The dry run's are for two shared CPU cores.
 if [ $dry = 1 ]; then
-    flag=(--dry-run) limits=(env:60 flags:120 numerics:180 sync:120 parallel:300 bench:400 e2e:300 sample:120)
+    flag=(--dry-run) limits=(env:60 flags:120 numerics:180 sync:120 parallel:600 bench:400 e2e:400 sample:120)
 else
     flag=() limits=(env:20 flags:30 numerics:60 sync:25 parallel:55 bench:90 e2e:45 sample:25)
 fi
@@ -55,10 +55,11 @@ case " ${limits[*]} " in
 esac
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_validate.XXXXXX") || exit 2
 trap 'rm -rf "$work"' EXIT
-# One compile cache for every section: a graph one section compiled is loaded, not compiled, by the next.
-export TORCHINDUCTOR_CACHE_DIR=$work/inductor TRITON_CACHE_DIR=$work/triton
+# One compile cache for every section: a graph one section compiled is loaded, not compiled, by the next. Every
+# other temporary file of the sections (Inductor's precompiled headers among them) goes to the scratch too.
+export TORCHINDUCTOR_CACHE_DIR=$work/inductor TRITON_CACHE_DIR=$work/triton TMPDIR=$work/tmp
 export TORCHINDUCTOR_FX_GRAPH_CACHE=1 TORCHINDUCTOR_AUTOGRAD_CACHE=1
-mkdir -p "$out" "$work/sections" "$work/logs" || exit 2
+mkdir -p "$out" "$work/sections" "$work/logs" "$work/tmp" || exit 2
 rm -f "$out/gpu_validate.json" "$out/logs.tar.gz"
 failed=0
 for entry in "${limits[@]}"; do

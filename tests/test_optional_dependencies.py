@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 # A pixel-space run end to end (train, checkpoint, sample) with the optional packages made unimportable.
 SCRIPT = r"""
 import sys
-for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm", "wandb"):
+for name in ("diffusers", "fvcore", "torchdiffeq", "accelerate", "timm", "wandb", "torch_fidelity"):
     sys.modules[name] = None  # "import diffusers" now raises ImportError
 import torch
 from dit.io.errors import UserError
@@ -39,7 +39,8 @@ for call in (lambda: __import__("dit.data.vae").data.vae.load_vae("ema"),
              lambda: __import__("dit.cost.measured").cost.measured.fvcore_forward_macs(sm.config),
              lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), [0.0, 1.0], "dopri5"),
              lambda: Sampler(sm, 5, "dpmpp-2m"),
-             lambda: __import__("dit.data.encoder").data.encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m")):
+             lambda: __import__("dit.data.encoder").data.encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m"),
+             lambda: __import__("dit.eval.features").eval.features.InceptionFeatures(None, "inception")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

@@ -29,8 +29,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.io.errors import UserError
+from dit.io.errors import UserError, require
 from dit.runtime.precision import reference
+
+_INCEPTION_PURPOSE = "the Inception features of FID and IS (python -m dit.eval, --eval-every)"
 
 INCEPTION_NAME = "inception-v3-tf-2015-12-05"  # the network behind ADM's reference statistics
 # torch hub's integrity convention: the file name ends in the first 8 hex digits of the file's sha256
@@ -114,6 +116,7 @@ def _torch_fidelity_inception(state_dict: dict | None) -> nn.Module:
     Its constructor always fetches weights itself and unpickles them with ``weights_only=False``; we hand it
     nothing instead and load the state dict that we read safely, so no file is ever unpickled.
     """
+    require("torch_fidelity", "eval", _INCEPTION_PURPOSE)
     import torch_fidelity.feature_extractor_inceptionv3 as tfi
 
     class Inception(tfi.FeatureExtractorInceptionV3):
@@ -176,6 +179,7 @@ def _read_state_dict(path: str, flag: str) -> dict:
 
 def _download_inception() -> str:
     """torch-fidelity's weights into torch hub's cache (where its own loader keeps them), checked by hash."""
+    require("torch_fidelity", "eval", _INCEPTION_PURPOSE)
     from torch_fidelity.feature_extractor_inceptionv3 import URL_INCEPTION_V3
 
     path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(URL_INCEPTION_V3))
