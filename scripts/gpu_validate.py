@@ -192,10 +192,11 @@ class _Captured(logging.Handler):
 
 
 def _block_variants(block, backend: str, precision: str):
-    """eager; compiled; ``checkpointed_compiled`` (what train.py runs: the block's forward checkpoints itself,
+    """eager; ``checkpointed_compiled`` (what train.py runs: the block's forward checkpoints itself,
     ``DiTBlock.checkpointed``, and the block is compiled whole, as ``dit.train.parallel.parallelize`` does, so its
-    recomputation is traced into the graph); and in bf16 ``checkpoint_of_compiled``, an outer checkpoint around a
-    compiled block, which the trainer no longer runs: kept to compare the two orders."""
+    recomputation is traced into the graph); in bf16 also compiled without checkpointing, and
+    ``checkpoint_of_compiled``, an outer checkpoint around a compiled block, which the trainer no longer runs:
+    kept to compare the two orders."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -209,8 +210,9 @@ def _block_variants(block, backend: str, precision: str):
         finally:
             block.checkpointed = False
 
-    variants = {"eager": block, "compiled": compiled, "checkpointed_compiled": checkpointed_compiled}
-    if precision == "bf16":
+    variants = {"eager": block, "checkpointed_compiled": checkpointed_compiled}
+    if precision == "bf16":  # the run's precision: every order; fp32's costs one compile
+        variants["compiled"] = compiled
         variants["checkpoint_of_compiled"] = lambda x, c: checkpoint(compiled, x, c, None, use_reentrant=False)
     return variants
 
