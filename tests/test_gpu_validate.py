@@ -16,6 +16,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_checks  # noqa: E402
+import gpu_train_checks  # noqa: E402
 import gpu_validate  # noqa: E402
 
 
@@ -129,14 +131,14 @@ def test_the_device_plan_runs_what_the_trainer_runs():
     block (checkpointed inside, compiled) beside an outer checkpoint of a compiled block."""
     ctx = gpu_validate.Ctx.__new__(gpu_validate.Ctx)
     ctx.cuda, ctx.skipped = True, {}
-    plan, common = gpu_validate._bench_plan(ctx)
+    plan, common = gpu_train_checks._bench_plan(ctx)
     assert {"compile": "on", "checkpointing": "all"}.items() <= plan[-1].items()
     assert common[common.index("--model") + 1] == "DiT-XL/2"
     from dit.model.config import DiTConfig
     from dit.model.layers import DiTBlock
 
     block = DiTBlock(DiTConfig(hidden_size=8, num_heads=2))
-    variants = gpu_validate._block_variants(block, "eager", "bf16")
+    variants = gpu_checks._block_variants(block, "eager", "bf16")
     assert set(variants) == {"eager", "compiled", "checkpointed_compiled", "checkpoint_of_compiled"}
     x, c = torch.randn(2, 4, 8), torch.randn(2, 8)
     seen = []
@@ -172,7 +174,7 @@ def test_recompiles_and_graph_breaks_are_captured():
         print("a graph break")
         return x * 2
 
-    with gpu_validate._Captured() as captured:
+    with gpu_checks._Captured() as captured:
         compiled = torch.compile(f, backend="eager")
         compiled(torch.ones(3))
         compiled(torch.ones(3, 4))  # another rank: a recompile
