@@ -42,7 +42,7 @@ class Ctx:
 
         self.work, self.dry_run, self.budget, self.start = work, dry_run, budget, time.perf_counter()
         work.mkdir(parents=True, exist_ok=True)
-        self.device = torch.device("cpu" if dry_run else "cuda")
+        self.device = torch.device("cpu" if dry_run else "cuda:0")  # an index: DDP, NCCL and FSDP2 name it
         self.cuda = self.device.type == "cuda"
         self.skipped: dict[str, str] = {}
         self.problems: list[str] = []
