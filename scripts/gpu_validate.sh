@@ -21,6 +21,7 @@
 # SECTION makes that section fail (to see the others still run). Exit status 0 when every section is ok, 1
 # otherwise, 2 on bad use.
 set -uo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
 out="" dry=0 fail=""
 while [ $# -gt 0 ]; do
@@ -35,6 +36,7 @@ if [ -z "$out" ]; then
     echo "error: no --out DIR: name the folder the results come back in (on the device machine, \"\$OUT\")" >&2
     exit 2
 fi
+case $out in /*) ;; *) out=$caller/$out ;; esac  # a relative --out is the caller's, not the repository's
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ $dry = 0 ] && ! "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
