@@ -5,21 +5,20 @@ torch.distributed.checkpoint (DCP), as torchtitan does; no rank gathers the whol
 non-tensor part: step, configs, lineage, RNG, optimizer hyperparameters; a ``weights_only`` file) and
 ``manifest.json``, written last: the format, the step and every file's sha256. The folder is written as
 ``NNNNNNN.tmp-dcp/`` and renamed once every rank is done, so a crash never leaves a partial folder under a
-step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: it is read with an
-unpickler that admits DCP's metadata classes alone, as ``weights_only`` admits tensors alone.
+step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: ``dcp_metadata`` reads
+it through an exact allow-list and refuses any entry we do not write, before DCP reads the shards.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import shutil
 from pathlib import Path
 
 import torch
 
+import dit.checkpoint.dcp_metadata as dcp_metadata
 from dit import __version__
 from dit.data.store import sha256_file
 from dit.io.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
@@ -132,43 +131,16 @@ def read_into(folder: Path, tensors: dict) -> None:
     dcp.load(tensors, storage_reader=_reader(folder))
 
 
-# What DCP's .metadata pickles (torch 2.14): its metadata dataclasses, sizes, dtypes, layouts, paths.
-_ALLOWED = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        metadata = module == "torch.distributed.checkpoint.metadata"
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if metadata or dtype or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not DCP metadata")
-
-
-def _metadata(path: Path):
-    """DCP's metadata, through the allow-list (checked before DCP reads, which would wrap our error)."""
-    try:
-        return _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except Exception as e:
-        raise UserError(f"cannot read {path} safely ({e}): it is not a dit-ledger checkpoint.") from None
-
-
 def _reader(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    _metadata(folder / ".metadata")
+    dcp_metadata.read(folder / ".metadata", TENSORS)  # refused here, before DCP (which wraps every error)
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            metadata = _metadata(Path(self._get_metadata_path(kwargs.get("rank"))))  # a rank's own, or the one
+            path = Path(self._get_metadata_path(kwargs.get("rank")))  # a rank's own, or the one
+            metadata = dcp_metadata.read(path, TENSORS)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
