@@ -1,9 +1,9 @@
 """Checkpoints: the one package that writes and reads them.
 
 ``format`` (one file: atomic writes, checksums, safe loads, listing, retention, official files), ``sharded``
-(an FSDP run's folder of shards, torch.distributed.checkpoint), ``lineage`` (a run folder's branches),
-``section`` (``CheckpointSection``), ``checkpointer`` (what a run calls: save, restore, wait). ``python -m
-dit.checkpoint export`` turns a sharded folder into one file.
+(an FSDP run's folder of shards, torch.distributed.checkpoint), ``dcp_metadata`` (its ``.metadata``, read
+safely), ``lineage`` (a run folder's branches), ``section`` (``CheckpointSection``), ``checkpointer`` (what a
+run calls: save, restore, wait). ``python -m dit.checkpoint export`` turns a sharded folder into one file.
 """
 
 from dit.checkpoint.checkpointer import Checkpointer

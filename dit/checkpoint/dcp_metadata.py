@@ -26,8 +26,8 @@ _SHARD = re.compile(r"^__\d+_\d+\.distcp$")  # the only files DCP's writer names
 
 
 def _allowed() -> dict[tuple[str, str], object]:
-    """(module, name) -> the object, for every global DCP's ``.metadata`` pickles (torch 2.14; the module
-    paths DCP has used since torch 2.0). Paths come back pure: they are never opened."""
+    """(module, name) -> the object, for every global DCP's ``.metadata`` pickles (torch 2.13 and 2.14 write
+    the same names). Paths come back pure: they are never opened."""
     from torch.distributed.checkpoint import filesystem, metadata
 
     table: dict[tuple[str, str], object] = {
@@ -97,7 +97,7 @@ def _check(metadata, folder: Path, roots: tuple[str, ...]) -> None:
         path = paths[key]
         if not isinstance(entry, TensorStorageMetadata):
             raise ValueError(f"entry {key!r} is a {type(entry).__name__}, not a tensor")
-        ours = isinstance(path, tuple) and all(isinstance(p, str) for p in path) and ".".join(path) == key
+        ours = isinstance(path, tuple) and path and all(isinstance(p, str) for p in path) and ".".join(path) == key
         if not ours or not (path[0] in roots or path[:2] == ("optimizer", "state")):
             raise ValueError(f"entry {key!r} is none of the model, EMA, projector or optimizer state")
     shards = {p.name for p in folder.iterdir() if _SHARD.match(p.name)}
