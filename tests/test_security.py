@@ -78,7 +78,7 @@ def plant(trained, tmp_path, payload: str):
     out, marker = tmp_path / "run", tmp_path / "MARKER"
     shutil.copytree(trained, out)
     command = f"touch {marker}"
-    if payload == "bytes entry":  # an EMA weight replaced by a pickled object: read where a tensor is
+    if payload == "bytes entry":  # the EMA weights replaced by pickled objects: read where tensors are
         to_folder(
             out / "checkpoints" / "0000001.pt", lambda t: {**t, "ema": dict.fromkeys(t["ema"], _Payload(command))}
         )
