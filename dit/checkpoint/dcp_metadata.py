@@ -107,7 +107,7 @@ def _check(metadata, folder: Path, roots: tuple[str, ...]) -> None:
     for index, info in storage.items():
         if not (isinstance(index, MetadataIndex) and index.fqn in entries and isinstance(info, _StorageInfo)):
             raise ValueError(f"it stores {index!r}, which is no entry of it")
-        if info.relative_path not in shards or info.transform_descriptors:
+        if info.relative_path not in shards or getattr(info, "transform_descriptors", None):
             raise ValueError(
                 f"{index.fqn!r} is stored in {info.relative_path!r}, not in a shard file of the folder"
             )
