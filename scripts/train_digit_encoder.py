@@ -14,11 +14,11 @@ the held-out digits (the only use of labels, to show the features carry the digi
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from dit.data.store import sha256_file
 from dit.eval.features import digit_split
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
 from dit.model.layers import sincos_2d
 
 NAME = "digits-mae"
@@ -110,16 +111,24 @@ def probe_accuracy(train_x, train_y, test_x, test_y, ridge: float = 1e-2) -> flo
     return ((test @ w).argmax(1) == test_y).double().mean().item()
 
 
+@dataclass(frozen=True)
+class EncoderConfig(Section):
+    """The digit encoder's training run."""
+
+    out: str = option(str(LOCAL_ENCODERS[NAME].weights), "the weights file (the JSON report goes beside it)")
+    epochs: int = option(20, "passes over the training digits", ge=1)
+    batch_size: int = option(128, "digits per step", ge=1)
+    lr: float = option(1.5e-3, "AdamW's learning rate", gt=0)
+    mask_ratio: float = option(0.75, "the share of patches hidden", gt=0, lt=1)
+    seed: int = option(0, "the seed of the weights, the masks and the order")
+
+
+FACE = Face("scripts/train_digit_encoder.py", __doc__, sections={"train": EncoderConfig}, outputs={"out": "file"})
+
+
 def main(argv: list[str] | None = None) -> int:
     local = LOCAL_ENCODERS[NAME]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(local.weights), help="the weights file (the JSON report goes beside it)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1.5e-3)
-    p.add_argument("--mask-ratio", type=float, default=0.75)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = FACE.parse(argv).sections["train"]
 
     generator = seeded_script(args.seed)
 

@@ -24,6 +24,7 @@ from dit import __version__
 from dit.data.store import sha256_file
 from dit.io.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.userfiles import inside
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"
@@ -91,10 +92,13 @@ def verify(folder: Path) -> bool:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if isinstance(manifest, dict):
-        refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    if not isinstance(manifest, dict):
+        return False
+    refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    files = manifest.get("files")
+    for name in files if isinstance(files, dict) else ():  # a name out of the folder: refused before any hashing
+        inside(folder, name, folder / MANIFEST, "file", "a checkpoint folder lists its own files; re-save it")
     try:
-        files = manifest["files"]
         key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
         if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
             _VERIFIED[key] = all(sha256_file(folder / name) == digest for name, digest in files.items())
@@ -164,7 +168,9 @@ def _reader(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    _metadata(folder / ".metadata")
+    fix = "DCP's shards lie in the checkpoint's own folder; re-save it"
+    for info in getattr(_metadata(folder / ".metadata"), "storage_data", {}).values():
+        inside(folder, getattr(info, "relative_path", None), folder / ".metadata", "shard file", fix)
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
