@@ -44,7 +44,7 @@ def accuracy(model: DigitClassifier, x: torch.Tensor, y: torch.Tensor) -> float:
 class ClassifierConfig(Section):
     """The digit classifier's training run."""
 
-    out: str = option(str(DIGIT_WEIGHTS), "the weights file (safetensors)")
+    out: str | None = option(None, "the weights file (safetensors); none: the committed one")
     epochs: int = option(30, "passes over the training digits", ge=1)
     batch_size: int = option(64, "digits per step", ge=1)
     lr: float = option(1e-3, "Adam's learning rate", gt=0)
@@ -58,6 +58,7 @@ FACE = Face("scripts/train_digit_classifier.py", __doc__, sections={"train": Cla
 
 def main(argv: list[str] | None = None) -> int:
     args = FACE.parse(argv).sections["train"]
+    out = args.out or str(DIGIT_WEIGHTS)
 
     generator = seeded_script(args.seed)
 
@@ -99,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(seconds, 1),
     }
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
-    result["sha256"] = sha256_file(args.out)
+    atomic_write_bytes(out, save(state))
+    result["sha256"] = sha256_file(out)
     if args.report:
         atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     print(json.dumps(result, indent=1))

@@ -115,7 +115,7 @@ def probe_accuracy(train_x, train_y, test_x, test_y, ridge: float = 1e-2) -> flo
 class EncoderConfig(Section):
     """The digit encoder's training run."""
 
-    out: str = option(str(LOCAL_ENCODERS[NAME].weights), "the weights file (the JSON report goes beside it)")
+    out: str | None = option(None, "the weights file, its JSON report beside it; none: the committed one")
     epochs: int = option(20, "passes over the training digits", ge=1)
     batch_size: int = option(128, "digits per step", ge=1)
     lr: float = option(1.5e-3, "AdamW's learning rate", gt=0)
@@ -129,6 +129,7 @@ FACE = Face("scripts/train_digit_encoder.py", __doc__, sections={"train": Encode
 def main(argv: list[str] | None = None) -> int:
     local = LOCAL_ENCODERS[NAME]
     args = FACE.parse(argv).sections["train"]
+    out = args.out or str(local.weights)
 
     generator = seeded_script(args.seed)
 
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     probe_pixels = probe_accuracy(x_train.flatten(1), y_train, x_held.flatten(1), y_held)
     state = {k: v.contiguous() for k, v in encoder.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
+    atomic_write_bytes(out, save(state))
     result = {
         "command": "python scripts/train_digit_encoder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "encoder": NAME,
@@ -218,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "encoder_forward_flops_per_image": 2 * vit_forward_macs(shape),
         "linear_probe_held_out_accuracy": probe_mae,
         "linear_probe_pixels_held_out_accuracy": probe_pixels,
-        "sha256": sha256_file(args.out),
+        "sha256": sha256_file(out),
     }
-    report = local.report if args.out == str(local.weights) else args.out.removesuffix(".safetensors") + ".json"
+    report = local.report if args.out is None else out.removesuffix(".safetensors") + ".json"
     atomic_write_bytes(report, (json.dumps(result, indent=1) + "\n").encode())
     print(json.dumps(result, indent=1))
     return 0

@@ -83,8 +83,8 @@ def embed(model: DigitJudge, x: torch.Tensor) -> torch.Tensor:
 class JudgeConfig(Section):
     """The digit judge's training run."""
 
-    out: str = option(str(DIGIT_JUDGE_WEIGHTS), "the weights file (safetensors)")
-    reference_out: str = option(str(DIGIT_JUDGE_REFERENCE), "its statistics of the training digits")
+    out: str | None = option(None, "the weights file (safetensors); none: the committed one")
+    reference_out: str | None = option(None, "its statistics of the training digits; none: the committed ones")
     steps: int = option(1000, "training steps", ge=1)
     batch_size: int = option(128, "digits per step", ge=2)
     lr: float = option(2e-3, "Adam's learning rate", gt=0)
@@ -99,6 +99,7 @@ FACE = Face("scripts/train_digit_judge.py", __doc__, sections={"train": JudgeCon
 
 def main(argv: list[str] | None = None) -> int:
     args = FACE.parse(argv).sections["train"]
+    out = args.out or str(DIGIT_JUDGE_WEIGHTS)
 
     generator = seeded_script(args.seed)
 
@@ -150,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         "fd_noise_vs_train": frechet_distance(*mean_cov(embed(model, noise).double().numpy()), *ref).value,
     }
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
-    result["sha256"] = sha256_file(args.out)
-    reference = digits_reference(load_digit_judge(args.out))  # the saved weights, named as evaluations name them
+    atomic_write_bytes(out, save(state))
+    result["sha256"] = sha256_file(out)
+    reference = digits_reference(load_digit_judge(out))  # the saved weights, named as evaluations name them
     reference.features = None  # mu and sigma are all a judge needs
-    save_stats(args.reference_out, reference)
+    save_stats(args.reference_out or str(DIGIT_JUDGE_REFERENCE), reference)
     if args.report:
         atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     print(json.dumps(result, indent=1))
