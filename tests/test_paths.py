@@ -170,6 +170,20 @@ def test_a_sharded_folder_naming_files_outside_is_refused(tmp_path):
         sharded.read(folder)
 
 
+@pytest.mark.parametrize("sampler", ["../../escaped", "{tmp}/escaped"])
+def test_a_study_row_naming_features_outside_its_folder_is_refused(sampler, tmp_path):
+    """A study's rows name each setting's features file: a row made into a path opened a file outside."""
+    from helpers import face
+
+    sampler = sampler.format(tmp=tmp_path)
+    study = tmp_path / "study.json"
+    row = {"sampler": sampler, "steps": 5, "guidance_scale": 1.0, "interval": "none"}
+    study.write_text(json.dumps({"ckpt_sha256": "0", "num_samples": 2, "seed": 0, "feature_networks": [],
+                                 "rows": [row]}))  # fmt: skip
+    with pytest.raises(UserError, match=rf"{re.escape(str(study))}: row '.*escaped.*' is not a name inside"):
+        face("scripts/sampling_verdicts.py").load((str(study),))
+
+
 # ---- 48. a face that writes over or inside what it reads --------------------------------------------------
 
 
