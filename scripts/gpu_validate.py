@@ -14,7 +14,6 @@ test that the others still run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -23,7 +22,11 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+
+from dit.io.cli import run_cli
+from dit.io.config import Face, FieldError, Section, option
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("env", "flags", "numerics", "sync", "bench", "e2e", "sample")
@@ -613,23 +616,33 @@ def finish(name: str, out: Path, rc: int, seconds: float, dry_run: bool) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class ValidateConfig(Section):
+    """One section of scripts/gpu_validate.sh, or ``finish SECTION`` after its process."""
+
+    section: str = option(choices=(*SECTIONS, "finish"), positional=True, help="the section to run, or finish")
+    name: str | None = option(None, f"finish: the section ({', '.join(SECTIONS)})", positional=True)
+    out: str = option("results/gpu_validate", "the folder of the records and logs")
+    dry_run: bool = option(False, "the CPU, tiny shapes")
+    budget: float = option(600.0, "seconds this section may take", gt=0)
+    fail: bool = option(False, "fail at once (tests that the others still run)")
+    rc: int = option(0, "finish: the section process's exit status")
+    seconds: float | None = option(None, "finish: how long it ran", ge=0)
+
+    def check(self) -> None:
+        if self.section == "finish" and self.name not in SECTIONS:  # an optional positional takes no choices
+            raise FieldError(f"finish needs a section's name ({', '.join(SECTIONS)}), got {self.name}.")
+
+
+FACE = Face("scripts/gpu_validate.py", __doc__, sections={"validate": ValidateConfig}, outputs={"out": "folder"})
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=(*SECTIONS, "finish"))
-    parser.add_argument("name", nargs="?", choices=SECTIONS, help="finish: the section")
-    parser.add_argument("--out", type=Path, default=Path("results/gpu_validate"))
-    parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes")
-    parser.add_argument("--budget", type=float, default=600.0, help="seconds this section may take")
-    parser.add_argument("--fail", action="store_true", help="fail at once (tests that the others still run)")
-    parser.add_argument("--rc", type=int, default=0, help="finish: the section process's exit status")
-    parser.add_argument("--seconds", type=float, default=None, help="finish: how long it ran")
-    a = parser.parse_args(argv)
+    a = FACE.parse(argv).sections["validate"]
     if a.section == "finish":
-        if a.name is None:
-            parser.error("finish needs the section's name")
-        return finish(a.name, a.out, a.rc, a.seconds, a.dry_run)
-    return run_section(a.section, a.out, a.dry_run, a.budget, a.fail)
+        return finish(a.name, Path(a.out), a.rc, a.seconds, a.dry_run)
+    return run_section(a.section, Path(a.out), a.dry_run, a.budget, a.fail)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

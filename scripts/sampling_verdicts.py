@@ -32,7 +32,7 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
-from dit.io.userfiles import read_json
+from dit.io.userfiles import inside, read_json
 
 SCORES = ("fid", "fd_judge")
 
@@ -96,7 +96,9 @@ def load(
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        paths = [Path(s).with_suffix(".features") / f"{k.replace(':', '_')}.npz" for s in studies]
+        fix = "a study's rows are settings scripts/sampling_study.py ran; pass its --out"
+        paths = [inside(Path(s).with_suffix(".features"), f"{k.replace(':', '_')}.npz", s, "row", fix, True)
+                 for s in studies]  # fmt: skip
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise UserError(f"{', '.join(missing)} missing: the study keeps each setting's features beside its JSON; "

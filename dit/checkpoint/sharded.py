@@ -23,6 +23,7 @@ from dit import __version__
 from dit.data.store import sha256_file
 from dit.io.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.userfiles import inside
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"
@@ -90,10 +91,13 @@ def verify(folder: Path) -> bool:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if isinstance(manifest, dict):
-        refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    if not isinstance(manifest, dict):
+        return False
+    refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    files = manifest.get("files")
+    for name in files if isinstance(files, dict) else ():  # a name out of the folder: refused before any hashing
+        inside(folder, name, folder / MANIFEST, "file", "a checkpoint folder lists its own files; re-save it")
     try:
-        files = manifest["files"]
         key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
         if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
             _VERIFIED[key] = all(sha256_file(folder / name) == digest for name, digest in files.items())

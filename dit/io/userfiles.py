@@ -37,3 +37,24 @@ def read_json(path: str | os.PathLike, what: str, fix: str):
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{what} {path} is not valid JSON ({e}): {fix}.") from None
+
+
+def inside(
+    folder: str | os.PathLike, name, source: str | os.PathLike, entry: str, fix: str, one_name: bool = False
+) -> Path:
+    """``folder / name``, where ``name`` comes out of the file ``source`` (a manifest's shard, a record's parent,
+    a branch name): refused unless it stays inside ``folder`` once links are resolved, so that a file edited or
+    planted with ``../other``, an absolute path or a link out of the folder never has anything outside read,
+    moved or deleted. ``one_name``: ``name`` must be a single name in ``folder`` (a branch's folder), not a path.
+    The one check every reader of paths from files calls; its error names the file, the entry and the folder."""
+    root = Path(folder).resolve()
+    if isinstance(name, str) and name and not (one_name and (os.sep in name or name in (".", ".."))):
+        path = (root / name).resolve()
+        if path != root and path.is_relative_to(root):
+            return Path(folder) / name
+        where = f" (to {path})"
+    else:
+        where = ""
+    raise UserError(
+        f"{source}: {entry} {name!r} is not a name inside {folder}{where}; nothing was touched: {fix}."
+    )
