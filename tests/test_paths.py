@@ -166,7 +166,9 @@ def test_a_sharded_folder_naming_files_outside_is_refused(tmp_path):
     for info in metadata.storage_data.values():
         info.relative_path = f"../{shard}"
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
-    with pytest.raises(UserError, match=rf"\.metadata: shard file '\.\./{re.escape(shard)}' is not a name inside"):
+    with pytest.raises(
+        UserError, match=rf"stored in '\.\./{re.escape(shard)}', not in a shard file of the folder"
+    ):
         sharded.read(folder)
 
 
