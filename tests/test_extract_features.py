@@ -125,9 +125,8 @@ def test_killed_run_resumes_to_the_same_store(reference, vae_dir, tmp_path):
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
     writer, deadline = None, time.time() + 900
     try:
-        while (
-            writer is None
-        ):  # shard 1 sealed and the FIFO opened: the run waits on it, however loaded the machine
+        # until shard 1 is sealed and the run opened the FIFO: it waits on it then, however loaded the machine
+        while writer is None:
             assert proc.poll() is None and time.time() < deadline, "extraction died or stalled before the FIFO"
             try:
                 if (out / (shard_file(1) + ".sha256")).exists():
