@@ -38,7 +38,7 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
-from dit.io.userfiles import inside
+from dit.io.userfiles import inside, read_json
 from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
@@ -208,7 +208,9 @@ def features_path(c: StudyConfig, setting: dict) -> Path:
 def load_rows(path: Path, header: dict) -> list[dict]:
     if not path.is_file():
         return []
-    data = json.loads(path.read_text())
+    data = read_json(path, "study", "pass another --out, or remove that file")
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise UserError(f"{path} is not a sampling study: pass another --out, or remove that file.")
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "

@@ -18,7 +18,8 @@ from dit.checkpoint.section import CheckpointSection
 
 class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
-        self.folder, self.keep_last, self.runtime = section.folder, section.keep_last, runtime
+        self.folder, self.runtime = section.folder, runtime
+        self.retention = (section.keep_last, section.keep_every)
         self.background = section.async_checkpoint
         self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
@@ -30,7 +31,7 @@ class Checkpointer:
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
         if not state.sharded:
             if payload is not None:
-                path = save_training_checkpoint(self.folder, state.step, payload, self.keep_last)
+                path = save_training_checkpoint(self.folder, state.step, payload, *self.retention)
                 self.saved.append((state.step, str(path)))
             self.runtime.barrier()
             return
@@ -45,7 +46,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Seal the sharded save in progress (every rank calls it): each rank hashes its own shards, then rank 0
-        writes the record and the manifest, renames the folder into place and applies ``keep_last``."""
+        writes the record and the manifest, renames the folder into place and applies ``keep_last`` and ``keep_every``."""
         if self.pending is None:
             return
         temp, final, step, record, future = self.pending
@@ -55,7 +56,7 @@ class Checkpointer:
         digests = self.runtime.gather_objects(sharded.own_digests(temp, self.runtime.rank))
         if self.runtime.is_main:
             sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
-            retire(self.folder, step, self.keep_last)
+            retire(self.folder, step, *self.retention)
             self.saved.append((step, str(final)))
         self.runtime.barrier()
 

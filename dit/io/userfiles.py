@@ -1,12 +1,17 @@
 """The small files a user names (presets, calibrations, class names, a VAE's config.json), read at one point:
 a missing one, a folder, a binary file (a PNG given as YAML) or malformed JSON is one line naming the file and
-the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside. Torch-free, as dit.io.config is."""
+the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside; and the named float arrays of an
+``.npz`` another face wrote (kept features), checked on reading. Torch-free, as dit.io.config is."""
 
 from __future__ import annotations
 
 import json
 import os
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 from dit.io.errors import UserError
 
@@ -58,3 +63,39 @@ def inside(
     raise UserError(
         f"{source}: {entry} {name!r} is not a name inside {folder}{where}; nothing was touched: {fix}."
     )
+
+
+def read_matrices(
+    path: str | os.PathLike, what: str, fix: str, widths: Mapping[str, int], rows: int | None = None
+) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` named in ``widths``, each a finite float matrix of that many columns (and of
+    ``rows`` rows, when given), read without pickle. A missing, truncated or foreign file (an ``.npy``, object
+    arrays, another width, a NaN) is one line naming the file and the fix."""
+    path = Path(path)
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a folder, not a file: {fix}.")
+    if not path.is_file():
+        raise UserError(f"{what} {path} does not exist: {fix}.")
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"{what} {path} is not an .npz archive (another format, or cut short): {fix}.")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in widths if k not in f.files]
+            if missing:
+                held = ", ".join(sorted(f.files)) or "nothing"
+                raise UserError(f"{what} {path} has no {', '.join(missing)} (it holds {held}): {fix}.")
+            arrays = {k: f[k] for k in widths}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+        raise UserError(f"{what} {path} is damaged or holds more than arrays ({e}): {fix}.") from None
+    for key, a in arrays.items():
+        shape = f"{rows if rows is not None else 'N'} x {widths[key]}"
+        if not np.issubdtype(a.dtype, np.floating):
+            problem = f"is {a.dtype}, not floating point"
+        elif a.ndim != 2 or a.shape[1] != widths[key] or rows not in (None, a.shape[0]):
+            problem = f"is {' x '.join(map(str, a.shape))}, not {shape}"
+        elif not np.isfinite(a).all():
+            problem = f"holds {np.count_nonzero(~np.isfinite(a)):,} non-finite values"
+        else:
+            continue
+        raise UserError(f"{what} {path}: {key} {problem}: {fix}.")
+    return arrays
