@@ -242,6 +242,15 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def kept_checkpoints(folder: str | os.PathLike) -> str:
+    """What a run that stops on a refused write still has, for its line: the newest complete checkpoint of
+    ``folder``, a file or a sealed folder (a save cut short is a temporary name, never listed)."""
+    found = list_checkpoints(folder)
+    if not found:
+        return "no checkpoint was kept"
+    return f"the newest checkpoint kept is {found[-1][1].name} ({len(found)} in {folder})"
+
+
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
     ckpt = load_checkpoint(path, mmap=mmap, weights=False)
