@@ -17,7 +17,6 @@ import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
 from dit.checkpoint.section import CheckpointSection
 from dit.io.atomic import CannotWrite
-from dit.io.errors import ReportedByRankZero
 
 
 class Checkpointer:
@@ -41,7 +40,7 @@ class Checkpointer:
                     self.saved.append((state.step, str(path)))
                 except CannotWrite as e:
                     refused = e
-            self._agree(refused)
+            self.runtime.raise_together(refused)
             return
         self.wait()
         final = checkpoint_path(self.folder, state.step, sharded=True)
@@ -73,7 +72,7 @@ class Checkpointer:
             except (CannotWrite, OSError) as e:
                 refused = e if isinstance(e, CannotWrite) else CannotWrite(final, e)
                 shutil.rmtree(temp, ignore_errors=True)
-        self._agree(refused)
+        self.runtime.raise_together(refused)
 
     def check(self, everyone: bool) -> None:
         """Stop the run on a background save that failed as soon as it shows, as a foreground save would, not at
@@ -110,14 +109,7 @@ class Checkpointer:
                 raise
             if self.runtime.is_main:
                 shutil.rmtree(temp, ignore_errors=True)
-            self._agree(CannotWrite(final, errors[0]) if self.runtime.is_main else None)
-
-    def _agree(self, refused: CannotWrite | None) -> None:
-        """Every rank learns whether rank 0's part of a save was refused (a collective, where the others waited for
-        it anyway): rank 0 raises it, the others exit with it unsaid."""
-        said = next((e for e in self.runtime.gather_objects(refused) if e is not None), None)
-        if said is not None:
-            raise said if self.runtime.is_main else ReportedByRankZero(str(said))
+            self.runtime.raise_together(CannotWrite(final, errors[0]) if self.runtime.is_main else None)
 
     def take_saved(self) -> list[tuple[int, str]]:
         """(step, path) of the checkpoints saved since the last call, for the log."""
