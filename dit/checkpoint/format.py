@@ -24,7 +24,7 @@ import torch
 import dit.checkpoint.sharded as sharded
 from dit import __version__
 from dit.data.store import sha256_file
-from dit.io.atomic import atomic_write, atomic_write_bytes, stale_temp_files
+from dit.io.atomic import CannotWrite, atomic_write, atomic_write_bytes, stale_temp_files
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
@@ -68,7 +68,11 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
             raise
 
     path = atomic_write(path, write)
-    atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    try:
+        atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    except CannotWrite:
+        path.unlink()  # a checkpoint is its file and its checksum: one without the other is not kept
+        raise
     return path
 
 
