@@ -11,6 +11,7 @@ import torch
 from helpers import make_image_folder, run_face
 from test_extract_features import args as store_args
 from test_sample_ddp import N, fid_args
+from test_sharded_checkpoint import disk  # noqa: F401 (a fixture)
 
 import dit.data.store
 import dit.sample.fid_set
@@ -85,3 +86,12 @@ def test_a_checkpoint_whose_checksum_is_refused_is_not_kept(tmp_path, monkeypatc
         atomic_torch_save({"model": {"w": torch.ones(2)}}, tmp_path / "0000002.pt")
     assert list_checkpoints(tmp_path) == [] and not list(tmp_path.iterdir())
     monkeypatch.setattr(dit.checkpoint.format, "atomic_write_bytes", written)
+
+
+def test_a_diffusers_export_on_a_full_disk_is_one_line_and_leaves_nothing(our_ckpt, disk, capsys):  # noqa: F811
+    """save_pretrained's safetensors writer reports a full disk as its own exception: it was a traceback."""
+    out = disk(200) / "pipe"
+    code, _, err = run_face("scripts/export_diffusers.py", ["--ckpt", str(our_ckpt), "--out", str(out)], capsys)
+    assert code == 2 and one_line(err).endswith(f"cannot write {out}: No space left on device. Free space on that "
+                                                "disk or write elsewhere; nothing partial was left there.")  # fmt: skip
+    assert not list(out.parent.iterdir())
