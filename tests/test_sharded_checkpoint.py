@@ -124,11 +124,9 @@ def disk(tmp_path):
 
 
 def full_disk_run(data, out, every: int, *extra):
-    """An FSDP run that saves every ``every`` steps, keeping all, until its disk is full: (its stderr, its one
-    ``error:`` line, the checkpoints kept). One line from rank 0, exit 2 on both ranks, no rank's traceback."""
-    args = train_args(
-        data, out, 60, "--fsdp", "--ckpt-every", str(every), "--keep-last", "0", "--no-progress", *extra
-    )
+    """A two-process run that saves every ``every`` steps, keeping all, until its disk is full: (its stderr, its
+    one ``error:`` line, the checkpoints kept). One line from rank 0, exit 2 on both ranks, no rank's traceback."""
+    args = train_args(data, out, 60, "--ckpt-every", str(every), "--keep-last", "0", "--no-progress", *extra)
     done = run([*TORCHRUN, *args])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode != 0 and len(errors) == 1, done.stderr[-3000:]
@@ -147,10 +145,19 @@ def test_a_sharded_save_on_a_full_disk_is_one_line_naming_the_folders_kept(image
     """Issue 41 item 4: six rank tracebacks and no line; then "no checkpoint was kept" beside sealed folders (the
     check looked for *.pt alone). A checkpoint here is a 1.3 MB folder: room for three, and part of a fourth."""
     out = disk(4700) / "run"
-    _, line, kept = full_disk_run(image_folder, out, 1)
+    _, line, kept = full_disk_run(image_folder, out, 1, "--fsdp")
     assert len(kept) >= 3 and all(p.is_dir() for _, p in kept)
     assert f"cannot write {out / 'checkpoints' / f'{kept[-1][0] + 1:07d}'}:" in line
     assert all(load_checkpoint(p, mmap=True)["step"] == s for s, p in kept)  # each one whole
+
+
+def test_a_ddp_save_on_a_full_disk_is_one_line_from_rank_0(image_folder, disk):  # noqa: F811
+    """The one-file form on two processes: rank 1 waited for rank 0's file in a barrier and traced back (gloo's
+    "Connection closed by peer") as rank 0 exited with its line. A checkpoint here is a 0.8 MB file."""
+    out = disk(2500) / "run"
+    _, line, kept = full_disk_run(image_folder, out, 1)
+    assert kept and all(p.suffix == ".pt" for _, p in kept)
+    assert f"cannot write {out / 'checkpoints' / f'{kept[-1][0] + 1:07d}.pt'}:" in line
 
 
 def test_a_background_save_that_fails_stops_the_run_as_a_foreground_one(image_folder, disk):  # noqa: F811
@@ -159,7 +166,7 @@ def test_a_background_save_that_fails_stops_the_run_as_a_foreground_one(image_fo
     the loop asks at every step (``test_a_background_save_is_asked_how_it_went_without_waiting_for_it``), so
     here, --log-every 1, at the first step after the write failed. Room for two 1.3 MB folders and half a third."""
     out = disk(3300) / "run"
-    _, line, kept = full_disk_run(image_folder, out, 4, "--async-checkpoint")
+    _, line, kept = full_disk_run(image_folder, out, 4, "--fsdp", "--async-checkpoint")
     failed = kept[-1][0] + 4
     assert [s for s, _ in kept] == [4, 8] and f"cannot write {out / 'checkpoints' / f'{failed:07d}'}:" in line
     logged = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
