@@ -29,13 +29,12 @@ class WandB(Sink):
     """One W&B run per results folder: its id is kept there (``wandb/run-id``), so a resumed run continues it.
     Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy.
 
-    A resume at step S continues the run with W&B's rewind, ``resume_from="ID?_step=S"``: the history past S
-    (steps logged after the checkpoint, before a kill, or a branch left by a rollback) is set aside and the
-    resumed steps are logged in its place. A plain ``resume="allow"`` would keep the old steps, and W&B drops
-    any step below its last ("Tried to log to step N that is less than the current step"), so the new branch
-    stayed hidden until it passed the old one. The rewind keeps one run per results folder, as its charts and
-    links expect; ``fork_from`` would start a new run at each resume. wandb records it offline too (the run's
-    ``branch_point``), and ``wandb sync`` applies it."""
+    A resume at step S continues the run with W&B's rewind, ``resume_from="ID?_step=S"``: W&B sets the history
+    past S aside (the steps logged after the checkpoint before a kill, or the branch a rollback left) and takes
+    the resumed steps in their place; with the id alone it would drop every step below its last ("Tried to log
+    to step N that is less than the current step"). The rewind keeps one run per results folder; ``fork_from``
+    would start a new run at each resume. wandb records the rewind offline too (the run's ``branch_point``),
+    and ``wandb sync`` applies it."""
 
     options = WandBOptions
 
