@@ -24,7 +24,7 @@ import torch
 import dit.checkpoint.sharded as sharded
 from dit import __version__
 from dit.data.store import sha256_file
-from dit.io.atomic import atomic_write, atomic_write_bytes, stale_temp_files
+from dit.io.atomic import CannotWrite, atomic_write, atomic_write_bytes, stale_temp_files
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
@@ -68,7 +68,11 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
             raise
 
     path = atomic_write(path, write)
-    atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    try:
+        atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    except CannotWrite:
+        path.unlink()  # a checkpoint is its file and its checksum: one without the other is not kept
+        raise
     return path
 
 
@@ -240,6 +244,15 @@ def read_record(path: Path) -> dict:
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     found = list_checkpoints(folder)
     return found[-1][1] if found else None
+
+
+def kept_checkpoints(folder: str | os.PathLike) -> str:
+    """What a run that stops on a refused write still has, for its line: the newest complete checkpoint of
+    ``folder``, a file or a sealed folder (a save cut short is a temporary name, never listed)."""
+    found = list_checkpoints(folder)
+    if not found:
+        return "no checkpoint was kept"
+    return f"the newest checkpoint kept is {found[-1][1].name} ({len(found)} in {folder})"
 
 
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

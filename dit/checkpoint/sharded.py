@@ -56,9 +56,58 @@ def write(folder: Path, tensors: dict, group=None, background: bool = False):
     import torch.distributed.checkpoint as dcp
 
     if background:
-        return dcp.async_save(tensors, checkpoint_id=folder, process_group=group)
-    dcp.save(tensors, checkpoint_id=folder)
+        return dcp.async_save(tensors, storage_writer=_writer(folder), process_group=group)
+    dcp.save(tensors, storage_writer=_writer(folder))
     return None
+
+
+class _KeepsError:
+    """A file whose refused write (an ``OSError``) is kept on ``owner.error`` as it passes."""
+
+    def __init__(self, f, owner):
+        self._f, self._owner = f, owner
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self._owner.error = e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+def _writer(folder: Path):
+    """DCP's file writer, whose failure names the OS error of a refused write (a full disk): torch.save's C++
+    writer turns one into ``RuntimeError: unexpected pos``, which says nothing of the cause."""
+    from contextlib import contextmanager
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class Keeping(FileSystem):
+        error: OSError | None = None
+
+        @contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as stream:
+                yield _KeepsError(stream, self)
+
+    class Writer(FileSystemWriter):
+        def __init__(self, path):
+            super().__init__(path)
+            self.fs = Keeping()
+
+        def write_data(self, plan, planner):
+            try:
+                return super().write_data(plan, planner)
+            except RuntimeError:
+                if self.fs.error is None:
+                    raise
+                raise self.fs.error from None
+
+    return Writer(folder)
 
 
 def own_digests(folder: Path, rank: int) -> dict[str, str]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from dit.checkpoint import Checkpointer, remove_partial_checkpoints
+from dit.checkpoint import Checkpointer, kept_checkpoints, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.io.atomic import atomic_write
+from dit.io.atomic import CannotWrite, atomic_write
 from dit.io.errors import UserError, unwrap_worker_error
 from dit.io.progress import progress
 from dit.model.dit import DiT
@@ -159,7 +159,7 @@ class Trainer:
         self.ledger = Ledger(
             cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
             out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
-            local_images_done=done, repa=self.repa,
+            local_images_done=done, start_step=self.state.step, repa=self.repa,
         )  # fmt: skip
         self.ledger.report(self.micro, self.parallel.split)
         for note in notes + self.data.notes:
@@ -343,6 +343,7 @@ class Trainer:
                             else:
                                 ledger.log_eval(state.step, scores)
                     # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
+                    self.checkpointer.check(everyone=log_step or ckpt_step or eval_step)
                     if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
@@ -453,8 +454,11 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
     timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
-    with (
-        Runtime.of(cfg.runtime, timeout=timeout) as runtime,
-        runtime.stop_flag() as stop,
-    ):  # a stop in set-up: at the first step asked
-        return Trainer(cfg, runtime, dataset).run(stop)
+    try:
+        with (
+            Runtime.of(cfg.runtime, timeout=timeout) as runtime,
+            runtime.stop_flag() as stop,
+        ):  # a stop in set-up: at the first step asked
+            return Trainer(cfg, runtime, dataset).run(stop)
+    except CannotWrite as e:  # any write of the run (a checkpoint, a sink, a record): its line says what is kept
+        raise e.keeping(kept_checkpoints(cfg.checkpoint.folder)) from None
