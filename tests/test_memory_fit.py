@@ -4,7 +4,6 @@ and DiT-XL/2 is never built: the check needs only its config."""
 
 import types
 
-import pytest
 import torch
 from helpers import make_image_folder, run_face
 from test_train import Pixels, tiny_config
@@ -34,7 +33,10 @@ def _fit_on_fake_gpu(monkeypatch, **flat):
     kernel = attention_kernel(cfg.parallel.attention, "cuda", runtime.precision.compute_dtype)
     options = dict(precision=cfg.runtime.precision, gradient_as_bucket_view=True, attention="fused")
     assert kernel not in ("explicit", "math")
-    estimate = lambda blocks: estimate_training_memory(model_cfg, micro, checkpointed_blocks=blocks, **options)  # noqa: E731
+
+    def estimate(blocks):
+        return estimate_training_memory(model_cfg, micro, checkpointed_blocks=blocks, **options)
+
     try:
         decided = parallelism(cfg.parallel, runtime).fit(model_cfg, micro, cfg.optim.grad_accum_steps, kernel)
     except UserError as e:
@@ -97,11 +99,11 @@ def test_a_cpu_run_checkpoints_the_blocks_its_hosts_memory_needs(tmp_path, monke
 
     cfg = tiny_config(tmp_path, global_batch_size=32, hidden_size=64, memory_reserve_gib=0)
     model_cfg = cfg.model_config(3, 8)
-    estimate = lambda blocks: (
-        estimate_training_memory(  # noqa: E731
-            model_cfg, 32, "fp32", checkpointed_blocks=blocks, gradient_as_bucket_view=True
-        ).total
-    )
+
+    def estimate(blocks):
+        options = dict(checkpointed_blocks=blocks, gradient_as_bucket_view=True)
+        return estimate_training_memory(model_cfg, 32, "fp32", **options).total
+
     assert estimate(1) < estimate(0)
     monkeypatch.setattr("dit.runtime.host_memory.host_memory_bytes", lambda: estimate(1), raising=False)
     trainer = Trainer(cfg, Runtime("cpu"), Pixels())
