@@ -333,9 +333,14 @@ class FSDP(Parallelism):
         weights = get_model_state_dict(model, options=options)
         if not (every_rank or self.runtime.is_main):
             return None
-        whole = DiT.from_config(model.config).to(self.runtime.device).eval()
-        whole.load_state_dict(weights)
-        return whole
+        with torch.device("meta"):  # no throwaway random weights: the gathered ones are taken as they are
+            whole = DiT.from_config(model.config)
+        whole.load_state_dict(weights, assign=True)
+        for name, table in model.named_buffers():  # the fixed tables outside the state dict (RoPE's)
+            if name not in weights:
+                owner, _, attr = name.rpartition(".")
+                setattr(whole.get_submodule(owner), attr, table)
+        return whole.to(self.runtime.device).eval()
 
     def global_norm(self, norm):
         return norm.full_tensor()  # a collective: every rank's shards
