@@ -242,17 +242,13 @@ class Parallelism:
             gradient_as_bucket_view=True, attention="explicit" if attention in ("explicit", "math") else "fused",
         )  # fmt: skip
         blocks, estimate = fit_checkpointing(cfg, micro, usable, policy, **options)
-        gib = _gib
-        where = (
-            f"{runtime.device}'s {gib(capacity)}"
-            if runtime.device.type == "cuda"
-            else f"the host's {gib(capacity)}"
-        )
+        gpu = runtime.device.type == "cuda"
+        where = f"{runtime.device}'s {_gib(capacity)}" if gpu else f"the host's {_gib(capacity)}"
         if estimate.total > usable:
             raise UserError(
-                f"{describe(cfg)} at {micro} images per {'GPU' if runtime.device.type == 'cuda' else 'process'} needs an estimated "
-                f"{gib(estimate.total)} per step with {blocks} of {cfg.depth} blocks checkpointed "
-                f"({runtime.precision.name}, dit.cost.memory), over the {gib(usable)} usable of {where}: "
+                f"{describe(cfg)} at {micro} images per {'GPU' if gpu else 'process'} needs an estimated "
+                f"{_gib(estimate.total)} per step with {blocks} of {cfg.depth} blocks checkpointed "
+                f"({runtime.precision.name}, dit.cost.memory), over the {_gib(usable)} usable of {where}: "
                 f"{self._fixes(cfg, micro, grad_accum, usable, policy, options)}."
             )
         if policy != "auto" or blocks == 0:
@@ -260,12 +256,11 @@ class Parallelism:
         plain = estimate_training_memory(cfg, micro, **options).total
         return blocks, (
             f"activation checkpointing (auto): the first {blocks} of {cfg.depth} blocks, the fewest that fit: "
-            f"without them the step needs an estimated {gib(plain)} per device (dit.cost.memory), over the "
-            f"{gib(usable)} usable of {where}; with them {gib(estimate.total)}"
+            f"without them the step needs an estimated {_gib(plain)} per device (dit.cost.memory), over the "
+            f"{_gib(usable)} usable of {where}; with them {_gib(estimate.total)}"
         )
 
-    @staticmethod
-    def _fixes(cfg: DiTConfig, micro: int, grad_accum: int, usable: int, policy, options: dict) -> str:
+    def _fixes(self, cfg: DiTConfig, micro: int, grad_accum: int, usable: int, policy, options: dict) -> str:
         """What would fit: checkpointing chosen by ``auto``, fewer images per pass, or more GPUs."""
         fixes = []
         if policy != "auto":
@@ -277,7 +272,7 @@ class Parallelism:
         split = next((n for n in range(2, micro + 1) if micro % n == 0 and micro // n <= most), None)
         if split is not None:
             fixes.append(f"--grad-accum-steps {grad_accum * split} ({micro // split} images per pass)")
-        more = "spread the batch over more GPUs (--fsdp also shards the weights)"
+        more = "spread the batch over more GPUs" + ("" if self.split else " (--fsdp also shards the weights)")
         return f"pass {', '.join(fixes)}, or {more}" if fixes else more
 
     def sync_gradients(self, last: bool):
