@@ -296,9 +296,14 @@ def sample_latents(
     return sampler.run(sm.model, noise(), y, noise, precision=precision, progress=progress)
 
 
-def to_images(sm: SamplingModel, samples: torch.Tensor) -> torch.Tensor:
-    """The VAE's part: samples to RGB images in [-1, 1], (N, 3, H, W) float32 on the CPU."""
-    images = decode(sm.vae, samples) if sm.vae is not None else samples.clamp(-1, 1)
+def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | None = None) -> torch.Tensor:
+    """The VAE's part: samples to RGB images in [-1, 1], (N, 3, H, W) float32 on the CPU. The decode runs in
+    ``precision``'s arithmetic for frozen networks where given (a bf16 run's grids and evaluations: bf16)."""
+    if sm.vae is None:
+        images = samples.clamp(-1, 1)
+    else:
+        with precision.frozen() if precision is not None else nullcontext():
+            images = decode(sm.vae, samples)
     if images.shape[1] == 1:
         images = images.repeat(1, 3, 1, 1)
     return images.float().cpu()
@@ -313,5 +318,7 @@ def generate(
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
-    return to_images(sm, sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress))
+    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed); the DiT and the decode in
+    ``precision`` (the judges that score them keep IEEE float32: ``dit.eval.features``)."""
+    samples = sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress)
+    return to_images(sm, samples, precision)

@@ -291,12 +291,12 @@ class Ledger:
         }
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
         if cuda:
-            if not self.memory_compared:  # the first window on a device: the estimate --activation-checkpointing
-                self.memory_compared = True  # auto trusts, checked so far on CPU traces only, vs the allocator
+            if not self.memory_compared:  # the first window on a device: the estimate the start-up's fit check
+                self.memory_compared = True  # trusts, checked so far on CPU traces only, vs the allocator
                 self.sinks.info(
                     f"memory, first window: {record['max_memory_reserved_gib']:.3g} GiB reserved at most "
                     f"({record['max_memory_gib']:.3g} GiB allocated), estimate {self.memory_estimate / 2**30:.3g} GiB "
-                    f"(dit.cost.memory, used by --activation-checkpointing auto)"
+                    "(dit.cost.memory, which the start-up's fit check uses)"
                 )
             torch.cuda.reset_peak_memory_stats(self.runtime.device)  # the next record's peaks are its window's
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:

@@ -91,6 +91,12 @@ class Trainer:
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
         resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
+        # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
+        kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
+        self.attention = attention_kernel(kernel, runtime.device.type, runtime.precision.compute_dtype)
+        self.parallel = parallelism(cfg.parallel, runtime)
+        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention)
+        notes += [why] if why else []
         if runtime.is_main:
             text = yaml.safe_dump(self.record, sort_keys=False)
             atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
@@ -118,10 +124,8 @@ class Trainer:
 
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, start.init_from, start.init_from_weights, report))
-        self.attention = attention_kernel(cfg.parallel.attention, device.type, runtime.precision.compute_dtype)
         ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup)  # a copy: never checkpointed, compiled nor run
-        self.parallel = parallelism(cfg.parallel, runtime)
-        self.module = self.parallel.wrap(model, trained, ema.model, self.micro, self.attention)
+        self.module = self.parallel.wrap(model, trained, ema.model, self.checkpointed)
         # side features in the step: REPA's targets come from the image before a VAE encodes it
         self.hooks = [self.repa] if self.repa else []
         if self.data.vae is not None:
