@@ -85,8 +85,9 @@ class ObjectiveSection(Section):
         at_noise = self.objective == "flow" and self.prediction != "velocity" and self.path_type != "vp"
         if self.cos_loss_weight and at_noise and self.train_eps == 0:
             raise FieldError(
-                "{cos_loss_weight} needs the velocity a {prediction} model implies, which is infinite at t = 0 "
-                "(pure noise) on this path: keep {train_eps} above 0 (SiT's 1e-3 by default), or predict velocity."
+                f"{{cos_loss_weight}} needs the velocity a {self.prediction} model implies, which is infinite at "
+                "t = 0 (pure noise) on this path: keep {train_eps} above 0 (SiT's 1e-3 by default), or predict "
+                "velocity."
             )
 
     def build(self, model_cfg) -> Objective:
