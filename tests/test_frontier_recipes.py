@@ -230,3 +230,15 @@ def test_a_resume_that_changes_a_recipe_field_needs_allow_changes(name, value):
     changed = TrainConfig.of(**{name: value})
     assert [c.split(":")[0] for c in changed.resume_conflicts(saved)] == [name]
     assert TrainConfig.of(**{name: value, "allow_changes": (name,)}).resume_conflicts(saved) == []
+
+
+def test_the_frontier_preset_stacks_the_recipes():
+    from dit.train.config import parse_train_config
+
+    cfg = parse_train_config(["--config", "configs/frontier.yaml"])
+    assert (cfg.objective.objective, cfg.objective.time_sampling, cfg.objective.cos_loss_weight) == (
+        "flow", "logit-normal", 1.0,
+    )  # fmt: skip
+    assert (cfg.optim.lr, cfg.optim.adam_beta2, cfg.optim.global_batch_size) == (2e-4, 0.95, 1024)
+    assert (cfg.model.norm, cfg.model.mlp, cfg.model.rope, cfg.model.qk_norm) == ("rmsnorm", "swiglu", True, True)
+    assert cfg.eval_sampling.time_shift == pytest.approx(1 / 0.3)  # LightningDiT's 0.3 on its axis
