@@ -242,3 +242,25 @@ def test_the_frontier_preset_stacks_the_recipes():
     assert (cfg.optim.lr, cfg.optim.adam_beta2, cfg.optim.global_batch_size) == (2e-4, 0.95, 1024)
     assert (cfg.model.norm, cfg.model.mlp, cfg.model.rope, cfg.model.qk_norm) == ("rmsnorm", "swiglu", True, True)
     assert cfg.eval_sampling.time_shift == pytest.approx(1 / 0.3)  # LightningDiT's 0.3 on its axis
+
+
+@pytest.mark.parametrize("objective", ["diffusion", "flow"])
+def test_a_run_records_the_recipe_its_sampler_takes_it_and_a_resume_keeps_it(tmp_path, objective):
+    from test_train import Pixels, tiny_config
+
+    from dit.checkpoint import latest_checkpoint, load_checkpoint
+    from dit.sample.loading import load_sampling_model
+    from dit.train import train
+
+    recipe = dict(objective=objective, time_shift=2.0, cos_loss_weight=0.5, adam_beta2=0.95, adam_eps=1e-6)
+    train(tiny_config(tmp_path, max_steps=2, **recipe), Pixels())
+    last = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert {(g["betas"][1], g["eps"]) for g in load_checkpoint(last)["optimizer"]["param_groups"]} == {
+        (0.95, 1e-6)
+    }
+    sm = load_sampling_model(str(last), vae="none")
+    assert Sampler(sm, 10).time_shift == 2.0 and Sampler(sm, 10, time_shift=1.0).time_shift == 1.0
+    with pytest.raises(UserError, match=r"time_shift: 2\.0 -> 3\.0.*--allow-changes"):
+        train(tiny_config(tmp_path, max_steps=4, resume="auto", **{**recipe, "time_shift": 3.0}), Pixels())
+    changed = {**recipe, "time_shift": 3.0, "allow_changes": ["time_shift"]}
+    assert train(tiny_config(tmp_path, max_steps=4, resume="auto", **changed), Pixels())["step"] == 4
