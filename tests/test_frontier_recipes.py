@@ -264,3 +264,19 @@ def test_a_run_records_the_recipe_its_sampler_takes_it_and_a_resume_keeps_it(tmp
         train(tiny_config(tmp_path, max_steps=4, resume="auto", **{**recipe, "time_shift": 3.0}), Pixels())
     changed = {**recipe, "time_shift": 3.0, "allow_changes": ["time_shift"]}
     assert train(tiny_config(tmp_path, max_steps=4, resume="auto", **changed), Pixels())["step"] == 4
+
+
+def test_dit_cost_plans_the_shifted_steps(capsys):
+    import json
+
+    from dit.cost.__main__ import main
+
+    def guided(*shift):
+        flags = ["sample", "--model", "DiT-XL/2", "--sampler", "ddim", "--num-sampling-steps", "50",
+                 "--guidance-scale", "4", "--guidance-interval", "0", "0.5", "--json", *shift]  # fmt: skip
+        assert main(flags) == 0
+        return json.loads(capsys.readouterr().out)["guided_nfe"]
+
+    plan = sampling_plan("ddim", 50, guidance_scale=4, interval=(0, 0.5), time_shift=3.0)
+    assert guided() == 25 and guided("--time-shift", "3") == plan.guided_nfe < 25  # fewer steps near the data
+    assert guided("--time-shift", "auto") == 25  # SD-VAE latents at 256 px: RAE's shift is 1
