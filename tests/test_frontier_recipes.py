@@ -280,3 +280,13 @@ def test_dit_cost_plans_the_shifted_steps(capsys):
     plan = sampling_plan("ddim", 50, guidance_scale=4, interval=(0, 0.5), time_shift=3.0)
     assert guided() == 25 and guided("--time-shift", "3") == plan.guided_nfe < 25  # fewer steps near the data
     assert guided("--time-shift", "auto") == 25  # SD-VAE latents at 256 px: RAE's shift is 1
+
+
+def test_a_flow_sample_sets_identity_is_todays_without_the_recipe():
+    from dit.objectives.transport import Transport
+
+    today = {"path_type": "linear", "prediction": "velocity", "loss_weight": "none", "time_sampling": "uniform",
+             "logit_mean": 0.0, "logit_std": 1.0, "train_eps": None, "sample_eps": None}  # fmt: skip
+    assert flow_model().objective.manifest(None) == today
+    shifted = type(flow_model().objective)(Transport(time_shift=3.0))
+    assert shifted.manifest(None) == {**today, "time_shift": 3.0}
