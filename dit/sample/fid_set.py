@@ -77,6 +77,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     )  # keys as before the sections: old sets stay valid
     return {
         **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
+        **({"time_shift": sampler.time_shift} if sampler.time_shift != 1 else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": f.num_fid_samples,
         "per_proc_batch_size": f.batch_size,

@@ -150,7 +150,7 @@ class Trainer:
         line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
         self.state.lineage = line
         model_cfg = model.config
-        self.objective = cfg.objective.build(model_cfg.learn_sigma)
+        self.objective = cfg.objective.build(model_cfg)
         self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
