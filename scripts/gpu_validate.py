@@ -17,14 +17,17 @@ reason. ``--dry-run`` runs every section on the CPU with tiny shapes; ``--fail``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+
+from dit.io.cli import run_cli
+from dit.io.config import Face, FieldError, Section, option
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("env", "flags", "numerics", "sync", "parallel", "bench", "e2e", "sample")
@@ -166,24 +169,39 @@ def _pack_logs(logs: Path, archive: Path) -> None:
     atomic_write_bytes(archive, buffer.getvalue())
 
 
+@dataclass(frozen=True)
+class ValidateConfig(Section):
+    """One section of scripts/gpu_validate.sh, or ``finish SECTION`` after its process."""
+
+    work: str = option(help="the scratch folder: records, logs, work")
+    section: str = option(choices=(*SECTIONS, "finish"), positional=True, help="the section to run, or finish")
+    name: str | None = option(None, f"finish: the section ({', '.join(SECTIONS)})", positional=True)
+    out: str | None = option(None, "finish: the folder the results come back in")
+    dry_run: bool = option(False, "the CPU, tiny shapes")
+    budget: float = option(600.0, "seconds this section may take", gt=0)
+    fail: bool = option(False, "fail at once (tests that the others still run)")
+    rc: int = option(0, "finish: the section process's exit status")
+    seconds: float | None = option(None, "finish: how long it ran", ge=0)
+
+    def check(self) -> None:
+        if self.section == "finish" and (self.name not in SECTIONS or self.out is None):
+            raise FieldError(f"finish needs a section's name ({', '.join(SECTIONS)}) and --out, got {self.name}.")
+
+
+FACE = Face(
+    "scripts/gpu_validate.py",
+    __doc__,
+    sections={"validate": ValidateConfig},
+    outputs={"work": "folder", "out": "folder"},
+)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=(*SECTIONS, "finish"))
-    parser.add_argument("name", nargs="?", choices=SECTIONS, help="finish: the section")
-    parser.add_argument("--work", type=Path, required=True, help="the scratch folder: records, logs, work")
-    parser.add_argument("--out", type=Path, help="finish: the folder the results come back in")
-    parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes")
-    parser.add_argument("--budget", type=float, default=600.0, help="seconds this section may take")
-    parser.add_argument("--fail", action="store_true", help="fail at once (tests that the others still run)")
-    parser.add_argument("--rc", type=int, default=0, help="finish: the section process's exit status")
-    parser.add_argument("--seconds", type=float, default=None, help="finish: how long it ran")
-    a = parser.parse_args(argv)
+    a = FACE.parse(argv).sections["validate"]
     if a.section == "finish":
-        if a.name is None or a.out is None:
-            parser.error("finish needs the section's name and --out")
-        return finish(a.name, a.work, a.out, a.rc, a.seconds, a.dry_run)
-    return run_section(a.section, a.work, a.dry_run, a.budget, a.fail)
+        return finish(a.name, Path(a.work), Path(a.out), a.rc, a.seconds, a.dry_run)
+    return run_section(a.section, Path(a.work), a.dry_run, a.budget, a.fail)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

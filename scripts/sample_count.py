@@ -25,6 +25,7 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
+from dit.io.userfiles import read_matrices
 
 SCORES = ("fid", "fd_judge")
 
@@ -72,24 +73,14 @@ def measure(sets: list[np.ndarray], mu: np.ndarray, sigma: np.ndarray, sizes: tu
     return {"sizes": out, "infinite_set_estimate": float(limit), "bias_slope": float(slope)}
 
 
-def read_features(path: str) -> dict[str, np.ndarray]:
-    """One setting's kept features (an .npz scripts/sampling_study.py wrote beside its JSON), both scores'."""
-    fix = "pass a file from the .features folder beside a scripts/sampling_study.py JSON"
-    try:
-        with np.load(path) as f:
-            return {s: f[s] for s in SCORES}
-    except FileNotFoundError:
-        raise UserError(f"--kept-features {path} does not exist: {fix}.") from None
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"--kept-features {path} is not a study's features file ({e}): {fix}.") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["count"]
     classifier = digits_reference(load_digit_classifier())
     judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
     refs = {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-    files = [read_features(p) for p in c.kept_features]
+    fix = "pass a file from the .features folder beside a scripts/sampling_study.py JSON"
+    widths = {s: len(mu) for s, (mu, _) in refs.items()}
+    files = [read_matrices(p, "--kept-features", fix, widths) for p in c.kept_features]
     result = {
         "command": "python scripts/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
         **{s: measure([f[s] for f in files], *refs[s], c.counts) for s in SCORES},

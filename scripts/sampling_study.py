@@ -38,6 +38,7 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
+from dit.io.userfiles import inside, read_json
 from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
@@ -200,13 +201,16 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
 def features_path(c: StudyConfig, setting: dict) -> Path:
     """Where a setting's sample features are kept: one .npz per setting, a score's features under its key."""
     name = "{sampler}-{steps}-g{guidance_scale:g}-{interval}.npz".format(**setting).replace(":", "_")
-    return Path(c.out).with_suffix(".features") / name
+    fix = "a study's rows are settings scripts/sampling_study.py ran; pass another --out"
+    return inside(Path(c.out).with_suffix(".features"), name, c.out, "setting", fix, one_name=True)
 
 
 def load_rows(path: Path, header: dict) -> list[dict]:
     if not path.is_file():
         return []
-    data = json.loads(path.read_text())
+    data = read_json(path, "study", "pass another --out, or remove that file")
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise UserError(f"{path} is not a sampling study: pass another --out, or remove that file.")
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "

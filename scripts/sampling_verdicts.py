@@ -32,9 +32,13 @@ from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
-from dit.io.userfiles import read_json
+from dit.io.userfiles import inside, read_json, read_matrices
 
 SCORES = ("fid", "fd_judge")
+FEATURES_FIX = (
+    "the study keeps each setting's features beside its JSON: remove a damaged one and rerun "
+    "scripts/sampling_study.py with that --out, which runs the settings again whose features are missing"
+)
 
 
 @dataclass(frozen=True)
@@ -69,18 +73,27 @@ def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
 
 
+NUMBER = (int, float)
+STUDY_KEYS = {"ckpt_sha256": str, "num_samples": int, "seed": int, "feature_networks": list, "rows": list}
+ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": str, "fid": NUMBER,
+            "fd_judge": NUMBER, "intervals": dict, "sampling_tflop_per_1000": NUMBER}  # fmt: skip
+
+
 def read_study(path: str) -> dict:
-    """A study's JSON, checked to be one that scripts/sampling_study.py wrote."""
+    """A study's JSON, checked to be one that scripts/sampling_study.py wrote, down to the fields of its rows."""
     fix = "pass the --out of scripts/sampling_study.py"
     data = read_json(path, "study", fix)
-    keys = ("ckpt_sha256", "num_samples", "seed", "feature_networks", "rows")
-    if not isinstance(data, dict) or any(k not in data for k in keys):
-        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(keys)}): {fix}.")
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
+        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
+    for i, row in enumerate(data["rows"]):
+        bad = [k for k, kind in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
+        if bad:
+            raise UserError(f"{path}: row {i} lacks or mistypes {', '.join(bad)}: {fix}.")
     return data
 
 
 def load(
-    studies: tuple[str, ...], recipes: bool = False
+    studies: tuple[str, ...], refs: dict[str, tuple[np.ndarray, np.ndarray]], recipes: bool = False
 ) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
     """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features.
     A sampler's studies share the checkpoint and differ in the sampling seed; a recipe's are one checkpoint per
@@ -92,16 +105,17 @@ def load(
     if len({d["ckpt_sha256" if recipes else "seed"] for d in data}) != len(data):
         raise UserError("two studies of one seed: give one study per seed.")
     per = [{name(r): r for r in d["rows"]} for d in data]
+    widths = {s: len(mu) for s, (mu, _) in refs.items()}
     common = [k for k in per[0] if all(k in p for p in per)]
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        paths = [Path(s).with_suffix(".features") / f"{k.replace(':', '_')}.npz" for s in studies]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise UserError(f"{', '.join(missing)} missing: the study keeps each setting's features beside its JSON; "
-                            "rerun scripts/sampling_study.py with that --out: it runs the settings again whose features are missing.")  # fmt: skip
-        files = [np.load(p) for p in paths]
+        fix = "a study's rows are settings scripts/sampling_study.py ran; pass its --out"
+        paths = [inside(Path(s).with_suffix(".features"), f"{k.replace(':', '_')}.npz", s, "row", fix, True)
+                 for s in studies]  # fmt: skip
+        files = [
+            read_matrices(p, "kept features", FEATURES_FIX, widths, d["num_samples"]) for p, d in zip(paths, data)
+        ]
         judged[k] = {s: Judged([r[s] for r in rows[k]], np.concatenate([f[s] for f in files])) for s in SCORES}
     return rows, judged
 
@@ -110,8 +124,9 @@ def recipes(c: VerdictsConfig) -> int:
     """Each setting both recipes ran: A (--studies) against B (--against), by the rule."""
     if len(c.against) != len(c.studies):
         raise UserError("--against needs as many studies (training seeds) as --studies.")
-    (_, a), (_, b) = load(c.studies, recipes=True), load(c.against, recipes=True)
-    out, refs = [], references()
+    refs = references()
+    (_, a), (_, b) = load(c.studies, refs, recipes=True), load(c.against, refs, recipes=True)
+    out = []
     for k in (k for k in a if k in b):
         v = better(a[k], b[k], refs)
         out.append({"setting": k, **{f"{s}_a": a[k][s].scores for s in SCORES}, **{f"{s}_b": b[k][s].scores
@@ -129,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["verdicts"]
     if c.against:
         return recipes(c)
-    rows, judged = load(c.studies)
+    refs = references()
+    rows, judged = load(c.studies, refs)
     if c.baseline not in rows:
         raise UserError(f"--baseline {c.baseline} is not in every study; they share: {', '.join(rows)}.")
-    refs, base = references(), judged[c.baseline]
+    base = judged[c.baseline]
     cost = rows[c.baseline][0]["sampling_tflop_per_1000"]
     table = []
     for k in sorted(rows, key=lambda k: rows[k][0]["sampling_tflop_per_1000"]):

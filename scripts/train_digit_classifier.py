@@ -10,10 +10,10 @@ MNIST-5k (``dit.eval.features.digit_split``) with shifts of up to 2 pixels for 3
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ from dit.data.store import sha256_file
 from dit.eval.features import DIGIT_WEIGHTS, DigitClassifier, digit_split, digits_to_input
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:
@@ -39,15 +40,25 @@ def accuracy(model: DigitClassifier, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
+@dataclass(frozen=True)
+class ClassifierConfig(Section):
+    """The digit classifier's training run."""
+
+    out: str | None = option(None, "the weights file (safetensors); none: the committed one")
+    epochs: int = option(30, "passes over the training digits", ge=1)
+    batch_size: int = option(64, "digits per step", ge=1)
+    lr: float = option(1e-3, "Adam's learning rate", gt=0)
+    seed: int = option(0, "the seed of the weights and of the order")
+    report: str | None = option(None, "also write the run's figures to this JSON file")
+
+
+FACE = Face("scripts/train_digit_classifier.py", __doc__, sections={"train": ClassifierConfig},
+            outputs={"out": "file", "report": "file"})  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(DIGIT_WEIGHTS))
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report", help="also write the run's figures to this JSON file")
-    args = p.parse_args(argv)
+    args = FACE.parse(argv).sections["train"]
+    out = args.out or str(DIGIT_WEIGHTS)
 
     generator = seeded_script(args.seed)
 
@@ -89,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(seconds, 1),
     }
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
-    result["sha256"] = sha256_file(args.out)
+    atomic_write_bytes(out, save(state))
+    result["sha256"] = sha256_file(out)
     if args.report:
         atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     print(json.dumps(result, indent=1))

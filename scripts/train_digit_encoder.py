@@ -14,11 +14,11 @@ the held-out digits (the only use of labels, to show the features carry the digi
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from dit.data.store import sha256_file
 from dit.eval.features import digit_split
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
 from dit.model.layers import sincos_2d
 
 NAME = "digits-mae"
@@ -110,16 +111,25 @@ def probe_accuracy(train_x, train_y, test_x, test_y, ridge: float = 1e-2) -> flo
     return ((test @ w).argmax(1) == test_y).double().mean().item()
 
 
+@dataclass(frozen=True)
+class EncoderConfig(Section):
+    """The digit encoder's training run."""
+
+    out: str | None = option(None, "the weights file, its JSON report beside it; none: the committed one")
+    epochs: int = option(20, "passes over the training digits", ge=1)
+    batch_size: int = option(128, "digits per step", ge=1)
+    lr: float = option(1.5e-3, "AdamW's learning rate", gt=0)
+    mask_ratio: float = option(0.75, "the share of patches hidden", gt=0, lt=1)
+    seed: int = option(0, "the seed of the weights, the masks and the order")
+
+
+FACE = Face("scripts/train_digit_encoder.py", __doc__, sections={"train": EncoderConfig}, outputs={"out": "file"})
+
+
 def main(argv: list[str] | None = None) -> int:
     local = LOCAL_ENCODERS[NAME]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(local.weights), help="the weights file (the JSON report goes beside it)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1.5e-3)
-    p.add_argument("--mask-ratio", type=float, default=0.75)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = FACE.parse(argv).sections["train"]
+    out = args.out or str(local.weights)
 
     generator = seeded_script(args.seed)
 
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     probe_pixels = probe_accuracy(x_train.flatten(1), y_train, x_held.flatten(1), y_held)
     state = {k: v.contiguous() for k, v in encoder.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
+    atomic_write_bytes(out, save(state))
     result = {
         "command": "python scripts/train_digit_encoder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "encoder": NAME,
@@ -209,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "encoder_forward_flops_per_image": 2 * vit_forward_macs(shape),
         "linear_probe_held_out_accuracy": probe_mae,
         "linear_probe_pixels_held_out_accuracy": probe_pixels,
-        "sha256": sha256_file(args.out),
+        "sha256": sha256_file(out),
     }
-    report = local.report if args.out == str(local.weights) else args.out.removesuffix(".safetensors") + ".json"
+    report = local.report if args.out is None else out.removesuffix(".safetensors") + ".json"
     atomic_write_bytes(report, (json.dumps(result, indent=1) + "\n").encode())
     print(json.dumps(result, indent=1))
     return 0

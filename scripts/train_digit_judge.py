@@ -11,11 +11,11 @@ figure of the report: the 1-nearest-neighbour accuracy of the 4,000 training dig
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from dit.eval.metrics import frechet_distance, mean_cov
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
+from dit.io.config import Face, Section, option
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -78,19 +79,27 @@ def embed(model: DigitJudge, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([model.embed(part) for part in x.split(500)])
 
 
+@dataclass(frozen=True)
+class JudgeConfig(Section):
+    """The digit judge's training run."""
+
+    out: str | None = option(None, "the weights file (safetensors); none: the committed one")
+    reference_out: str | None = option(None, "its statistics of the training digits; none: the committed ones")
+    steps: int = option(1000, "training steps", ge=1)
+    batch_size: int = option(128, "digits per step", ge=2)
+    lr: float = option(2e-3, "Adam's learning rate", gt=0)
+    temperature: float = option(0.2, "NT-Xent's temperature", gt=0)
+    seed: int = option(0, "the seed of the weights, the augmentations and the order")
+    report: str | None = option(None, "also write the run's figures to this JSON file")
+
+
+FACE = Face("scripts/train_digit_judge.py", __doc__, sections={"train": JudgeConfig},
+            outputs={"out": "file", "reference_out": "file", "report": "file"})  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(DIGIT_JUDGE_WEIGHTS))
-    p.add_argument(
-        "--reference-out", default=str(DIGIT_JUDGE_REFERENCE), help="its statistics of the training digits"
-    )
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--temperature", type=float, default=0.2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report", help="also write the run's figures to this JSON file")
-    args = p.parse_args(argv)
+    args = FACE.parse(argv).sections["train"]
+    out = args.out or str(DIGIT_JUDGE_WEIGHTS)
 
     generator = seeded_script(args.seed)
 
@@ -142,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         "fd_noise_vs_train": frechet_distance(*mean_cov(embed(model, noise).double().numpy()), *ref).value,
     }
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(args.out, save(state))
-    result["sha256"] = sha256_file(args.out)
-    reference = digits_reference(load_digit_judge(args.out))  # the saved weights, named as evaluations name them
+    atomic_write_bytes(out, save(state))
+    result["sha256"] = sha256_file(out)
+    reference = digits_reference(load_digit_judge(out))  # the saved weights, named as evaluations name them
     reference.features = None  # mu and sigma are all a judge needs
-    save_stats(args.reference_out, reference)
+    save_stats(args.reference_out or str(DIGIT_JUDGE_REFERENCE), reference)
     if args.report:
         atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
     print(json.dumps(result, indent=1))

@@ -188,7 +188,9 @@ def face_options(name: str, face) -> list[tuple[str, str, str, str]]:
     from dit.io.config import _REQUIRED, _unwrap
 
     def tname(hint) -> str:
-        return tname(typing.get_args(hint)[0]) + "..." if typing.get_origin(hint) is tuple else hint.__name__
+        if typing.get_origin(hint) is tuple:
+            return tname(typing.get_args(hint)[0]) + "..."
+        return " or ".join(a.__name__ for a in typing.get_args(hint)) or hint.__name__  # a number, or a word
 
     def dname(d) -> str:
         if d is _REQUIRED:

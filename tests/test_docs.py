@@ -140,3 +140,77 @@ def test_every_checkpoint_path_shown_is_a_folder_a_run_writes():
             shown.append(folder)
             assert folder in written | passed, f"{path.relative_to(ROOT)}: {folder} (runs write {sorted(written)})"
     assert len(shown) > 5
+
+
+# a command in a snippet: `python -m dit.X`, dit-cost, a face script; torchrun and pipes end the previous one
+_COMMAND = re.compile(r"python -m (dit\.[a-z_]+)|(dit-cost|torchrun)|((?:scripts/)?[a-z_]+\.py)|([|;&]|\$\()")
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*)(?![\w*-])")
+HYPOTHETICAL = {"--layer-scale", "--p2-gamma"}  # docs/architecture.md's worked examples of additions not built
+OTHER_TOOLS = {"--nproc_per_node": "torchrun", "--nnodes": "torchrun", "--node_rank": "torchrun",
+               "--rdzv-endpoint": "torchrun", "--rdzv_backend": "torchrun", "--rdzv_endpoint": "torchrun",
+               "--rdzv_id": "torchrun", "--signals-to-handle": "torchrun", "--shutdown-timeout": "torchrun",
+               "--num_processes": "accelerate", "--mixed_precision": "accelerate", "--signal": "sbatch",
+               "--local-dir": "huggingface-cli", "--logdir": "tensorboard", "--no-deps": "pip"}  # fmt: skip
+FACE_NAMES = [*FACE_MODULES, "dit.checkpoint", *(f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.py"))]
+
+
+def _flags_of(name: str) -> set[str] | None:
+    """Every long option of the face ``name`` (its parser, subcommands included; a script that builds an
+    argparse parser in ``main``: its ``add_argument`` calls), or None for a name that is no face."""
+    import argparse
+
+    def options(parser) -> set[str]:
+        out = set()
+        for action in parser._actions:
+            out |= {s for s in action.option_strings if s.startswith("--")}
+            if isinstance(action, argparse._SubParsersAction):
+                out = out.union(*(options(p) for p in action.choices.values()))
+        return out
+
+    known = {"dit-cost": "dit.cost", "dit.eval": "dit.eval"}
+    if name in known or name in FACE_MODULES:
+        found = options(faces()[known.get(name, name)].parser())
+        return found | options(faces()["dit.eval ref"].parser()) if name == "dit.eval" else found
+    path = ROOT / (f"{name.replace('.', '/')}/__main__.py" if name.startswith("dit.") else name)
+    if not path.is_file():
+        return None
+    return set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", path.read_text())) | {"--help"}
+
+
+def flag_mentions():
+    """(page, face, flag) for every flag in a `code span` or a fenced block's line of README.md and docs/: the
+    face is the one named before it there (or right before it in prose: train.py's `--eval-*`), else None."""
+    found = set()
+    for page in PAGES[:-1]:
+        text = page.read_text().replace("\\\n", " ")
+        blocks = [line for b in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) for line in b.splitlines()]
+        prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S)
+        spans = blocks + re.findall(r"`([^`\n]+)`", prose)
+        spans += [" ".join(m) for m in re.findall(r"([\w./-]+\.py)`?(?:'s)? `(--[a-z][\w*-]*)", prose)]
+        for span in spans:
+            name, start = None, 0
+            for m in [*_COMMAND.finditer(span), None]:
+                found |= {(page.name, name, f) for f in _FLAG.findall(span[start : m.start() if m else None])}
+                if m is None:
+                    break
+                name, start = m.group(1) or m.group(3), m.end()  # None after torchrun, a pipe, a `;`
+                if name and not (ROOT / name).is_file() and (ROOT / "scripts" / name).is_file():
+                    name = f"scripts/{name}"
+                name = "dit-cost" if m.group(2) == "dit-cost" else name
+    return sorted(found, key=str)
+
+
+def test_every_flag_the_docs_name_exists_in_its_face():
+    """docs/architecture.md showed `--keep-every` while train.py refused it: a flag named beside a face
+    (`train.py --x`, sample.py's `--x`) is one that face takes, and a flag named alone one that some face takes
+    (or another tool the docs run: OTHER_TOOLS), in README.md and every docs/ page."""
+    mentions = flag_mentions()
+    assert len({face for _, face, _ in mentions}) > 10
+    every = set().union(*(_flags_of(n) for n in FACE_NAMES)) | HYPOTHETICAL
+    wrong = []
+    for page, name, flag in mentions:
+        known = every | set(OTHER_TOOLS) if name is None else _flags_of(name)
+        if known is not None and flag not in known | HYPOTHETICAL:
+            wrong.append(f"{page}: {name or 'no face'} {flag}")
+    assert not wrong, "flags no face takes:\n" + "\n".join(wrong)
+    assert not HYPOTHETICAL & set().union(*(_flags_of(n) for n in FACE_NAMES)), "built now: drop from HYPOTHETICAL"

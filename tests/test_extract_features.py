@@ -123,15 +123,22 @@ def test_killed_run_resumes_to_the_same_store(reference, vae_dir, tmp_path):
     out = tmp_path / "store"
     cmd = [sys.executable, "extract_features.py", *args(data, out, vae_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+    writer, deadline = None, time.time() + 900
     try:
-        deadline = time.time() + 120
-        while not (out / (shard_file(1) + ".sha256")).exists():
-            assert proc.poll() is None and time.time() < deadline, "extraction died or stalled before shard 1"
+        # until shard 1 is sealed and the run opened the FIFO: it waits on it then, however loaded the machine
+        while writer is None:
+            assert proc.poll() is None and time.time() < deadline, "extraction died or stalled before the FIFO"
+            try:
+                if (out / (shard_file(1) + ".sha256")).exists():
+                    writer = os.open(real, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no reader has it open
+            except OSError:
+                pass
             time.sleep(0.02)
-        time.sleep(0.3)  # let it reach the FIFO
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if writer is not None:
+            os.close(writer)
     shards = [shard_file(k) + e for k in (0, 1) for e in ("", ".sha256")]
     assert sorted(os.listdir(out)) == [".lock", MANIFEST, *shards]  # the lock's record: taken over on the rerun
     assert not json.loads((out / MANIFEST).read_text())["complete"]

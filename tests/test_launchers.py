@@ -83,6 +83,15 @@ def test_a_bad_process_environment_is_one_line_naming_torchrun(monkeypatch, env,
     assert "torchrun" in str(e.value)
 
 
+def _free_port() -> int:
+    """A port no one listens on now (the kernel's pick), so another job's server is never taken for a rank."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _hand_started(rank: int, port: int, timeout_s: str) -> subprocess.Popen:
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "DIT_RENDEZVOUS_TIMEOUT_S": timeout_s}  # fmt: skip
@@ -98,16 +107,12 @@ def _hand_started(rank: int, port: int, timeout_s: str) -> subprocess.Popen:
 def test_ranks_started_by_hand_form_a_group_and_a_missing_rank_is_a_bounded_wait():
     """Without torchrun (srun, a hand-set environment) the group still forms; a rank that never comes is one
     line after DIT_RENDEZVOUS_TIMEOUT_S, not torch's silent 30 minutes."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [_hand_started(r, port, "60") for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    port = _free_port()
+    procs = [_hand_started(r, port, "600") for r in (0, 1)]  # the ranks start apart on a loaded machine
+    outs = [p.communicate(timeout=900) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert sorted(o.strip() for o, _ in outs) == ["0 2", "1 2"]
-    alone = _hand_started(0, port + 1 if port < 65535 else port - 1, "3")
-    out, err = alone.communicate(timeout=120)
+    alone = _hand_started(0, _free_port(), "3")  # port + 1 may be another job's
+    out, err = alone.communicate(timeout=600)
     assert alone.returncode != 0 and "Traceback" not in err
     assert "did not meet the others" in err and "within 3 s" in err

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dit.io.errors import UserError
+from dit.model.config import DiTConfig
 from dit.objectives import OBJECTIVES, Objective, from_record, objective_for_sampler
 from dit.objectives.sampling_plan import SAMPLERS
 from dit.objectives.section import ObjectiveSection
@@ -53,9 +54,9 @@ def test_each_objective_implements_the_interface(name):
     assert issubclass(cls, Objective) and cls.name == name
     assert {cls.default_sampler, cls.fast_sampler} <= set(cls.samplers)
     assert objective_for_sampler(cls.default_sampler) is cls
-    obj = ObjectiveSection(objective=name).build(learn_sigma=cls.learns_sigma)
+    obj = ObjectiveSection(objective=name).build(DiTConfig(learn_sigma=cls.learns_sigma))
     assert isinstance(obj, cls) and obj.tables("cpu") is obj
-    assert type(from_record({"objective": name}, cls.learns_sigma)) is cls
+    assert type(from_record({"objective": name}, cls.learns_sigma, 4 * 32 * 32)) is cls
     out_channels = obj.model_outputs(4, learn_sigma=True)
     assert out_channels == (8 if cls.learns_sigma else 4)
 
@@ -83,8 +84,8 @@ def test_every_sampler_samples_exactly_one_objective():
 def test_both_objectives_draw_the_same_logit_normal_times():
     """One draw: the diffusion's step is floor((1 - u) T) of the flow's time u from the same generator."""
     opts = {"time_sampling": "logit-normal", "logit_mean": 0.3, "logit_std": 1.2}
-    diffusion = ObjectiveSection(**opts).build(learn_sigma=True)
-    flow = ObjectiveSection(objective="flow", **opts).build(learn_sigma=False)
+    diffusion = ObjectiveSection(**opts).build(DiTConfig())
+    flow = ObjectiveSection(objective="flow", **opts).build(DiTConfig(learn_sigma=False))
     u = flow.sample_t(1000, torch.Generator().manual_seed(1), "cpu")
     steps = diffusion.sample_t(1000, torch.Generator().manual_seed(1), "cpu")
     assert torch.equal(steps, ((1.0 - u) * 1000).long().clamp(0, 999)) and steps.unique().numel() > 100

@@ -101,3 +101,34 @@ def test_compiled_cpu_kernels_from_one_cache_match_eager_under_each_instruction_
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path), ATEN_CPU_CAPABILITY=capability)
         run = subprocess.run([sys.executable, "-c", _COMPILE_RSQRT], env=env, capture_output=True, text=True)
         assert run.returncode == 0, f"{capability}: {run.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("every_rank", [True, False])
+def test_the_fsdp_gather_builds_no_random_model(tmp_path, monkeypatch, every_rank):
+    """``FSDP.whole`` (each grid and evaluation) takes the gathered weights into a DiT built on the meta device:
+    no random initialisation runs (it built and initialised a whole DiT each time), and the whole model,
+    RoPE's tables (outside the state dict) included, computes exactly what the model computed."""
+    import torch.distributed as dist
+    from helpers import TINY, randomize
+
+    from dit.model.dit import DiT
+    from dit.runtime import Runtime
+
+    model = randomize(DiT(**{**TINY, "rope": True}), 0).eval()
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 500]), torch.tensor([1, 2])
+    with torch.no_grad():
+        expected = model(x, t, y)
+    inits, xavier = [], torch.nn.init.xavier_uniform_
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        parallel.shard(model)
+        monkeypatch.setattr(
+            torch.nn.init, "xavier_uniform_", lambda w, *a, **k: inits.append(w) or xavier(w, *a, **k)
+        )
+        whole = parallel.FSDP(ParallelSection(fsdp=True), Runtime("cpu")).whole(model, every_rank)
+    finally:
+        dist.destroy_process_group()
+    assert inits == []  # DiT.initialize_weights draws its Xavier weights on any real device
+    assert not any(t.is_meta for t in (*whole.parameters(), *whole.buffers()))
+    with torch.no_grad():
+        assert torch.equal(whole(x, t, y), expected)

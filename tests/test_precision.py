@@ -55,3 +55,36 @@ def test_frozen_networks_run_in_the_runs_precision_and_evaluators_in_float32():
             assert (x @ w).dtype == dtype
             with reference("cpu"):
                 assert (x @ w).dtype == torch.float32
+
+
+def _output_dtypes(module: torch.nn.Module) -> list[torch.dtype]:
+    """The output dtypes of every convolution and linear layer in ``module``, as they run (forward hooks)."""
+    seen = []
+    for layer in module.modules():
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            layer.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    return seen
+
+
+def test_a_runs_decode_is_in_its_precision_and_its_judge_in_float32():
+    """The images of a run's grids and evaluations (``generate``) are decoded in the run's precision (bf16
+    matmuls in a bf16 run, not IEEE float32); the judge that scores them keeps IEEE float32 in the same run."""
+    from helpers import TINY, build_tiny_vae, randomize
+
+    from dit.eval.features import load_digit_classifier
+    from dit.model.dit import DiT
+    from dit.sample.generate import Sampler, SamplingModel, generate
+
+    vae = build_tiny_vae()
+    decoded = _output_dtypes(vae.decoder)
+    sm = SamplingModel(randomize(DiT(**TINY), 0).eval(), "random", 8 * TINY["input_size"], vae, "tiny")
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        decoded.clear()
+        images = generate(sm, Sampler(sm, 2), [0, 1], [0, 1], precision=Precision(name))
+        assert images.dtype == torch.float32 and decoded and set(decoded) == {dtype}
+    judge = load_digit_classifier()
+    judged = _output_dtypes(judge)
+    with Precision("bf16").frozen():  # the run's arithmetic all around it
+        features = judge(torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8))
+    assert judged and set(judged) == {torch.float32}
+    assert {f.dtype for f in features.values()} == {torch.float32}

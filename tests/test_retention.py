@@ -1,5 +1,6 @@
 """--keep-last: after every save exactly the newest min(n, K) checkpoints of the line followed remain, with
-their checksums; across a resume, a rollback branch and a requeue (issue 31, item 1)."""
+their checksums; across a resume, a rollback branch and a requeue (issue 31, item 1). --keep-every N: and every
+checkpoint whose step is a multiple of N, for good, in both forms and across a resume (issue 41, item 7)."""
 
 from pathlib import Path
 
@@ -20,24 +21,26 @@ def steps_in(folder: Path) -> list[int]:
     return found
 
 
-def newest(steps, keep: int) -> list[int]:
+def newest(steps, keep: int, every: int = 0) -> list[int]:
+    """What retention keeps of ``steps``: the newest ``keep`` (0: all) and the multiples of ``every``."""
     steps = list(steps)
-    return steps if keep == 0 else steps[max(0, len(steps) - keep) :]
+    recent = steps if keep == 0 else steps[max(0, len(steps) - keep) :]
+    return [s for s in steps if s in recent or (every and s % every == 0)]
 
 
 class Segment:
     """One run segment as the trainer runs it: its lineage planned from the checkpoint it resumes (None: a
     fresh run), the checkpoints off its line set aside, then saves that carry its lineage."""
 
-    def __init__(self, folder: Path, resume_from: Path | None, keep_last: int):
+    def __init__(self, folder: Path, resume_from: Path | None, keep_last: int, keep_every: int = 0):
         ckpt = None if resume_from is None else torch.load(resume_from, weights_only=True)
         self.line, off = plan_segment(folder, resume_from, ckpt)
         begin_segment(folder, self.line, off)
-        self.folder, self.keep_last = folder, keep_last
+        self.folder, self.retention = folder, (keep_last, keep_every)
 
     def save(self, step: int) -> None:
         payload = {"model": {"w": torch.full((2,), float(step))}, "lineage": self.line}
-        save_training_checkpoint(self.folder, step, payload, self.keep_last)
+        save_training_checkpoint(self.folder, step, payload, *self.retention)
 
 
 @pytest.mark.parametrize("keep", range(7))
@@ -125,20 +128,42 @@ def test_checkpoints_newer_than_the_save_are_neither_counted_nor_deleted(tmp_pat
     assert checksum_path(folder / "0000006.pt").read_text().split()[1] == "0000006.pt"
 
 
+def train_argv(tmp_path, *extra) -> list[str]:
+    images = tmp_path / "images"
+    if not images.exists():
+        make_image_folder(images, {"a": 4, "b": 4})
+        (images / "a" / "broken.jpg").unlink()  # the helper's undecodable image would stop the run
+    return ["--data-path", str(images), "--vae", "none", "--depth", "1", "--hidden-size", "16", "--num-heads", "2",
+            "--image-size", "8", "--num-classes", "3", "--global-batch-size", "4", "--ckpt-every", "1",
+            "--precision", "fp32", "--num-workers", "0", "--peak-tflops", "0.05", "--device", "cpu",
+            "--results-dir", str(tmp_path / "run"), *extra]  # fmt: skip
+
+
 def test_train_py_keeps_the_default_five(tmp_path, capsys):
     """The issue's case, through train.py: --ckpt-every 1 --max-steps 8 --keep-last 5 kept only steps 7 and 8."""
-    images = make_image_folder(tmp_path / "images", {"a": 4, "b": 4})
-    (Path(images) / "a" / "broken.jpg").unlink()  # the helper's undecodable image would stop the run
-    argv = ["--data-path", images, "--vae", "none", "--depth", "1", "--hidden-size", "16", "--num-heads", "2",
-            "--image-size", "8", "--num-classes", "3", "--global-batch-size", "4", "--max-steps", "8",
-            "--ckpt-every", "1", "--keep-last", "5", "--precision", "fp32", "--num-workers", "0",
-            "--peak-tflops", "0.05", "--device", "cpu", "--results-dir", str(tmp_path / "run")]  # fmt: skip
-    code, _, err = run_face("train.py", argv, capsys)
+    code, _, err = run_face("train.py", train_argv(tmp_path, "--max-steps", "8", "--keep-last", "5"), capsys)
     assert code == 0, err
     assert steps_in(tmp_path / "run" / "checkpoints") == [4, 5, 6, 7, 8]
 
 
-def sharded_save(folder: Path, step: int, keep: int) -> None:
+def test_train_py_keeps_every_nth_recorded_and_changeable_on_a_resume(tmp_path, capsys):
+    """--keep-every is recorded: a requeue keeps the milestones without the flag, and a resume may change it."""
+    folder = tmp_path / "run" / "checkpoints"
+    code, _, err = run_face("train.py", train_argv(tmp_path, "--max-steps", "6", "--keep-last", "1",
+                                                   "--keep-every", "3"), capsys)  # fmt: skip
+    assert code == 0, err
+    assert steps_in(folder) == [3, 6]
+    assert "keep_every: 3" in (tmp_path / "run" / "config.yaml").read_text()
+    code, _, err = run_face("train.py", train_argv(tmp_path, "--max-steps", "8", "--resume", "auto"), capsys)
+    assert code == 0, err
+    assert steps_in(folder) == [3, 6, 8]
+    argv = train_argv(tmp_path, "--max-steps", "10", "--resume", "auto", "--keep-every", "2")
+    code, _, err = run_face("train.py", argv, capsys)
+    assert code == 0 and "--keep-every 2 (recorded 3)" in err, err
+    assert steps_in(folder) == [6, 8, 10]
+
+
+def sharded_save(folder: Path, step: int, keep: int, every: int = 0) -> None:
     """A sharded checkpoint as an FSDP run seals one (shards, record, manifest, rename), then its retention."""
     import warnings
 
@@ -150,7 +175,7 @@ def sharded_save(folder: Path, step: int, keep: int) -> None:
         warnings.simplefilter("ignore")  # DCP's "no process group: one process" note
         sharded.write(sharded.temp_folder(final), {"model": {"w": torch.full((2,), float(step))}})
     sharded.seal(sharded.temp_folder(final), final, step, stamped(step, {"optimizer": {}}), {})
-    retire(folder, step, keep)
+    retire(folder, step, keep, every)
 
 
 @pytest.mark.parametrize("keep", (1, 2, 3))
@@ -166,3 +191,53 @@ def test_keep_last_counts_sharded_folders_and_files_alike(tmp_path, keep):
         assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [
             f"{s:07d}" for s in newest(range(1, n + 1), keep) if s % 2
         ]
+
+
+RETENTIONS = [(keep, every) for keep in (0, 1, 2, 3, 5) for every in (1, 3, 4, 7, 25)]
+
+
+@pytest.mark.parametrize(("keep", "every"), RETENTIONS)
+def test_keep_every_keeps_the_milestones_beside_the_newest_k(tmp_path, keep, every):
+    """Over 24 saves: after each, the newest K and every multiple of N saved so far, nothing else."""
+    folder = tmp_path / "checkpoints"
+    for n in range(1, 25):
+        save_training_checkpoint(folder, n, {"model": {}}, keep, every)
+        assert steps_in(folder) == newest(range(1, n + 1), keep, every), f"after save {n}"
+
+
+@pytest.mark.parametrize(("keep", "every"), RETENTIONS)
+def test_keep_every_across_a_resume(tmp_path, keep, every):
+    folder = tmp_path / "checkpoints"
+    first = Segment(folder, None, keep, every)
+    for n in range(1, 11):
+        first.save(n)
+    again = Segment(folder, follow(folder)[0], keep, every)
+    for n in range(11, 25):
+        again.save(n)
+        assert steps_in(folder) == newest(range(1, n + 1), keep, every), f"after save {n}"
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 3), (3, 0), (3, 4)])
+def test_a_resume_with_another_keep_every_applies_it_from_its_first_save(tmp_path, before, after):
+    """Retention is the rule in force at each save: a milestone of the old N left alone by the new one goes once
+    it falls out of the newest K."""
+    folder = tmp_path / "checkpoints"
+    first = Segment(folder, None, 2, before)
+    for n in range(1, 11):
+        first.save(n)
+    kept = newest(range(1, 11), 2, before)
+    again = Segment(folder, follow(folder)[0], 2, after)
+    for n in range(11, 19):
+        again.save(n)
+        assert steps_in(folder) == newest([*kept, *range(11, n + 1)], 2, after), f"after save {n}"
+
+
+def test_keep_every_keeps_sharded_folders_and_files_alike(tmp_path):
+    folder = tmp_path / "checkpoints"
+    for n in range(1, 10):
+        if n % 2:
+            sharded_save(folder, n, 2, 3)
+        else:
+            save_training_checkpoint(folder, n, {"model": {}}, 2, 3)
+        assert [s for s, _ in list_checkpoints(folder)] == newest(range(1, n + 1), 2, 3), f"after save {n}"
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["0000003", "0000009"]

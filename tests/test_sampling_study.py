@@ -87,3 +87,81 @@ def test_a_file_that_is_no_study_is_one_error_line(tmp_path, capsys):
                        ("scripts/sample_count.py", ["--kept-features", str(foreign)])):  # fmt: skip
         code, _, err = run_face(face, argv, capsys)
         assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+
+
+ROW = {"sampler": "ddim", "steps": 5, "guidance_scale": 1, "interval": "all", "fid": 9.0, "fd_judge": 0.5,
+       "intervals": {"fid": [8, 10], "fd_judge": [0.4, 0.6]}, "sampling_tflop_per_1000": 1.0}  # fmt: skip
+
+
+def _features():
+    """Both judges' kept features of 70 samples, 64 wide as the digit networks' are."""
+    return {s: np.random.default_rng(0).standard_normal((70, 64)).astype(np.float32) for s in ("fid", "fd_judge")}
+
+
+def _studies(tmp_path, rows=(ROW,), features=None):
+    """Two seeds' study JSONs as scripts/sampling_study.py writes them, each with one setting's kept features
+    beside it; the first seed's with ``rows`` and ``features``. Returns their paths and the first's features."""
+    paths = []
+    for seed, (r, f) in enumerate(((list(rows), features or _features()), ([ROW], _features()))):
+        path = tmp_path / f"study_s{seed}.json"
+        path.write_text(json.dumps({"ckpt_sha256": "0" * 64, "num_samples": 70, "seed": seed,
+                                    "feature_networks": ["digits", "judge"], "rows": r}))  # fmt: skip
+        path.with_suffix(".features").mkdir()
+        np.savez(path.with_suffix(".features") / "ddim-5-g1-all.npz", **f)
+        paths.append(str(path))
+    return paths, tmp_path / "study_s0.features" / "ddim-5-g1-all.npz"
+
+
+def test_the_foreign_file_fixture_is_judged_as_written(tmp_path, capsys):
+    """The cases below start from these files, untouched: each fails for the change it makes, not the rest."""
+    studies, kept = _studies(tmp_path)
+    argv = ["--studies", *studies, "--baseline", "ddim-5-g1-all"]
+    code, _, err = run_face("scripts/sampling_verdicts.py", argv, capsys)
+    assert code == 0, err
+    argv = ["--kept-features", str(kept), "--counts", "66", "70"]
+    code, out, err = run_face("scripts/sample_count.py", argv, capsys)
+    assert code == 0 and "fd_judge n=70: 1 slices" in out, err
+
+
+@pytest.mark.parametrize(
+    "case", ["object array", "no judge key", "another width", "truncated", "npy", "nan", "row without a sampler"]
+)
+def test_foreign_kept_features_or_rows_are_one_error_line(tmp_path, capsys, case):
+    """Files the verdicts and the sample count read, as another tool or a cut copy leaves them: one line, each."""
+    good, rows = _features(), [ROW]
+    features = dict(good)
+    if case == "object array":
+        features["fd_judge"] = np.array([{"a": 1}] * 70, dtype=object)
+    elif case == "no judge key":
+        del features["fd_judge"]
+    elif case == "another width":
+        features["fid"] = good["fid"][:, :32]
+    elif case == "nan":
+        features["fid"] = good["fid"].copy()
+        features["fid"][3, 5] = np.nan
+    elif case == "row without a sampler":
+        rows = [{k: v for k, v in ROW.items() if k != "sampler"}]
+    studies, kept = _studies(tmp_path, rows, features)
+    if case == "truncated":
+        kept.write_bytes(kept.read_bytes()[: kept.stat().st_size // 2])
+    elif case == "npy":
+        np.save(kept.with_suffix(".npy"), good["fid"])
+        kept.unlink()
+        kept = kept.with_suffix(".npy")
+    faces = [("scripts/sampling_verdicts.py", ["--studies", *studies, "--baseline", "ddim-5-g1-all"])]
+    if case != "row without a sampler":
+        faces.append(("scripts/sample_count.py", ["--kept-features", str(kept), "--counts", "66"]))
+    for face, argv in faces:
+        code, _, err = run_face(face, argv, capsys)
+        assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, (face, err)
+
+
+def test_a_study_out_that_is_cut_short_is_one_error_line(tmp_path, capsys):
+    """A rerun reads its --out to resume: a truncated or foreign one is one line, not a JSONDecodeError."""
+    ckpt = write_our_checkpoint(tmp_path, None, in_channels=1, input_size=28, patch_size=4)
+    out = tmp_path / "study.json"
+    for text in ('{"rows": [', "[1, 2]"):
+        out.write_text(text)
+        argv = ["--ckpt", str(ckpt), "--out", str(out), "--samplers", "ddim", "--nfe", "5", "--num-samples", "70"]
+        code, _, err = run_face("scripts/sampling_study.py", argv, capsys)
+        assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err

@@ -3,6 +3,7 @@
 import errno
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import make_image_folder, run_face
@@ -19,7 +20,7 @@ class Probe(Sink):
 
     full = False
 
-    def __init__(self, section, out, record):
+    def __init__(self, section, out, record, start):
         self.path, self.got = out / "probe", [("record", record)]
 
     def scalars(self, record, step):
@@ -73,13 +74,14 @@ def test_a_sink_is_one_file_found_by_its_name_with_its_options(tmp_path, monkeyp
     assert LedgerSection.names()[-3:] == ("sinks", "wandb_project", "wandb_entity")
 
 
-def wandb_history(run_file) -> list[dict]:
-    """The history rows of an offline W&B run file: records of a LevelDB-style log (a 7-byte file header, 32 KiB
-    blocks, each record a 7-byte header (checksum, length, kind: 1 whole, 2 first, 3 middle, 4 last) and its
-    bytes), each one W&B ``Record``; read here because wandb no longer ships a Python reader."""
+def wandb_segment(run_file) -> tuple[dict | None, list[dict]]:
+    """An offline W&B run file's rewind point (the ``branch_point`` its run record holds: run id and step; None
+    without one) and its history rows. The file is a LevelDB-style log (a 7-byte file header, 32 KiB blocks, each
+    record a 7-byte header (checksum, length, kind: 1 whole, 2 first, 3 middle, 4 last) and its bytes), each one
+    W&B ``Record``; read here because wandb no longer ships a Python reader."""
     from wandb.proto import wandb_internal_pb2
 
-    data, pos, block, part, rows = run_file.read_bytes(), 7, 32768, b"", []
+    data, pos, block, part, rows, branch = run_file.read_bytes(), 7, 32768, b"", [], None
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
@@ -93,7 +95,23 @@ def wandb_history(run_file) -> list[dict]:
             if record.WhichOneof("record_type") == "history":
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})  # fmt: skip
-    return rows
+            elif record.WhichOneof("record_type") == "run" and record.run.HasField("branch_point"):
+                point = record.run.branch_point
+                branch = {"run": point.run, "step": point.value, "metric": point.metric}
+    return branch, rows
+
+
+def wandb_segments(run: Path) -> list[tuple[dict | None, list[dict]]]:
+    """Each segment of the results folder's one W&B run, found by the run id it keeps (not by its folder's name:
+    two segments started in one second get a ``-1`` suffix), in the order of their first step. W&B's service
+    writes the files after ``run.finish`` returns: its teardown waits for them."""
+    import wandb
+
+    wandb.teardown()
+    run_id = (run / "wandb" / "run-id").read_text()
+    files = list((run / "wandb").glob(f"offline-run-*/run-{run_id}.wandb"))
+    assert files and all(f"-{run_id}" in f.parent.name for f in files)
+    return sorted(map(wandb_segment, files), key=lambda seg: seg[1][0]["_step"] if seg[1] else -1)
 
 
 def test_wandb_offline_keeps_the_step_metrics_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):
@@ -106,11 +124,9 @@ def test_wandb_offline_keeps_the_step_metrics_and_a_resume_continues_the_same_ru
     train(tiny_config(tmp_path, max_steps=4, sample_every=4, **common), Pixels())
     train(tiny_config(tmp_path, max_steps=6, resume="auto", **common), Pixels())
     run_id = (run / "wandb" / "run-id").read_text()
-    folders = list((run / "wandb").glob("offline-run-*"))
-    assert len(folders) == 2 and all(f.name.endswith(f"-{run_id}") for f in folders)  # one W&B run, resumed
-    histories = [wandb_history(f / f"run-{run_id}.wandb") for f in folders]
-    assert sorted(map(len, histories)) == [1, 2]  # steps 2 and 4, then 6
-    logged = sorted((row for rows in histories for row in rows), key=lambda row: row["_step"])
+    (first, rows), (resumed, more) = wandb_segments(run)  # one W&B run, resumed
+    assert first is None and resumed == {"run": run_id, "step": 4, "metric": "_step"}  # W&B's rewind to step 4
+    logged = rows + more
     kept = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [row["_step"] for row in logged] == [r["step"] for r in kept] == [2, 4, 6]
     for row, record in zip(logged, kept):
@@ -118,6 +134,25 @@ def test_wandb_offline_keeps_the_step_metrics_and_a_resume_continues_the_same_ru
         assert row["train/mfu"] == pytest.approx(record["mfu"], rel=1e-12)
     assert logged[1]["samples/ema/_type"] == "image-file"  # the grid, in the row of its step
     assert (run / "tensorboard").is_dir()  # and TensorBoard beside it
+
+
+def test_wandb_after_a_rollback_rewinds_the_run_to_the_resumed_step(tmp_path, monkeypatch):
+    """A resume from step 2 of a run W&B already has to step 6 (a rollback; a kill past the last checkpoint is
+    the same): the resumed steps 4 and 6 are logged after a rewind to step 2, not dropped as steps W&B has."""
+    pytest.importorskip("wandb")
+    for name in ("DIR", "CONFIG_DIR", "CACHE_DIR", "DATA_DIR"):
+        monkeypatch.setenv(f"WANDB_{name}", str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    common = dict(sinks=("wandb",), log_every=2, ckpt_every=2, mfu_warmup_steps=0)
+    train(tiny_config(tmp_path, max_steps=6, **common), Pixels())
+    back = run / "checkpoints" / "0000002.pt"
+    train(tiny_config(tmp_path, max_steps=6, resume=str(back), **common), Pixels())
+    run_id = (run / "wandb" / "run-id").read_text()
+    (first, rows), (rewound, again) = wandb_segments(run)
+    assert first is None and [row["_step"] for row in rows] == [2, 4, 6]
+    assert rewound == {"run": run_id, "step": 2, "metric": "_step"}
+    assert [row["_step"] for row in again] == [4, 6]
 
 
 def test_sinks_wandb_without_the_extra_is_one_error_line(tmp_path, monkeypatch, capsys):

@@ -35,16 +35,16 @@ def _field_type(f, flat):
     return (typing.get_args(hint)[0] if many else hint), many, field
 
 
-def _argv(f, sub, tmp_path, flat=None, value=None, extra=()):
-    """A command line with every required option filled (a harmless value), ``flat`` set to ``value``."""
-    flags, positional = [], []
+def _argv(f, sub, tmp_path, flat=None, value=None, extra=(), given=None):
+    """A command line with every required option filled (a harmless value), ``flat`` set to ``value`` and the
+    options in ``given`` to theirs (as a flag or in its place as a positional argument)."""
+    flags, positional, given = [], [], {**(given or {}), **({flat: value} if flat else {})}
     for name in f.fields:
         tp, _, field = _field_type(f, name)
-        given = field.default is _REQUIRED or name == flat
-        if not given:
+        if field.default is not _REQUIRED and name not in given:
             continue
         choices = field.metadata.get("choices")
-        fill = value if name == flat else choices[0] if choices else "1" if tp is float else str(tmp_path / name)
+        fill = given.get(name, choices[0] if choices else "1" if tp is float else str(tmp_path / name))
         if field.metadata.get("positional"):
             positional.append(fill)
         else:
@@ -68,12 +68,14 @@ def _every_option():
 
 # ---- a. non-finite and wrongly typed values, as flags and as preset keys ----------------------------
 
-FLAG_VALUES = {int: ["nan", "inf", "-inf", "abc", "1.5"], float: ["nan", "inf", "-inf", "abc"], bool: ["nan"]}
+FLAG_VALUES = {int: ["nan", "inf", "-inf", "abc", "1.5"], float: ["nan", "inf", "-inf", "abc"], bool: ["nan"],
+               float | str: ["nan", "inf", "-inf", "abc", "0"]}  # fmt: skip
 PRESET_VALUES = {
     int: [".nan", ".inf", "-.inf", "abc", "1.5", "true"],
     float: [".nan", ".inf", "-.inf", "abc", "true"],
     bool: [".nan", "abc", "1"],
     str: [".nan", "1.5", "[a, b]"],
+    float | str: [".nan", ".inf", "-.inf", "abc", "true", "[a, b]"],  # a number or a word (--time-shift auto)
 }
 
 
@@ -111,7 +113,8 @@ def _face(name, sub):
 
 # ---- b. output paths the OS refuses --------------------------------------------------------------------
 
-OUTPUT_NAMES = {"out", "plot", "results_dir", "sample_dir"}  # the names the faces give what they write
+# the names the faces give what they write
+OUTPUT_NAMES = {"out", "plot", "results_dir", "sample_dir", "report", "reference_out"}
 
 
 def test_every_option_that_names_an_output_is_checked_as_one():
@@ -199,14 +202,12 @@ def test_an_output_inside_or_on_an_input_is_one_line_before_any_work(
     (tmp_path / "link").symlink_to(data)
     if kind == "folder":  # inside a folder read whole, also through a link to it
         for written in (data / "sub" / "x", tmp_path / "link" / "x"):
-            argv = _argv(f, sub, tmp_path, out, str(written), extra=[f"{f.flag(source)}={data}"])
+            argv = _argv(f, sub, tmp_path, out, str(written), given={source: str(data)})
             line = _one_error_line(capsys, face, argv)
             assert f.flag(out) in line and f.flag(source) in line and f"inside {f.flag(source)}" in line, line
     read = tmp_path / ("read" if out_kind == "file" else "read_folder")
     (read.write_bytes(b"x") if out_kind == "file" else read.mkdir())
-    line = _one_error_line(
-        capsys, face, _argv(f, sub, tmp_path, out, str(read), extra=[f"{f.flag(source)}={read}"])
-    )
+    line = _one_error_line(capsys, face, _argv(f, sub, tmp_path, out, str(read), given={source: str(read)}))
     assert f.flag(out) in line and f.flag(source) in line and "which this command reads" in line, line
     assert sorted(p.name for p in data.rglob("*")) == ["a"] and read.exists()
     # the other way round: what it reads may lie inside what it writes (never touched there)

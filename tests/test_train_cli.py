@@ -52,6 +52,15 @@ def train_args(data, out, steps, *extra):
     ]  # fmt: skip
 
 
+def wait_for_log_steps(metrics: Path, running, idle=lambda: time.sleep(0.2)) -> None:
+    """Until the run has written three metrics records, however long a loaded machine takes to start it (a run
+    signalled before its first step would save nothing); a run that ended, or stalled for 15 minutes, fails."""
+    deadline = time.time() + 900
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert running() and time.time() < deadline, "the run ended or stalled before its third log step"
+        idle()
+
+
 def run(args, **kw):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
 
@@ -90,12 +99,9 @@ def test_sigterm_saves_and_resume_auto_continues(image_folder, tmp_path, sig, co
     proc = subprocess.Popen(
         [sys.executable, *train_args(image_folder, out, 100000)], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.2)
+    wait_for_log_steps(out / "metrics.jsonl", lambda: proc.poll() is None)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == code, err  # a stopped run is told apart from a finished one (0)
     assert f"stopped by {sig.name}" in err
     saved = load_checkpoint(latest_checkpoint(out / "checkpoints"))
@@ -196,12 +202,9 @@ def test_a_signal_to_the_process_group_with_loader_workers_is_a_stop(image_folde
     args = train_args(image_folder, out, 100000, "--num-workers", "2")
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.2)
+    wait_for_log_steps(out / "metrics.jsonl", lambda: proc.poll() is None)
     os.killpg(proc.pid, sig)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == code, err
     assert "Traceback" not in err and f"stopped by {sig.name}" in err
     assert load_checkpoint(latest_checkpoint(out / "checkpoints"))["step"] >= 3
@@ -217,11 +220,12 @@ def test_a_dropped_terminal_saves(image_folder, tmp_path):
     pid, terminal = pty.fork()  # the run's controlling terminal: closing our end hangs it up
     if pid == 0:
         os.execv(sys.executable, [sys.executable, *train_args(image_folder, out, 100000)])
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+
+    def drain():  # what the terminal shows, read so the run never blocks on it
         if select.select([terminal], [], [], 0.2)[0]:
-            os.read(terminal, 65536)  # what the terminal shows, drained so the run never blocks on it
+            os.read(terminal, 65536)
+
+    wait_for_log_steps(out / "metrics.jsonl", lambda: os.waitpid(pid, os.WNOHANG) == (0, 0), drain)
     os.close(terminal)
     _, status = os.waitpid(pid, 0)
     log = (out / "log.txt").read_text()

@@ -1,9 +1,9 @@
 """Checkpoints: the one package that writes and reads them.
 
 ``format`` (one file: atomic writes, checksums, safe loads, listing, retention, official files), ``sharded``
-(an FSDP run's folder of shards, torch.distributed.checkpoint), ``lineage`` (a run folder's branches),
-``section`` (``CheckpointSection``), ``checkpointer`` (what a run calls: save, restore, wait). ``python -m
-dit.checkpoint export`` turns a sharded folder into one file.
+(an FSDP run's folder of shards, torch.distributed.checkpoint), ``dcp_metadata`` (its ``.metadata``, read
+safely), ``lineage`` (a run folder's branches), ``section`` (``CheckpointSection``), ``checkpointer`` (what a
+run calls: save, restore, wait). ``python -m dit.checkpoint export`` turns a sharded folder into one file.
 """
 
 from dit.checkpoint.checkpointer import Checkpointer
@@ -16,6 +16,7 @@ from dit.checkpoint.format import (
     checksum_path,
     expired_checkpoints,
     find_checkpoint,
+    kept_checkpoints,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -32,8 +33,8 @@ from dit.checkpoint.section import CheckpointSection
 
 __all__ = [
     "FORMAT", "OFFICIAL_RELEASES", "SHARDED", "CheckpointSection", "Checkpointer", "atomic_torch_save",
-    "checkpoint_path", "checksum_path", "expired_checkpoints", "find_checkpoint", "latest_checkpoint",
-    "list_checkpoints", "load_checkpoint", "load_training_checkpoint", "model_weights", "official_release",
-    "read_record", "remove_checkpoint", "remove_partial_checkpoints", "save_training_checkpoint",
+    "checkpoint_path", "checksum_path", "expired_checkpoints", "find_checkpoint", "kept_checkpoints",
+    "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_training_checkpoint", "model_weights",
+    "official_release", "read_record", "remove_checkpoint", "remove_partial_checkpoints", "save_training_checkpoint",
     "verify_checkpoint",
 ]  # fmt: skip

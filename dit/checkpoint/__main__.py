@@ -9,26 +9,44 @@ train.py resumes or fine-tunes from it. sample.py and --init-from also read the 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from dit.checkpoint.format import atomic_torch_save, load_checkpoint
 from dit.io.cli import run_cli
-from dit.io.config import Parser
+from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m dit.checkpoint", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="a sharded checkpoint folder as one .pt file")
-    export.add_argument("folder", type=Path, help="a sharded checkpoint folder, RUN/checkpoints/NNNNNNN")
-    export.add_argument("out", type=Path, help="the .pt file to write")
-    args = parser.parse_args(argv)
-    if not args.folder.is_dir():
-        raise UserError(
-            f"{args.folder} is not a folder: pass a sharded checkpoint folder (RUN/checkpoints/NNNNNNN)."
+@dataclass(frozen=True)
+class ExportConfig(Section):
+    """A sharded checkpoint folder as one .pt file."""
+
+    folder: str = option(help="a sharded checkpoint folder, RUN/checkpoints/NNNNNNN", positional=True)
+    out: str = option(help="the .pt file to write (outside the folder it reads)", positional=True)
+
+
+# The Face checks OUT against FOLDER before anything is read: written inside it, it broke the checkpoint.
+FACE = Face(
+    "python -m dit.checkpoint",
+    __doc__,
+    commands={
+        "export": Face(
+            "python -m dit.checkpoint export",
+            ExportConfig.__doc__,
+            sections={"export": ExportConfig},
+            inputs={"folder": "folder"},
+            outputs={"out": "file"},
         )
-    path = atomic_torch_save(load_checkpoint(args.folder), args.out)
+    },
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    c = FACE.parse(argv).sections["export"]
+    if not Path(c.folder).is_dir():
+        raise UserError(f"{c.folder} is not a folder: pass a sharded checkpoint folder (RUN/checkpoints/NNNNNNN).")
+    path = atomic_torch_save(load_checkpoint(Path(c.folder)), c.out)
     print(f"wrote {path}", flush=True)
     return 0
 

@@ -9,55 +9,108 @@ processes (DCP reshards a folder; a file is scattered into the shards).
 
 from __future__ import annotations
 
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
 from dit.checkpoint.section import CheckpointSection
+from dit.io.atomic import CannotWrite
 
 
 class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
-        self.folder, self.keep_last, self.runtime = section.folder, section.keep_last, runtime
+        self.folder, self.runtime = section.folder, runtime
+        self.retention = (section.keep_last, section.keep_every)
         self.background = section.async_checkpoint
         self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
-        self._group = None
+        self._group = self._asking = None
 
     def save(self, state) -> None:
         """``state`` as step ``state.step``'s checkpoint; every rank calls it. The others wait for rank 0's
-        file in a barrier, within the group's timeout (``--dist-timeout-min``)."""
+        file, within the group's timeout (``--dist-timeout-min``). A write the OS refuses (a full disk) is one
+        ``CannotWrite`` on rank 0, a ``ReportedByRankZero`` on the others, and nothing partial is left."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
         if not state.sharded:
+            refused = None
             if payload is not None:
-                path = save_training_checkpoint(self.folder, state.step, payload, self.keep_last)
-                self.saved.append((state.step, str(path)))
-            self.runtime.barrier()
+                try:
+                    path = save_training_checkpoint(self.folder, state.step, payload, *self.retention)
+                    self.saved.append((state.step, str(path)))
+                except CannotWrite as e:
+                    refused = e
+            self.runtime.raise_together(refused)
             return
         self.wait()
         final = checkpoint_path(self.folder, state.step, sharded=True)
         temp = sharded.temp_folder(final)
         tensors, record = sharded.split(payload)
-        future = sharded.write(temp, tensors, self._async_group(), background=self.background)
+        with self._written(temp, final):
+            future = sharded.write(temp, tensors, self._async_group(), background=self.background)
         self.pending = (temp, final, state.step, stamped(state.step, record), future)
         if not self.background:
             self.wait()
 
     def wait(self) -> None:
         """Seal the sharded save in progress (every rank calls it): each rank hashes its own shards, then rank 0
-        writes the record and the manifest, renames the folder into place and applies ``keep_last``."""
+        writes the record and the manifest, renames the folder into place and applies ``keep_last`` and ``keep_every``."""
         if self.pending is None:
             return
         temp, final, step, record, future = self.pending
         self.pending = None
         if future is not None:
-            future.result()
+            with self._written(temp, final):
+                future.result()
         digests = self.runtime.gather_objects(sharded.own_digests(temp, self.runtime.rank))
+        refused = None
         if self.runtime.is_main:
-            sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
-            retire(self.folder, step, self.keep_last)
-            self.saved.append((step, str(final)))
-        self.runtime.barrier()
+            try:
+                sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
+                retire(self.folder, step, *self.retention)
+                self.saved.append((step, str(final)))
+            except (CannotWrite, OSError) as e:
+                refused = e if isinstance(e, CannotWrite) else CannotWrite(final, e)
+                shutil.rmtree(temp, ignore_errors=True)
+        self.runtime.raise_together(refused)
+
+    def check(self, everyone: bool) -> None:
+        """Stop the run on a background save that failed as soon as it shows, as a foreground save would, not at
+        the next save. Its future is asked at every call (on the host: no device sync); with several processes
+        the ranks agree on it where they ask each other anyway (``everyone``: the loop's log, checkpoint and
+        evaluation steps, as for a stop signal), so that every rank stops at the same step."""
+        future = self.pending[4] if self.pending is not None else None
+        if future is None:
+            return
+        failed = future.done() and future.exception() is not None
+        if self.runtime.world > 1:
+            if not everyone:
+                return
+            import torch
+            import torch.distributed as dist
+
+            flag = torch.tensor([int(failed)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._asking)
+            failed = bool(flag.item())
+        if failed:
+            self.wait()  # every rank: the future's error, as the line
+
+    @contextmanager
+    def _written(self, temp: Path, final: Path):
+        """DCP's writes of every rank: a refused one (DCP gives every rank each rank's error) removes the temporary
+        folder and is the one line; any other error stays the bug it is."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            yield
+        except CheckpointException as e:
+            errors = [exc for exc, _ in e.failures.values() if isinstance(exc, OSError)]
+            if not errors:
+                raise
+            if self.runtime.is_main:
+                shutil.rmtree(temp, ignore_errors=True)
+            self.runtime.raise_together(CannotWrite(final, errors[0]) if self.runtime.is_main else None)
 
     def take_saved(self) -> list[tuple[int, str]]:
         """(step, path) of the checkpoints saved since the last call, for the log."""
@@ -65,13 +118,14 @@ class Checkpointer:
         return saved
 
     def _async_group(self):
-        """A gloo group of its own for the background writer: its collectives never meet the step's."""
+        """Gloo groups of their own for the background writer and for asking how it went: their collectives never
+        meet the step's, nor each other's (the writer's run in its thread)."""
         if not self.background:
             return None
         if self._group is None:
             import torch.distributed as dist
 
-            self._group = dist.new_group(backend="gloo")
+            self._group, self._asking = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
         return self._group
 
     def restore(self, state, ckpt: dict, source: str) -> list[str]:

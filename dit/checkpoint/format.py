@@ -24,7 +24,7 @@ import torch
 import dit.checkpoint.sharded as sharded
 from dit import __version__
 from dit.data.store import sha256_file
-from dit.io.atomic import atomic_write, atomic_write_bytes, stale_temp_files
+from dit.io.atomic import CannotWrite, atomic_write, atomic_write_bytes, stale_temp_files
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 
 FORMAT = "dit-ledger/1"
@@ -68,7 +68,11 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
             raise
 
     path = atomic_write(path, write)
-    atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    try:
+        atomic_write_bytes(checksum_path(path), f"{hashing.digest.hexdigest()}  {path.name}\n".encode())
+    except CannotWrite:
+        path.unlink()  # a checkpoint is its file and its checksum: one without the other is not kept
+        raise
     return path
 
 
@@ -242,6 +246,15 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def kept_checkpoints(folder: str | os.PathLike) -> str:
+    """What a run that stops on a refused write still has, for its line: the newest complete checkpoint of
+    ``folder``, a file or a sealed folder (a save cut short is a temporary name, never listed)."""
+    found = list_checkpoints(folder)
+    if not found:
+        return "no checkpoint was kept"
+    return f"the newest checkpoint kept is {found[-1][1].name} ({len(found)} in {folder})"
+
+
 def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """A checkpoint to resume from: ours, of this format version; anything else is refused with the reason."""
     ckpt = load_checkpoint(path, mmap=mmap, weights=False)
@@ -277,11 +290,14 @@ def remove_checkpoint(path: Path) -> None:
         checksum_path(path).unlink(missing_ok=True)
 
 
-def save_training_checkpoint(folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0) -> Path:
-    """Atomically write ``payload`` as step ``step``; keep it and the newest ``keep_last`` - 1 older ones (0 keeps
-    all), and delete any partial file a killed save left (the caller holds the run folder's lock)."""
+def save_training_checkpoint(
+    folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0, keep_every: int = 0
+) -> Path:
+    """Atomically write ``payload`` as step ``step``; keep it, the newest ``keep_last`` - 1 older ones (0 keeps
+    all) and the milestones (steps divisible by ``keep_every``), and delete any partial file a killed save left
+    (the caller holds the run folder's lock)."""
     path = atomic_torch_save(stamped(step, payload), checkpoint_path(folder, step))
-    retire(folder, step, keep_last)
+    retire(folder, step, keep_last, keep_every)
     return path
 
 
@@ -290,18 +306,20 @@ def stamped(step: int, payload: dict) -> dict:
     return {"format": FORMAT, WRITER_KEY: __version__, "step": step, **payload}
 
 
-def retire(folder: str | os.PathLike, step: int, keep_last: int) -> None:
+def retire(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int = 0) -> None:
     """After step ``step`` is saved: delete what ``keep_last`` lets go, and any partial save a killed run left."""
-    for old in expired_checkpoints(folder, step, keep_last):
+    for old in expired_checkpoints(folder, step, keep_last, keep_every):
         remove_checkpoint(old)
     remove_partial_checkpoints(folder)
 
 
-def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int) -> list[Path]:
+def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int = 0) -> list[Path]:
     """What ``keep_last`` lets go once step ``step`` is saved: the checkpoints older than it beyond the newest
-    ``keep_last`` - 1. Newer files are no part of the line that reached ``step`` (ones a resume passed over for a
-    failed checksum; a rollback moves the others aside first): never counted, never deleted."""
+    ``keep_last`` - 1, except the milestones (steps divisible by ``keep_every``, when set), kept for good. Newer
+    files are no part of the line that reached ``step`` (ones a resume passed over for a failed checksum; a
+    rollback moves the others aside first): never counted, never deleted."""
     if keep_last <= 0:
         return []
-    older = [p for s, p in list_checkpoints(folder) if s < step]
-    return older[: max(0, len(older) - (keep_last - 1))]  # a negative bound would count from the end
+    older = [(s, p) for s, p in list_checkpoints(folder) if s < step]
+    beyond = older[: max(0, len(older) - (keep_last - 1))]  # a negative bound would count from the end
+    return [p for s, p in beyond if not (keep_every and s % keep_every == 0)]

@@ -22,6 +22,7 @@ from dit import __version__
 from dit.checkpoint.format import FORMAT, checksum_path, list_checkpoints, read_record, verify_checkpoint
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.userfiles import inside
 
 HEAD = "branch.json"
 HEAD_FORMAT = "dit-ledger-branch/1"
@@ -39,6 +40,9 @@ def read_lineage(path: Path) -> dict | None:
         # a newer dit-ledger's lineage may be laid out otherwise: the folder is its to continue
         refuse_newer_format(path, "checkpoint", ckpt.get("format"), FORMAT, ckpt.get(WRITER_KEY))
         lineage = ckpt.get("lineage")
+        if isinstance(lineage, dict):  # its branch names the folder it is kept aside in: one name, no path
+            fix = "a branch is an id dit-ledger writes; move that checkpoint out of the folder"
+            inside(path.parent / ABANDONED, lineage.get("branch") or "unrecorded", path, "branch", fix, True)
         _LINEAGE[key] = lineage if isinstance(lineage, dict) else None
     return _LINEAGE[key]
 
@@ -86,8 +90,11 @@ def _pick(folder: Path) -> tuple[Path | None, list[Path], list[Path]]:
             return path, bad, []
         bad.append(path)
     parent = (head or {}).get("parent")
-    if parent and (folder / parent["path"]).is_file():  # a branch resumed from outside the folder, none saved yet
-        return folder / parent["path"], bad, []
+    if isinstance(parent, dict):  # a branch resumed here, none saved yet: a parent outside is not followed
+        fix = "pass --resume PATH with the checkpoint to continue"
+        path = inside(folder, parent.get("path"), folder / HEAD, "parent path", fix)
+        if path.is_file():
+            return path, bad, []
     return None, bad, []
 
 

@@ -31,6 +31,11 @@ class CheckpointSection(Section):
     )
     ckpt_every: int = option(50_000, "steps per checkpoint", ge=1)
     keep_last: int = option(5, "checkpoints to keep, files and sharded folders alike (0: all)", ge=0)
+    keep_every: int = option(
+        0,
+        "also keep every checkpoint whose step is a multiple of N for good: --keep-last never deletes it (0: none)",
+        ge=0,
+    )
     async_checkpoint: bool = option(
         False, "FSDP: write each sharded checkpoint in the background; the next save or the run's end waits for it"
     )

@@ -5,25 +5,25 @@ torch.distributed.checkpoint (DCP), as torchtitan does; no rank gathers the whol
 non-tensor part: step, configs, lineage, RNG, optimizer hyperparameters; a ``weights_only`` file) and
 ``manifest.json``, written last: the format, the step and every file's sha256. The folder is written as
 ``NNNNNNN.tmp-dcp/`` and renamed once every rank is done, so a crash never leaves a partial folder under a
-step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: it is read with an
-unpickler that admits DCP's metadata classes alone, as ``weights_only`` admits tensors alone.
+step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: ``dcp_metadata`` reads
+it through an exact allow-list and refuses any entry we do not write, before DCP reads the shards.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import shutil
 from pathlib import Path
 
 import torch
 
+import dit.checkpoint.dcp_metadata as dcp_metadata
 from dit import __version__
 from dit.data.store import sha256_file
 from dit.io.atomic import TEMP_MARK, atomic_write, atomic_write_bytes
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.userfiles import inside
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"
@@ -56,9 +56,58 @@ def write(folder: Path, tensors: dict, group=None, background: bool = False):
     import torch.distributed.checkpoint as dcp
 
     if background:
-        return dcp.async_save(tensors, checkpoint_id=folder, process_group=group)
-    dcp.save(tensors, checkpoint_id=folder)
+        return dcp.async_save(tensors, storage_writer=_writer(folder), process_group=group)
+    dcp.save(tensors, storage_writer=_writer(folder))
     return None
+
+
+class _KeepsError:
+    """A file whose refused write (an ``OSError``) is kept on ``owner.error`` as it passes."""
+
+    def __init__(self, f, owner):
+        self._f, self._owner = f, owner
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self._owner.error = e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+def _writer(folder: Path):
+    """DCP's file writer, whose failure names the OS error of a refused write (a full disk): torch.save's C++
+    writer turns one into ``RuntimeError: unexpected pos``, which says nothing of the cause."""
+    from contextlib import contextmanager
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class Keeping(FileSystem):
+        error: OSError | None = None
+
+        @contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as stream:
+                yield _KeepsError(stream, self)
+
+    class Writer(FileSystemWriter):
+        def __init__(self, path):
+            super().__init__(path)
+            self.fs = Keeping()
+
+        def write_data(self, plan, planner):
+            try:
+                return super().write_data(plan, planner)
+            except RuntimeError:
+                if self.fs.error is None:
+                    raise
+                raise self.fs.error from None
+
+    return Writer(folder)
 
 
 def own_digests(folder: Path, rank: int) -> dict[str, str]:
@@ -91,10 +140,13 @@ def verify(folder: Path) -> bool:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if isinstance(manifest, dict):
-        refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    if not isinstance(manifest, dict):
+        return False
+    refuse_newer_format(folder, "checkpoint", manifest.get("format"), FOLDER_FORMAT, manifest.get(WRITER_KEY))
+    files = manifest.get("files")
+    for name in files if isinstance(files, dict) else ():  # a name out of the folder: refused before any hashing
+        inside(folder, name, folder / MANIFEST, "file", "a checkpoint folder lists its own files; re-save it")
     try:
-        files = manifest["files"]
         key = (os.path.abspath(folder), *((n, *_stamp(folder / n)) for n in sorted(files)))
         if key not in _VERIFIED:  # a resume reads the record, then the state: the folder is hashed once
             _VERIFIED[key] = all(sha256_file(folder / name) == digest for name, digest in files.items())
@@ -132,43 +184,16 @@ def read_into(folder: Path, tensors: dict) -> None:
     dcp.load(tensors, storage_reader=_reader(folder))
 
 
-# What DCP's .metadata pickles (torch 2.14): its metadata dataclasses, sizes, dtypes, layouts, paths.
-_ALLOWED = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        metadata = module == "torch.distributed.checkpoint.metadata"
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if metadata or dtype or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not DCP metadata")
-
-
-def _metadata(path: Path):
-    """DCP's metadata, through the allow-list (checked before DCP reads, which would wrap our error)."""
-    try:
-        return _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except Exception as e:
-        raise UserError(f"cannot read {path} safely ({e}): it is not a dit-ledger checkpoint.") from None
-
-
 def _reader(folder: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    _metadata(folder / ".metadata")
+    dcp_metadata.read(folder / ".metadata", TENSORS)  # refused here, before DCP (which wraps every error)
 
     class Reader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            metadata = _metadata(Path(self._get_metadata_path(kwargs.get("rank"))))  # a rank's own, or the one
+            path = Path(self._get_metadata_path(kwargs.get("rank")))  # a rank's own, or the one
+            metadata = dcp_metadata.read(path, TENSORS)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id

@@ -13,6 +13,7 @@ from dit.io.errors import UserError
 from dit.model.config import ModelSection, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
 from dit.objectives.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
+from dit.objectives.times import latent_dim, shift_factor
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
 
@@ -140,7 +141,15 @@ def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPl
     return sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
         guidance_scale=planned_guidance(model, sampling), interval=sampling.guidance_interval,
+        time_shift=planned_shift(model, sampling),
     )  # fmt: skip
+
+
+def planned_shift(model: CostModelSection, sampling: FidSamplingSection) -> float:
+    """The sampler's timestep shift: the asked one ("auto": RAE's for the model's latent), else none (no run to
+    take it from)."""
+    shift = sampling.time_shift
+    return 1.0 if shift is None else shift_factor(shift, latent_dim(model.config()) if shift == "auto" else 0)
 
 
 def evaluations(model: CostModelSection, sampling: FidSamplingSection, args: SampleArgs, plan: SamplingPlan):

@@ -180,14 +180,29 @@ def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
     return int(capacity_bytes - reserve)
 
 
+def fit_checkpointing(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    budget_bytes: int,
+    checkpointed_blocks: int | str = "auto",
+    **estimate_kwargs,
+) -> tuple[int, MemoryEstimate]:
+    """The blocks to recompute and the step's estimate with them: ``checkpointed_blocks`` as given, or under
+    "auto" the fewest whose estimate fits ``budget_bytes`` (every block where none does; the caller compares
+    the estimate with its budget). The one fit search: train.py's start-up and ``dit-cost memory``."""
+    candidates = range(cfg.depth + 1) if checkpointed_blocks == "auto" else (checkpointed_blocks,)
+    for blocks in candidates:
+        estimate = estimate_training_memory(cfg, batch_per_device, checkpointed_blocks=blocks, **estimate_kwargs)
+        if estimate.total <= budget_bytes:
+            break
+    return blocks, estimate
+
+
 def fewest_checkpointed_blocks(cfg: DiTConfig, batch_per_device: int, budget_bytes: int, **estimate_kwargs) -> int:
     """The fewest activation-checkpointed blocks whose estimated step memory fits ``budget_bytes``."""
-    for k in range(cfg.depth + 1):
-        if (
-            estimate_training_memory(cfg, batch_per_device, checkpointed_blocks=k, **estimate_kwargs).total
-            <= budget_bytes
-        ):
-            return k
+    blocks, estimate = fit_checkpointing(cfg, batch_per_device, budget_bytes, "auto", **estimate_kwargs)
+    if estimate.total <= budget_bytes:
+        return blocks
     raise UserError(
         f"{describe(cfg)} at {batch_per_device} images per device does not fit in {budget_bytes / 2**30:.1f} GiB "
         "even with every block checkpointed: lower the batch per device (raise --grad-accum-steps) or use "

@@ -28,6 +28,7 @@ import torch
 from dit import __version__
 from dit.io.atomic import atomic_write_bytes, stale_temp_files
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
+from dit.io.userfiles import inside
 
 FORMAT = "dit-ledger-latent-store"
 FORMAT_VERSION = 1
@@ -39,6 +40,13 @@ NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": 
 
 def shard_file(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
+
+
+def shard_path(folder: str, name: str, index: int) -> str:
+    """Shard ``index``'s file as the manifest (or, for an interrupted store, the writer) names it, refused
+    unless it lies in the store's folder, links resolved: every reader and ``--verify`` open this one path."""
+    fix = "a store's shards lie in its own folder; re-extract it with extract_features.py, or move the files there"
+    return str(inside(folder, name, os.path.join(folder, MANIFEST), f"shard {index}'s file", fix))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -78,7 +86,7 @@ def _expected_sha256(folder: str, index: int) -> str | None:
 def shard_is_complete(folder: str, index: int) -> bool:
     """True only if the shard and its checksum file exist and the shard's bytes hash to the recorded sha256."""
     expected = _expected_sha256(folder, index)
-    path = os.path.join(folder, shard_file(index))
+    path = shard_path(folder, shard_file(index), index)  # a link planted out of the store is refused, not read
     return expected is not None and os.path.isfile(path) and sha256_file(path) == expected
 
 
@@ -223,6 +231,8 @@ def validate_manifest(manifest: dict, path: str) -> None:
                 problems.append(f"{len(shards)} shards listed for {manifest['num_sources']} sources")
     if problems:
         raise UserError(f"{path} is not a valid latent-store manifest: {'; '.join(problems)}. {REPAIR}.")
+    for index, shard in enumerate(manifest["shards"] if manifest.get("complete") else []):
+        shard_path(os.path.dirname(path), shard["file"], index)
 
 
 def check_existing_store(folder: str, spec: StoreSpec) -> None:
@@ -390,11 +400,12 @@ def verify_store(folder: str) -> dict:
         [] if manifest["complete"] else ["manifest.json marks the store incomplete (extraction interrupted)"]
     )
     num_shards = math.ceil(manifest["num_sources"] / manifest["shard_size"])
-    recorded = {s["file"]: s for s in manifest.get("shards", [])}
-    to_hash = {}  # name -> (path, expected sha256)
+    recorded = manifest["shards"] if manifest["complete"] else []
+    to_hash = {}  # name -> (path, expected sha256): the files the manifest names, as the reader opens them
     for index in range(num_shards):
-        name, path = shard_file(index), os.path.join(folder, shard_file(index))
-        expected = recorded[name]["sha256"] if name in recorded else _expected_sha256(folder, index)
+        name = recorded[index]["file"] if recorded else shard_file(index)
+        path = shard_path(folder, name, index)
+        expected = recorded[index]["sha256"] if recorded else _expected_sha256(folder, index)
         if not os.path.isfile(path):
             problems.append(f"{name} is missing")
         elif expected is None:
@@ -402,9 +413,10 @@ def verify_store(folder: str) -> dict:
         else:
             to_hash[name] = (path, expected)
     digests = sha256_files([path for path, _ in to_hash.values()])
+    sizes = {s["file"]: s["bytes"] for s in recorded}
     for (name, (path, expected)), digest in zip(to_hash.items(), digests):
         if digest != expected:
-            size = f" ({os.path.getsize(path)} bytes, manifest says {recorded[name]['bytes']})" if recorded else ""
+            size = f" ({os.path.getsize(path)} bytes, manifest says {sizes[name]})" if recorded else ""
             problems.append(f"{name} fails its sha256 check{size}")
     if problems:
         raise UserError(

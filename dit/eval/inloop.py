@@ -63,7 +63,9 @@ class EvalSamplingSection(SamplingSection):
                                           aliases=("--cfg-scale",), ge=1)  # fmt: skip
 
 
-_SAMPLING_FLAG = re.compile(r"--(num-sampling-steps|sampler|sampling-method|last-step|guidance-interval)\b")
+_SAMPLING_FLAG = re.compile(
+    r"--(num-sampling-steps|sampler|sampling-method|last-step|guidance-interval|time-shift)\b"
+)
 
 
 class InLoopEval:

@@ -36,6 +36,7 @@ from dit.data.vae import (
     vae_id_and_config_hash,
     weights_sha256,
 )
+from dit.io.atomic import CannotWrite
 from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.io.progress import progress
@@ -196,6 +197,10 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
     lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --feature-path")
     try:
         return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started, encoder)
+    except CannotWrite as e:  # a full disk: the shards written are whole, and a rerun keeps them
+        raise e.keeping(
+            f"every complete shard in {out} is kept and the same command continues from them"
+        ) from None
     finally:
         if lock is not None:
             lock.release()

@@ -52,7 +52,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{path.name}{TEMP_MARK}", dir=path.parent)
     except OSError as e:
-        raise cannot_write(path, e) from None
+        raise CannotWrite(path, e) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -63,7 +63,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise cannot_write(path, e) from None
+            raise CannotWrite(path, e) from None
         raise
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -73,19 +73,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     return path
 
 
-def cannot_write(path: Path, e: OSError, checkpoints: Path | None = None, kept: str | None = None) -> UserError:
-    """The one line for a write the OS refused (a full disk, a read-only folder): the path, the fix, and what
-    is kept: the newest checkpoint of ``checkpoints`` (or of a checkpoint's own folder)."""
-    fix = REFUSED.get(e.errno, "check the path")
-    # os.path, not Path: these never raise (a name too long for Path.exists is an OSError of its own)
-    if kept is None:
-        kept = "the earlier file there is intact" if os.path.exists(path) else "nothing partial was left there"
-    if checkpoints is None and path.suffix == ".pt":
-        checkpoints = path.parent
-    if checkpoints is not None:  # a run's write: which checkpoint is the newest kept
-        older = sorted(p.name for p in checkpoints.glob("*.pt") if p != path) if os.path.isdir(checkpoints) else []
-        kept = f"the newest checkpoint kept is {older[-1]}" if older else "no checkpoint was kept"
-    return UserError(f"cannot write {path}: {e.strerror or e}. {fix.capitalize()}; {kept}.")
+class CannotWrite(UserError):
+    """The one line for a write the OS refused (a full disk, a read-only folder, a vanished mount): the path, the
+    fix, and what is kept. By default that is the file itself (the earlier one intact, or nothing partial); a
+    writer that knows more (a run: its newest checkpoint) says it with ``keeping``."""
+
+    def __init__(self, path: str | os.PathLike, error: OSError, kept: str | None = None):
+        self.path, self.error, self.kept = Path(path), error, kept
+        # os.path, not Path: it never raises (a name too long for Path.exists is an OSError of its own)
+        if kept is None:
+            kept = "the earlier file there is intact" if os.path.exists(path) else "nothing partial was left there"
+        fix = REFUSED.get(error.errno, "check the path")
+        super().__init__(f"cannot write {path}: {error.strerror or error}. {fix.capitalize()}; {kept}.")
+
+    def __reduce__(self):  # across processes (a loader worker, a rank) as it was made
+        return CannotWrite, (self.path, self.error, self.kept)
+
+    def keeping(self, kept: str) -> CannotWrite:
+        """The same refusal, saying ``kept`` instead."""
+        return CannotWrite(self.path, self.error, kept)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -118,7 +124,7 @@ class FolderLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         except OSError as e:
-            raise cannot_write(self.path, e) from None
+            raise CannotWrite(self.path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -143,7 +149,7 @@ class FolderLock:
             os.pwrite(fd, record.encode(), 0)
         except OSError as e:  # a full disk at start-up
             os.close(fd)
-            raise cannot_write(self.path, e, kept=f"nothing was written for this {self.purpose}") from None
+            raise CannotWrite(self.path, e, kept=f"nothing was written for this {self.purpose}") from None
         self._fd = fd
         return self
 

@@ -6,11 +6,12 @@ import os
 import sys
 from collections.abc import Callable
 
-from dit.io.errors import REFUSED, UserError
+from dit.io.errors import REFUSED, ReportedByRankZero, UserError
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Call ``main(argv)``; a UserError prints ``error: <message>`` to stderr and returns exit code 2.
+    """Call ``main(argv)``; a UserError prints ``error: <message>`` to stderr and returns exit code 2 (on the
+    ranks other than 0 of an error rank 0 reports, without the line).
 
     A reader that closes the pipe early (``dit-cost peaks | head``) ends the output, not the program with a
     traceback: the rest goes to /dev/null (the recipe of Python's signal documentation) and the exit is
@@ -21,7 +22,8 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         return int(main(argv) or 0)
     except UserError as e:
         _end_bars()
-        print(f"error: {e}", file=sys.stderr)
+        if not isinstance(e, ReportedByRankZero):
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

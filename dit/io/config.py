@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import operator
 import os
 import sys
 import types
@@ -87,8 +88,15 @@ def _unwrap(tp):
     """``float | None`` -> (float, True); ``tuple[int, ...]`` -> (tuple[int, ...], False)."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return (args[0] if len(args) == 1 else tp), type(None) in typing.get_args(tp)
+        return (args[0] if len(args) == 1 else functools.reduce(operator.or_, args)), type(
+            None
+        ) in typing.get_args(tp)
     return tp, False
+
+
+def number_or_word(tp) -> bool:
+    """``float | str``: a number, or one of the field's ``choices`` (``--time-shift 3`` or ``auto``)."""
+    return set(typing.get_args(tp)) == {float, str}
 
 
 def _checked(name: str, tp, value, meta: Mapping):
@@ -98,6 +106,16 @@ def _checked(name: str, tp, value, meta: Mapping):
         if nullable:
             return None
         raise FieldError(f"{{{name}}} must be set, got nothing.")
+    if number_or_word(tp):
+        words = meta.get("choices") or ()
+        if isinstance(value, str) and value in words:
+            return value
+        try:
+            return _checked(name, float, value, {**meta, "choices": None})
+        except FieldError:
+            raise FieldError(
+                f"{{{name}}} must be a finite number{_bounds(meta)} or {' or '.join(words)}, got {value!r}."
+            ) from None
     if typing.get_origin(tp) is tuple:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
             value = (value,)
@@ -133,6 +151,12 @@ def _checked(name: str, tp, value, meta: Mapping):
         if bound is not None and not ok(value, bound):
             raise FieldError(f"{{{name}}} must be {words} {bound:g}, got {value}.")
     return value
+
+
+def _bounds(meta: Mapping) -> str:
+    """A field's bounds in words (" > 0"), for a message that names them all at once."""
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return "".join(f" {w} {meta[k]:g}" for k, w in words.items() if meta.get(k) is not None)
 
 
 @dataclass(frozen=True)
@@ -300,8 +324,11 @@ class Face:
                 continue
             if typing.get_origin(hint) is tuple:
                 hint, kw["nargs"] = typing.get_args(hint)[0], "+"
+            choices = (
+                None if number_or_word(hint) else meta.get("choices")
+            )  # a number is no choice: checked by the section
             parser.add_argument(*flags, type=hint if hint in (int, float, str) else str, metavar=flat.upper(),
-                                choices=meta.get("choices"), **kw)  # fmt: skip
+                                choices=choices, **kw)  # fmt: skip
 
     def record(self, sections: Mapping) -> dict:
         """The sections as plain data, nested by section with flat option names (what config.yaml and every

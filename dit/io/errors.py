@@ -28,6 +28,11 @@ class UserError(ValueError):
     """A mistake in what the user asked for: bad flags, data, checkpoints or configs."""
 
 
+class ReportedByRankZero(UserError):
+    """A user error that every rank meets at once (a save refused on a full disk): rank 0 raises the line, the
+    others this, which exits as it does without a second copy of the line."""
+
+
 def unwrap_worker_error(e: UserError) -> UserError:
     """A UserError raised in a DataLoader worker comes back with the worker's whole traceback as its message;
     the user's line is the last one. One line again, as from the main process."""

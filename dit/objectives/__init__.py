@@ -69,9 +69,15 @@ class Objective(ABC):
     def check_options(self, kind: str, method: str | None, sample_eps: float | None, diffusion_form: str) -> None:
         """The checks of a sampler's options that depend on the objective (``UserError`` if one does not apply)."""
 
+    @property
     @abstractmethod
-    def process(self, num_steps: int, sample_eps: float | None):
-        """What a sampler of ``num_steps`` steps integrates: a respaced diffusion, or the transport."""
+    def time_shift(self) -> float:
+        """The timestep shift its training drew with (a number): its samplers' default."""
+
+    @abstractmethod
+    def process(self, num_steps: int, sample_eps: float | None, time_shift: float | None = None):
+        """What a sampler of ``num_steps`` steps integrates: a respaced diffusion (its timesteps shifted by
+        ``time_shift``, None: the run's), or the transport (the plan's grid carries the shift)."""
 
     @abstractmethod
     def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,
@@ -94,8 +100,12 @@ def objective_for_sampler(sampler: str | None) -> type[Objective]:
     return next((o for o in OBJECTIVES.values() if sampler in o.samplers), OBJECTIVES["diffusion"])
 
 
-def from_record(run: dict, learn_sigma: bool = True) -> Objective:
-    """The objective a run's record names (records without one are diffusion's, as DiT's checkpoints)."""
+def from_record(run: dict, learn_sigma: bool, latent_dim: int) -> Objective:
+    """The objective a run's record names (records without one are diffusion's, as DiT's checkpoints), its
+    ``time_shift`` resolved for latents of ``latent_dim`` numbers (C x H x W)."""
+    from dit.objectives.times import shift_factor
+
+    run = {**run, "time_shift": shift_factor(run.get("time_shift", 1.0), latent_dim)}
     return OBJECTIVES[run.get("objective") or "diffusion"].from_record(run, learn_sigma)
 
 
@@ -105,8 +115,9 @@ from dit.objectives.flow import FlowObjective  # noqa: E402
 OBJECTIVES: dict[str, type[Objective]] = {"diffusion": DiffusionObjective, "flow": FlowObjective}
 
 
-def of_sampling_fields(noise_schedule: str, predict_xstart: bool, transport, learn_sigma: bool) -> Objective:
+def of_sampling_fields(noise_schedule: str, predict_xstart: bool, transport, learn_sigma: bool,
+                       time_shift: float = 1.0) -> Objective:  # fmt: skip
     """The objective that ``dit.sample.SamplingModel``'s fields record (``sampling_fields``'s inverse)."""
     if transport is not None:
         return FlowObjective(transport)
-    return DiffusionObjective(noise_schedule, predict_xstart, learn_sigma)
+    return DiffusionObjective(noise_schedule, predict_xstart, learn_sigma, time_shift=time_shift)

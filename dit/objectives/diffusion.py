@@ -30,6 +30,7 @@ class DiffusionObjective(Objective):
         from dit.objectives.gaussian import create_diffusion
 
         self.noise_schedule, self.predict_xstart, self.learn_sigma = noise_schedule, predict_xstart, learn_sigma
+        self._time_shift = recipe.get("time_shift", 1.0)
         self.diffusion = create_diffusion(
             "", noise_schedule=noise_schedule, learn_sigma=learn_sigma, predict_xstart=predict_xstart,
             **{RENAMED.get(k, k): v for k, v in recipe.items()},
@@ -44,8 +45,13 @@ class DiffusionObjective(Objective):
         recipe = {k: v for k, v in run.items() if RENAMED.get(k, k) in takes and v is not None}
         return cls(run.get("noise_schedule") or "linear", bool(run.get("predict_xstart")), learn_sigma, **recipe)
 
+    @property
+    def time_shift(self) -> float:
+        return self._time_shift
+
     def sampling_fields(self) -> dict:
-        return {"noise_schedule": self.noise_schedule, "predict_xstart": self.predict_xstart}
+        return {"noise_schedule": self.noise_schedule, "predict_xstart": self.predict_xstart,
+                "time_shift": self.time_shift}  # fmt: skip
 
     def sample_t(self, n, generator, device):
         return self.diffusion.sample_t(n, generator, device)
@@ -61,11 +67,12 @@ class DiffusionObjective(Objective):
         if sample_eps is not None:
             raise UserError("--sample-eps is for flow models: a diffusion model's sampler has no such interval.")
 
-    def process(self, num_steps, sample_eps):
+    def process(self, num_steps, sample_eps, time_shift=None):
         from dit.objectives.gaussian import create_diffusion
 
+        shift = self.time_shift if time_shift is None else time_shift
         return create_diffusion(str(num_steps), noise_schedule=self.noise_schedule, learn_sigma=self.learn_sigma,
-                                predict_xstart=self.predict_xstart)  # fmt: skip
+                                predict_xstart=self.predict_xstart, time_shift=shift)  # fmt: skip
 
     def sampling_loop(self, kind, process, plan, **settings):
         """Our DDPM and DDIM loops, or a diffusers scheduler on the respaced diffusion."""

@@ -28,6 +28,10 @@ class FlowObjective(Objective):
 
         return cls(Transport.from_record(run))
 
+    @property
+    def time_shift(self) -> float:
+        return self.transport.time_shift
+
     def sampling_fields(self) -> dict:
         return {"transport": self.transport}
 
@@ -37,8 +41,8 @@ class FlowObjective(Objective):
     def training_losses(self, model_fn, x, t, model_kwargs=None, noise=None) -> dict:
         return self.transport.training_losses(model_fn, x, t, model_kwargs, noise=noise)
 
-    def process(self, num_steps, sample_eps):
-        """The transport with the sampler's ``sample_eps`` (None: the run's)."""
+    def process(self, num_steps, sample_eps, time_shift=None):
+        """The transport with the sampler's ``sample_eps`` (None: the run's); the plan's grid carries the shift."""
         return self.transport if sample_eps is None else dataclasses.replace(self.transport, sample_eps=sample_eps)
 
     def sampling_interval(self, sample_eps) -> tuple[float, float]:
@@ -79,4 +83,7 @@ class FlowObjective(Objective):
         return t.numpy(), (sigma / alpha).numpy()
 
     def manifest(self, sample_eps) -> dict:
-        return dataclasses.asdict(self.process(0, sample_eps))
+        """The transport's fields; the recipe's at their defaults left out, so that sets written before them keep
+        their identity (the sampler's shift is the set's own entry)."""
+        record = dataclasses.asdict(self.process(0, sample_eps))
+        return {k: v for k, v in record.items() if (k, v) not in (("time_shift", 1.0), ("cos_loss_weight", 0.0))}

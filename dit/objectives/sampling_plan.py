@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.objectives.times import shift_time
 
 # The sampler registry: the --sampler choices; each objective (dit.objectives) names its own from here.
 DIFFUSION_SAMPLERS = ("ddpm", "ddim")  # the diffusion's own loops (the reference)
@@ -155,17 +156,37 @@ def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
     return set(all_steps)
 
 
-def diffusion_timesteps(num_steps: int, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
+def shift_timesteps(kept, time_shift: float, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
+    """A respacing's timesteps moved by the shift: i -> round((T - 1) tau'), tau = i / (T - 1) the noise fraction
+    shifted as the flow's time (``shift_time`` on 1 - tau), so the ends 0 and T - 1 stay; two steps landing on
+    one timestep are refused."""
+    kept = sorted(kept, reverse=True)
+    if time_shift == 1:
+        return kept
+    last = diffusion_steps - 1
+    moved = [round(last * (1 - shift_time(1 - i / last, time_shift))) for i in kept]
+    if len(set(moved)) < len(moved):
+        raise UserError(
+            f"--time-shift {time_shift:g} puts two of the {len(kept)} respaced steps on one of the {diffusion_steps} "
+            "timesteps: pass fewer --num-sampling-steps, or a shift nearer 1."
+        )
+    return moved
+
+
+def diffusion_timesteps(
+    num_steps: int, diffusion_steps: int = DIFFUSION_STEPS, time_shift: float = 1.0
+) -> list[int]:
     """The original timesteps a ``num_steps``-step respaced sampler visits, noise first (999, ..., 0)."""
-    return sorted(space_timesteps(diffusion_steps, str(num_steps)), reverse=True)
+    return shift_timesteps(space_timesteps(diffusion_steps, str(num_steps)), time_shift, diffusion_steps)
 
 
-def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean") -> list[float]:
+def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean", time_shift: float = 1.0):
     """The time grid of a fixed-step flow sampler on [t0, t1].
 
     ODE: ``steps`` intervals from t0 to t1. SDE (as SiT): ``steps`` points, the Euler-Maruyama steps between
     them; with a last step the grid ends at 1 - 0.04 and the last step runs from there to t = 1 (SiT's), with
-    ``--last-step none`` it ends at t1 itself.
+    ``--last-step none`` it ends at t1 itself. A ``time_shift`` moves the points inside the grid's ends
+    (each fraction of the way shifted by ``shift_time``); the ends stay.
     """
     if kind == "ode":
         points, end = steps + 1, t1
@@ -173,6 +194,8 @@ def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mea
         points, end = steps, (t1 if last_step == "none" else 1 - LAST_STEP_SIZE)
     if points == 1:
         return [t0]
+    if time_shift != 1:
+        return [t0 + (end - t0) * shift_time(i / (points - 1), time_shift) for i in range(points - 1)] + [end]
     return [t0 + (end - t0) * i / (points - 1) for i in range(points - 1)] + [end]
 
 
@@ -277,12 +300,15 @@ def sampling_plan(
     interval: Sequence[float] | None = None,
     flow_interval: tuple[float, float] = (0.0, 1.0),
     diffusion_steps: int = DIFFUSION_STEPS,
+    time_shift: float = 1.0,
 ) -> SamplingPlan:
     """The plan of ``sampler`` with ``num_steps`` steps (``--num-sampling-steps``).
 
     Diffusion samplers: one evaluation per respaced step (``num_steps`` >= 2; diffusers' Heun: 2 per step but
     the last, 2N - 1). Flow samplers: see ``flow_grid``; ``flow_interval`` is the transport's sampling
-    interval [t0, t1] (SiT's velocity models: [0, 1]). ``method`` is the flow integrator.
+    interval [t0, t1] (SiT's velocity models: [0, 1]). ``method`` is the flow integrator. ``time_shift`` (a
+    number: "auto" resolved) moves the flow's grid (``flow_grid``) or the diffusion's kept timesteps
+    (``shift_timesteps``).
     """
     if sampler not in SAMPLERS:
         raise UserError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}.")
@@ -295,7 +321,7 @@ def sampling_plan(
         raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
     if sampler in FLOW_SAMPLERS:
         method = method or DEFAULT_METHODS[sampler]
-        grid = flow_grid(sampler, num_steps, *flow_interval, last_step)
+        grid = flow_grid(sampler, num_steps, *flow_interval, last_step, time_shift)
         times = _flow_times(sampler, method, grid, last_step)
         if times is not None and not times:
             raise UserError(
@@ -310,7 +336,7 @@ def sampling_plan(
             )
         if num_steps > diffusion_steps:
             raise UserError(f"--num-sampling-steps {num_steps} exceeds the diffusion's {diffusion_steps} steps.")
-        steps = diffusion_timesteps(num_steps, diffusion_steps)
+        steps = diffusion_timesteps(num_steps, diffusion_steps, time_shift)
         if sampler == "heun":  # diffusers' Heun: Euler to the next level, then its correction there
             steps = steps[:1] + [t for t in steps[1:] for _ in range(2)]
         times, name, grid = [t / diffusion_steps for t in steps], sampler, None
@@ -326,6 +352,10 @@ SAMPLER_HELP = (
     "diffusion models: ddpm (ancestral; their default) or ddim (eta 0), our loops; diffusers' schedulers "
     f"{', '.join(SCHEDULER_SAMPLERS)} (heun: 2 evaluations a step but the last); flow models: ode (their default) "
     "or sde"
+)
+TIME_SHIFT_HELP = (
+    "SD3's timestep shift a (> 1: more of the steps near the noise; 1: none) or auto (RAE's sqrt(C x H x W / "
+    "4096) of the latent): the flow's time grid, the diffusion's respaced timesteps (docs/flow_matching.md)"
 )
 INTERVAL_HELP = (
     "guide only the evaluations whose time lies in [LO, HI] (Kynkaenniemi et al. 2024), the others run unguided "
@@ -366,6 +396,9 @@ class SamplingSection(Section):
         None, "flow: keep the sampler's time grid this far from the ends (default: the run's, else SiT's)", ge=0,
         lt=0.5,
     )  # fmt: skip
+    time_shift: float | str | None = option(
+        None, TIME_SHIFT_HELP + "; default: the run's", choices=("auto",), gt=0
+    )
     atol: float = option(1e-6, "flow ode dopri5: absolute tolerance (SiT's default)", gt=0)
     rtol: float = option(1e-3, "flow ode dopri5: relative tolerance (SiT's default)", gt=0)
 

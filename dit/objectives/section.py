@@ -10,8 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from dit.io.config import FieldError, Section, option
-from dit.objectives import OBJECTIVES, Objective
+from dit.objectives import OBJECTIVES, Objective, from_record
 from dit.objectives.gaussian.gaussian_diffusion import LOSS_WEIGHTINGS
+from dit.objectives.sampling_plan import TIME_SHIFT_HELP
+from dit.objectives.times import latent_dim
 from dit.objectives.transport.path import PATHS
 from dit.objectives.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING
 
@@ -54,11 +56,21 @@ class ObjectiveSection(Section):
     sample_eps: float | None = option(
         None, "flow: times kept off the ends in sampling (default: SiT's)", ge=0, lt=0.5
     )
+    time_shift: float | str = option(
+        1.0, TIME_SHIFT_HELP + ", and the training times (shifted before diffusion's floor to a step); the "
+        "samplers take it unless told otherwise", choices=("auto",), gt=0,
+    )  # fmt: skip
+    cos_loss_weight: float = option(
+        0.0, "LightningDiT's velocity-direction loss: w (1 - cos) of the predicted velocity (implied, for noise, "
+        "score and x0 predictions) and the true one, beside the MSE (0: off)", ge=0,
+    )  # fmt: skip
+
+    RECIPE = ("time_shift", "cos_loss_weight")  # what a resume may change when --allow-changes names it
 
     @classmethod
     def identity(cls) -> tuple[str, ...]:
-        """The fields a resumed run must keep: every one but the sampler's."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "sample_eps")
+        """The fields a resumed run must keep: every one but the sampler's and the recipe's."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("sample_eps", *cls.RECIPE))
 
     @property
     def implementation(self) -> type[Objective]:
@@ -70,7 +82,15 @@ class ObjectiveSection(Section):
             raise FieldError(
                 "{predict_xstart} is for the diffusion objective; a flow model predicts {prediction}."
             )
+        at_noise = self.objective == "flow" and self.prediction != "velocity" and self.path_type != "vp"
+        if self.cos_loss_weight and at_noise and self.train_eps == 0:
+            raise FieldError(
+                f"{{cos_loss_weight}} needs the velocity a {self.prediction} model implies, which is infinite at "
+                "t = 0 (pure noise) on this path: keep {train_eps} above 0 (SiT's 1e-3 by default), or predict "
+                "velocity."
+            )
 
-    def build(self, learn_sigma: bool) -> Objective:
-        """The objective the trainer calls (the diffusion has its full 1000 steps)."""
-        return self.implementation.from_record(self.__dict__, learn_sigma)
+    def build(self, model_cfg) -> Objective:
+        """The objective the trainer calls for the model of ``model_cfg`` (a ``DiTConfig``: whether it learns a
+        variance, and its latent's size, which ``--time-shift auto`` reads); the diffusion has its 1000 steps."""
+        return from_record(self.__dict__, model_cfg.learn_sigma, latent_dim(model_cfg))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,11 +21,12 @@ import torch.distributed as dist
 
 from dit.io.atomic import FolderLock
 from dit.io.config import Section, option
-from dit.io.errors import UserError
+from dit.io.errors import ReportedByRankZero, UserError
 from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
+from dit.runtime import host_memory
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
-from dit.runtime.stop import StopFlag
+from dit.runtime.stop import STOP_SIGNALS, StopFlag
 
 __all__ = [
     "PRECISIONS", "DeviceSection", "Precision", "Runtime", "StopFlag", "Stream", "default_workers",
@@ -191,6 +193,31 @@ class Runtime:
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
+
+    def raise_together(self, error: UserError | None) -> None:
+        """Every rank learns whether rank 0 met ``error`` (a collective, where the ranks wait for rank 0 anyway):
+        rank 0 raises it, the others a ``ReportedByRankZero`` (exit 2, the line unsaid). From there every rank
+        ignores the stop signals: the first to exit has torchrun signal the others, and rank 0 would die before
+        its line, another rank as killed rather than as the error."""
+        said = next((e for e in self.gather_objects(error) if e is not None), None)
+        if said is None:
+            return
+        if self.world > 1:
+            import signal
+
+            for s in STOP_SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
+        raise said if self.is_main else ReportedByRankZero(str(said))
+
+    def memory_capacity(self) -> int:
+        """The bytes one process's training step may fill, the smallest over the ranks (each decides alike): its
+        GPU's total memory, or on a CPU the host's, shared by the processes on that host. Collective."""
+        if self.device.type == "cuda":
+            mine = torch.cuda.get_device_properties(self.device).total_memory
+        else:
+            hosts = self.gather_objects(socket.gethostname())
+            mine = host_memory.host_memory_bytes() // hosts.count(hosts[self.rank])
+        return min(self.gather_objects(mine))
 
     def lock_folder(self, folder, purpose: str, fix: str) -> FolderLock | None:
         """Rank 0 locks ``folder`` for one job (its lock on rank 0, None elsewhere); if another job holds it,

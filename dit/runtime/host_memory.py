@@ -1,4 +1,4 @@
-"""Keep freed host memory inside the process, so a CPU training step stops page-faulting its activations.
+"""The host's memory: how much a process may have, and keeping what it freed so a CPU step stops page-faulting.
 
 PyTorch's CPU tensors come straight from glibc malloc. Blocks above the mmap threshold are mapped fresh
 and unmapped on free, and freed memory at the top of the heap is trimmed back to the kernel, so every
@@ -13,11 +13,28 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import platform
+from pathlib import Path
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_MMAP_MAX = -4
 _applied = False
+# A container's memory limit (cgroup v2, then v1); "max" or a huge v1 number means none below the host's.
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def host_memory_bytes() -> int:
+    """The memory this host gives a process: its physical memory, or its container's limit where lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in _CGROUP_LIMITS:
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 def keep_freed_host_memory() -> bool:

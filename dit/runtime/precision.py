@@ -6,10 +6,11 @@ weights, fp16 with a loss scaler (CUDA only). Flags are process-wide in PyTorch,
 what it found: a face that runs inside another program (a notebook, a test, the benchmark pairing two
 precisions) leaves no trace.
 
-Three kinds of network run in a training step, each with its own arithmetic: the DiT (``autocast``), the
-frozen networks of the data path, the VAE's encode and REPA's encoder (``frozen``: the run's precision, so a
-bf16 run does not spend most of its step in IEEE float32), and the evaluation networks (``reference``:
-IEEE float32 whatever the run's precision, as the reference evaluators compute, so scores stay comparable).
+Three kinds of network run in a training run, each with its own arithmetic: the DiT (``autocast``), the
+frozen networks (the VAE's encode and REPA's encoder in the step, the VAE's decode of the grids and the
+evaluations' images: ``frozen``, the run's precision, so a bf16 run does not spend most of its step or its
+evaluation in IEEE float32), and the evaluation networks (``reference``: IEEE float32 whatever the run's
+precision, as the reference evaluators compute, so scores stay comparable).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class Precision:
         return torch.amp.GradScaler("cuda") if self.name == "fp16" else None
 
     def frozen(self):
-        """The context for the frozen networks of the data path (VAE encode, REPA's encoder, extraction): the
-        run's autocast for bf16 and fp16; for fp32 and tf32 nothing, the flags already say IEEE or TF32."""
+        """The context for the frozen networks (VAE encode and decode, REPA's encoder, extraction): the run's
+        autocast for bf16 and fp16; for fp32 and tf32 nothing, the flags already say IEEE or TF32."""
         return self.autocast()
 
     @contextmanager

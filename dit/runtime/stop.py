@@ -89,7 +89,8 @@ class StopFlag:
 
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
-            signal.signal(s, h)
+            if signal.getsignal(s) == self._handle:  # one set since stays (a rank ignoring them as it exits)
+                signal.signal(s, h)
 
     def _handle(self, signum, frame):
         self.raised = signal.Signals(signum).name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import typing
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dit.io.atomic import atomic_write_bytes
+from dit.io.atomic import CannotWrite, atomic_write_bytes
 from dit.io.errors import UserError, require
 from dit.io.userfiles import read_json, read_text
 from dit.model.config import DiTConfig
@@ -241,10 +242,21 @@ def export_pipeline(
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        refused = _os_error(e)
+        if refused is not None:  # a full disk: the line, not safetensors' traceback
+            raise CannotWrite(out_dir, refused) from None
         raise
     return out_dir
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OS error under a writer's exception: safetensors (Rust) reports one as ``... (os error 28)``."""
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
 
 
 def read_id2label(path: str | os.PathLike) -> dict[int, str]:

@@ -19,7 +19,7 @@ from PIL import Image
 from dit.checkpoint import find_checkpoint, official_release
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
-from dit.io.atomic import atomic_write, stale_temp_files
+from dit.io.atomic import CannotWrite, atomic_write, stale_temp_files
 from dit.io.errors import UserError
 from dit.io.progress import progress
 from dit.model.config import registry_name
@@ -77,6 +77,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     )  # keys as before the sections: old sets stay valid
     return {
         **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
+        **({"time_shift": sampler.time_shift} if sampler.time_shift != 1 else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": f.num_fid_samples,
         "per_proc_batch_size": f.batch_size,
@@ -171,6 +172,10 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
         return _write_set(c, sm, sampler, folder, identity, manifest, runtime)
+    except CannotWrite as e:  # a full disk: the PNGs written are whole, and a rerun skips them
+        raise e.keeping(
+            f"every complete sample in {folder} is kept and the same command continues from them"
+        ) from None
     finally:
         if lock is not None:
             lock.release()

@@ -31,6 +31,7 @@ from dit.objectives.sampling_plan import (
     guided_at,
     sampling_plan,
 )
+from dit.objectives.times import latent_dim, shift_factor
 from dit.objectives.transport import Transport
 from dit.runtime import Precision, Stream, mix_seed
 
@@ -51,6 +52,7 @@ class SamplingModel:
     noise_schedule: str = "linear"
     predict_xstart: bool = False
     transport: Transport | None = None
+    time_shift: float = 1.0  # the diffusion's training shift (a flow's is its transport's)
 
     @property
     def config(self) -> DiTConfig:
@@ -60,14 +62,14 @@ class SamplingModel:
     def objective(self) -> Objective:
         """The objective its samplers follow, rebuilt from the fields that record it."""
         return objectives.of_sampling_fields(self.noise_schedule, self.predict_xstart, self.transport,
-                                             self.config.learn_sigma)  # fmt: skip
+                                             self.config.learn_sigma, self.time_shift)  # fmt: skip
 
     @classmethod
     def from_run(
         cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict
     ) -> SamplingModel:
         """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
-        fields = objectives.from_record(run, model.config.learn_sigma).sampling_fields()
+        fields = objectives.from_record(run, model.config.learn_sigma, latent_dim(model.config)).sampling_fields()
         return cls(model, weights, image_size, vae, vae_spec, **fields)
 
 
@@ -208,20 +210,26 @@ class Sampler:
 
     def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, *, method: str | None = None,
                  guidance: Guidance = Guidance(), diffusion_form: str = "sigma", last_step: str = "mean",
-                 atol: float = 1e-6, rtol: float = 1e-3, sample_eps: float | None = None):  # fmt: skip
+                 atol: float = 1e-6, rtol: float = 1e-3, sample_eps: float | None = None,
+                 time_shift: float | str | None = None):  # fmt: skip
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
         check_guidance(guidance.scale, sm.config if guidance.scale > 1 else None)
+        # None: the run's shift; "auto": RAE's for this model's latent
+        self.time_shift = (
+            objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
+        )
         self.plan = sampling_plan(
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
+            time_shift=self.time_shift,
         )  # fmt: skip
         self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
         self.sample_eps = sample_eps  # None: the run's (a sample set's manifest records which)
         self.method = method or DEFAULT_METHODS.get(kind)
         self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
-        self.process = objective.process(num_steps, sample_eps)  # what the sampler integrates
+        self.process = objective.process(num_steps, sample_eps, self.time_shift)  # what the sampler integrates
         self.loop = objective.sampling_loop(kind, self.process, self.plan, method=self.method,
                                             diffusion_form=diffusion_form, last_step=last_step, atol=atol, rtol=rtol)  # fmt: skip
         self.nfe = self.guided_nfe = self.unguided_nfe = 0
@@ -239,6 +247,7 @@ class Sampler:
         return cls(
             sm, c.num_sampling_steps, kind, method=c.sampling_method, guidance=guidance,
             diffusion_form=c.diffusion_form, last_step=c.last_step, atol=c.atol, rtol=c.rtol, sample_eps=c.sample_eps,
+            time_shift=c.time_shift,
         )  # fmt: skip
 
     @property
@@ -296,9 +305,14 @@ def sample_latents(
     return sampler.run(sm.model, noise(), y, noise, precision=precision, progress=progress)
 
 
-def to_images(sm: SamplingModel, samples: torch.Tensor) -> torch.Tensor:
-    """The VAE's part: samples to RGB images in [-1, 1], (N, 3, H, W) float32 on the CPU."""
-    images = decode(sm.vae, samples) if sm.vae is not None else samples.clamp(-1, 1)
+def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | None = None) -> torch.Tensor:
+    """The VAE's part: samples to RGB images in [-1, 1], (N, 3, H, W) float32 on the CPU. The decode runs in
+    ``precision``'s arithmetic for frozen networks where given (a bf16 run's grids and evaluations: bf16)."""
+    if sm.vae is None:
+        images = samples.clamp(-1, 1)
+    else:
+        with precision.frozen() if precision is not None else nullcontext():
+            images = decode(sm.vae, samples)
     if images.shape[1] == 1:
         images = images.repeat(1, 3, 1, 1)
     return images.float().cpu()
@@ -313,5 +327,7 @@ def generate(
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
-    return to_images(sm, sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress))
+    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed); the DiT and the decode in
+    ``precision`` (the judges that score them keep IEEE float32: ``dit.eval.features``)."""
+    samples = sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress)
+    return to_images(sm, samples, precision)

@@ -24,7 +24,8 @@ from dit.objectives.section import ObjectiveSection
 from dit.runtime import DeviceSection
 from dit.train.data import DataSection
 from dit.train.ledger import LedgerSection
-from dit.train.optim import RECIPE_FIELDS, OptimSection
+from dit.train.optim import RECIPE_FIELDS as OPTIM_RECIPE
+from dit.train.optim import OptimSection
 from dit.train.parallel import ParallelSection
 
 # What a resumed run must share with its checkpoint: the data order and the model's math (every model flag).
@@ -32,6 +33,8 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
     "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
+# What a resume may change only when --allow-changes names it: the optimizer's recipe and the objective's.
+RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE)
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 
 

@@ -147,11 +147,12 @@ class Ledger:
         image_size: int,
         total_steps: int,
         local_images_done: int = 0,
+        start_step: int = 0,
         repa=None,
     ):
         """``record``: the run's resolved configuration, for the sinks. ``local_images_done``: this rank's images
         in the steps before a resume, so that the run's total FLOPs (``total_model_pflops``, the x axis of quality
-        against compute) count them too. ``repa`` (``dit.train.repa.Repa``): its projector and encoder are
+        against compute) count them too; ``start_step``: the step it resumes from, for the sinks. ``repa`` (``dit.train.repa.Repa``): its projector and encoder are
         auxiliary FLOPs, counted apart from the DiT's."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
@@ -160,7 +161,7 @@ class Ledger:
         self.checkpointed = model.num_checkpointed_blocks
         self.params = sum(p.numel() for p in model.parameters())
         chosen = [SINKS[name] for name in dict.fromkeys(section.sinks)]
-        self.sinks = Sinks(section, out, record, chosen, enabled=runtime.is_main)
+        self.sinks = Sinks(section, out, record, chosen, start=start_step, enabled=runtime.is_main)
         mc = self.model_cfg
         self.flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention)
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
@@ -290,12 +291,12 @@ class Ledger:
         }
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
         if cuda:
-            if not self.memory_compared:  # the first window on a device: the estimate --activation-checkpointing
-                self.memory_compared = True  # auto trusts, checked so far on CPU traces only, vs the allocator
+            if not self.memory_compared:  # the first window on a device: the estimate the start-up's fit check
+                self.memory_compared = True  # trusts, checked so far on CPU traces only, vs the allocator
                 self.sinks.info(
                     f"memory, first window: {record['max_memory_reserved_gib']:.3g} GiB reserved at most "
                     f"({record['max_memory_gib']:.3g} GiB allocated), estimate {self.memory_estimate / 2**30:.3g} GiB "
-                    f"(dit.cost.memory, used by --activation-checkpointing auto)"
+                    "(dit.cost.memory, which the start-up's fit check uses)"
                 )
             torch.cuda.reset_peak_memory_stats(self.runtime.device)  # the next record's peaks are its window's
         if not self.projected and not in_warmup and window["steps_per_sec"] > 0:

@@ -15,7 +15,7 @@ from dit.io.config import Section, option
 # What a resume may change only when --allow-changes names it (the rest of this section fixes the data order).
 RECIPE_FIELDS = (
     "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
-    "grad_accum_steps", "repa_coeff",
+    "grad_accum_steps", "repa_coeff", "adam_beta1", "adam_beta2", "adam_eps",
 )  # fmt: skip
 
 
@@ -25,6 +25,11 @@ class OptimSection(Section):
     grad_accum_steps: int = option(1, "micro-batches per optimizer step", ge=1)
     lr: float = option(1e-4, "AdamW learning rate (constant after warm-up)", gt=0)
     weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
+    adam_beta1: float = option(0.9, "AdamW beta1: the decay of the gradient's running mean", ge=0, lt=1)
+    adam_beta2: float = option(
+        0.999, "AdamW beta2: the decay of the squared gradient's running mean (LightningDiT: 0.95)", ge=0, lt=1
+    )
+    adam_eps: float = option(1e-8, "AdamW epsilon, added to the second moment's root", gt=0)
     warmup_steps: int = option(0, "linear learning-rate warm-up steps", ge=0)
     lr_schedule: str = option(
         "constant", "after warm-up: constant, or cosine decay to min_lr_frac x lr", choices=("constant", "cosine")
@@ -52,10 +57,18 @@ class OptimSection(Section):
     def optimizer(self, model: nn.Module) -> torch.optim.AdamW:
         params = [p for p in model.parameters() if p.requires_grad]
         impl = {"fused": True} if self.fused_optimizer else {"foreach": True}
-        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, **impl)
+        return torch.optim.AdamW(params, lr=self.lr, **self._group(), **impl)
+
+    def _group(self) -> dict:
+        """AdamW's settings a param group holds (and a checkpoint keeps), the lr aside: set every step."""
+        return {
+            "weight_decay": self.weight_decay,
+            "betas": (self.adam_beta1, self.adam_beta2),
+            "eps": self.adam_eps,
+        }
 
     def reapply(self, optimizer: torch.optim.Optimizer) -> None:
-        """A resumed optimizer's groups hold the checkpoint's settings: this run's weight decay goes back in (an
-        --allow-changes weight_decay resume trained on the old one, bit for bit; the lr is set every step)."""
+        """A resumed optimizer's groups hold the checkpoint's settings: this run's weight decay, betas and eps go
+        back in (an --allow-changes resume trained on the old ones, bit for bit; the lr is set every step)."""
         for group in optimizer.param_groups:
-            group["weight_decay"] = self.weight_decay
+            group.update(self._group())

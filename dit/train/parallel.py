@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.cost.memory import fewest_checkpointed_blocks, usable_memory
+from dit.cost.memory import estimate_training_memory, fit_checkpointing, max_batch_that_fits, usable_memory
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
-from dit.model.config import ACTIVATION_CHECKPOINTING_HELP, parse_activation_checkpointing
+from dit.model.config import ACTIVATION_CHECKPOINTING_HELP, DiTConfig, describe, parse_activation_checkpointing
 from dit.model.dit import DiT
 from dit.model.layers import ATTENTION_BACKENDS
 
@@ -38,9 +38,11 @@ class ParallelSection(Section):
         "cudnn, math, explicit",
         choices=ATTENTION_BACKENDS,
     )
-    activation_checkpointing: str = option("none", ACTIVATION_CHECKPOINTING_HELP)
+    activation_checkpointing: str = option(
+        "auto", ACTIVATION_CHECKPOINTING_HELP + "; a fixed count that does not fit stops the run before step 1"
+    )
     memory_reserve_gib: float | None = option(
-        None, "device memory kept free by --activation-checkpointing auto (default: 10%, at least 2 GiB)", ge=0
+        None, "device memory the start-up's fit check keeps free (default: 10%, at least 2 GiB)", ge=0
     )
     ddp_bf16_grads: bool = option(
         False, "DDP: all-reduce gradients as bf16 (half the traffic; sums rounded to 8 bits), not float32"
@@ -190,6 +192,10 @@ def _whole(tensors) -> bool:
     return not any(isinstance(t, DTensor) for t in values)
 
 
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
 def parallelism(section: ParallelSection, runtime) -> Parallelism:
     """The run's parallelism: one process, DDP, or (``--fsdp`` on several processes) FSDP2."""
     if runtime.world == 1:
@@ -209,37 +215,63 @@ class Parallelism:
         self.section, self.runtime = section, runtime
         self.module: nn.Module | None = None  # what the step calls, set by ``wrap``
 
-    def wrap(self, model: DiT, trained: nn.Module, ema: nn.Module, micro: int, attention: str) -> nn.Module:
-        """Make ``model`` ready to train (``parallelize``) and return what the step calls in place of ``trained``
-        (the model, or the model and REPA's projector). ``ema`` is the EMA copy, placed as the model is; the
-        per-device batch ``micro`` and the ``attention`` kernel size ``--activation-checkpointing auto``."""
-        checkpointed = self.checkpointed_blocks(model, micro, attention)
+    def wrap(self, model: DiT, trained: nn.Module, ema: nn.Module, checkpointed: int) -> nn.Module:
+        """Make ``model`` ready to train (``parallelize``, its first ``checkpointed`` blocks recomputed: ``fit``'s
+        choice) and return what the step calls in place of ``trained`` (the model, or the model and REPA's
+        projector). ``ema`` is the EMA copy, placed as the model is."""
         parallelize(model, checkpointed, self.section.compile, self.split, self.runtime.precision.amp_dtype)
         self.module = trained
         return trained
 
-    def checkpointed_blocks(self, model: DiT, micro: int, attention: str) -> int:
-        """The blocks to recompute: as asked, or under ``auto`` the fewest that fit the device's memory."""
+    def fit(self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str) -> tuple[int, str | None]:
+        """The blocks to recompute, checked against the device's memory before anything is built or written:
+        (blocks, a line saying why, or None). ``auto`` (the default) takes the fewest whose estimated step
+        (``dit.cost.memory``) fits; a fixed count (none, all, N) is kept. A run that does not fit stops here,
+        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs."""
         section, runtime = self.section, self.runtime
         try:
-            policy = parse_activation_checkpointing(section.activation_checkpointing, model.config.depth)
+            policy = parse_activation_checkpointing(section.activation_checkpointing, cfg.depth)
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
-        if policy != "auto":
-            return policy
-        if runtime.device.type != "cuda":  # no device limit to fit: recompute nothing
-            return 0
-        capacity = torch.cuda.get_device_properties(runtime.device).total_memory
-        return fewest_checkpointed_blocks(
-            model.config,
-            micro,
-            usable_memory(capacity, section.memory_reserve_gib),
-            precision=runtime.precision.name,
-            world_size=runtime.world,
-            sharding=self.memory_layout,
-            gradient_as_bucket_view=True,
-            attention="explicit" if attention in ("explicit", "math") else "fused",
+        capacity = runtime.memory_capacity()
+        usable = usable_memory(capacity, section.memory_reserve_gib)
+        options = dict(
+            precision=runtime.precision.name, world_size=runtime.world, sharding=self.memory_layout,
+            gradient_as_bucket_view=True, attention="explicit" if attention in ("explicit", "math") else "fused",
+        )  # fmt: skip
+        blocks, estimate = fit_checkpointing(cfg, micro, usable, policy, **options)
+        gpu = runtime.device.type == "cuda"
+        where = f"{runtime.device}'s {_gib(capacity)}" if gpu else f"the host's {_gib(capacity)}"
+        if estimate.total > usable:
+            raise UserError(
+                f"{describe(cfg)} at {micro} images per {'GPU' if gpu else 'process'} needs an estimated "
+                f"{_gib(estimate.total)} per step with {blocks} of {cfg.depth} blocks checkpointed "
+                f"({runtime.precision.name}, dit.cost.memory), over the {_gib(usable)} usable of {where}: "
+                f"{self._fixes(cfg, micro, grad_accum, usable, policy, options)}."
+            )
+        if policy != "auto" or blocks == 0:
+            return blocks, None
+        plain = estimate_training_memory(cfg, micro, **options).total
+        return blocks, (
+            f"activation checkpointing (auto): the first {blocks} of {cfg.depth} blocks, the fewest that fit: "
+            f"without them the step needs an estimated {_gib(plain)} per device (dit.cost.memory), over the "
+            f"{_gib(usable)} usable of {where}; with them {_gib(estimate.total)}"
         )
+
+    def _fixes(self, cfg: DiTConfig, micro: int, grad_accum: int, usable: int, policy, options: dict) -> str:
+        """What would fit: checkpointing chosen by ``auto``, fewer images per pass, or more GPUs."""
+        fixes = []
+        if policy != "auto":
+            blocks, estimate = fit_checkpointing(cfg, micro, usable, "auto", **options)
+            if estimate.total <= usable:
+                fixes.append(f"--activation-checkpointing auto (it fits with {blocks} blocks)")
+        kept = cfg.depth if policy == "auto" else policy  # auto: at most every block
+        most = max_batch_that_fits(cfg, usable, checkpointed_blocks=kept, **options) if usable > 0 else 0
+        split = next((n for n in range(2, micro + 1) if micro % n == 0 and micro // n <= most), None)
+        if split is not None:
+            fixes.append(f"--grad-accum-steps {grad_accum * split} ({micro // split} images per pass)")
+        more = "spread the batch over more GPUs" + ("" if self.split else " (--fsdp also shards the weights)")
+        return f"pass {', '.join(fixes)}, or {more}" if fixes else more
 
     def sync_gradients(self, last: bool):
         """The context of one micro-batch's forward and backward: gradients are reduced over the processes on the
@@ -260,8 +292,8 @@ Single = Parallelism  # one process: the base's no-ops
 
 
 class DDP(Parallelism):
-    def wrap(self, model, trained, ema, micro, attention):
-        super().wrap(model, trained, ema, micro, attention)
+    def wrap(self, model, trained, ema, checkpointed):
+        super().wrap(model, trained, ema, checkpointed)
         self.module = data_parallel(trained, self.runtime.device, self.section.ddp_bf16_grads)
         return self.module
 
@@ -272,10 +304,8 @@ class DDP(Parallelism):
 class FSDP(Parallelism):
     split, memory_layout = True, "fsdp"
 
-    def wrap(self, model, trained, ema, micro, attention):
-        super().wrap(
-            model, trained, ema, micro, attention
-        )  # every rank built the same weights: each keeps its part
+    def wrap(self, model, trained, ema, checkpointed):
+        super().wrap(model, trained, ema, checkpointed)  # every rank built the same weights: each keeps its part
         self.reduced = [model]  # the modules whose gradients are reduce-scattered
         shard(ema)
         projector = getattr(trained, "projector", None)
@@ -296,9 +326,14 @@ class FSDP(Parallelism):
         weights = get_model_state_dict(model, options=options)
         if not (every_rank or self.runtime.is_main):
             return None
-        whole = DiT.from_config(model.config).to(self.runtime.device).eval()
-        whole.load_state_dict(weights)
-        return whole
+        with torch.device("meta"):  # no throwaway random weights: the gathered ones are taken as they are
+            whole = DiT.from_config(model.config)
+        whole.load_state_dict(weights, assign=True)
+        for name, table in model.named_buffers():  # the fixed tables outside the state dict (RoPE's)
+            if name not in weights:
+                owner, _, attr = name.rpartition(".")
+                setattr(whole.get_submodule(owner), attr, table)
+        return whole.to(self.runtime.device).eval()
 
     def global_norm(self, norm):
         return norm.full_tensor()  # a collective: every rank's shards

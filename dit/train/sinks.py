@@ -13,16 +13,17 @@ from typing import Protocol
 
 import yaml
 
-from dit.io.atomic import cannot_write, utc_now
+from dit.io.atomic import CannotWrite, utc_now
 from dit.io.progress import write
 
 
 class Sink(Protocol):
-    """One place the records go, on rank 0 only, built as ``Sink(section, out, record)``: the ledger's section,
-    the results folder and the run's resolved configuration. ``scalars`` takes a log record (its ``kind``: train,
-    eval; ``time``, UTC; numbers, switches, Nones) at its step, ``image`` a CHW image in [0, 1], ``text`` a line
-    for people and its UTC time; a subclass leaves out what it has no use for. ``path`` is what it writes:
-    a write the OS refuses there (an ``OSError``: a full disk) is the one line naming it."""
+    """One place the records go, on rank 0 only, built as ``Sink(section, out, record, start)``: the ledger's
+    section, the results folder, the run's resolved configuration and the step it starts from (a resume's).
+    ``scalars`` takes a log record (its ``kind``: train, eval; ``time``, UTC; numbers, switches, Nones) at its
+    step, ``image`` a CHW image in [0, 1], ``text`` a line for people and its UTC time; a subclass leaves out
+    what it has no use for. ``path`` is what it writes: a write the OS refuses there (an ``OSError``: a full
+    disk) is the one line naming it."""
 
     path: Path
     options = None  # a frozen Section of the sink's own flags (W&B's project), or None
@@ -45,7 +46,7 @@ class _Lines(Sink):
 
     name = ""
 
-    def __init__(self, section, out: Path, record: dict):
+    def __init__(self, section, out: Path, record: dict, start: int):
         self.path = out / self.name
         self.file = open(self.path, "a", buffering=1)
 
@@ -93,7 +94,7 @@ def _quiet_tensorboard_thread() -> None:
 class TensorBoard(Sink):
     """Event files in tensorboard/: numbers (with TensorBoard's own wall time), images, the configuration."""
 
-    def __init__(self, section, out: Path, record: dict):
+    def __init__(self, section, out: Path, record: dict, start: int):
         from torch.utils.tensorboard import SummaryWriter
 
         _quiet_tensorboard_thread()
@@ -114,26 +115,27 @@ class TensorBoard(Sink):
 
 class Sinks:
     """What the ledger writes to: ``Log`` and ``Metrics`` (the run's record), then the ``chosen`` sink classes,
-    on rank 0; other ranks (``enabled=False``) get none. Records and lines share one time (``utc_now``)."""
+    on rank 0, each told the step the run starts from (``start``); other ranks (``enabled=False``) get none.
+    Records and lines share one time (``utc_now``)."""
 
     CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu",
                     "host_data_wait_frac")  # fmt: skip
 
-    def __init__(self, section, out: str | Path, record: dict, chosen=(), enabled: bool = True):
+    def __init__(self, section, out: str | Path, record: dict, chosen=(), start: int = 0, enabled: bool = True):
         self.out, self.sinks = Path(out), []
         if enabled:
             with self._writing(self.out):
                 self.out.mkdir(parents=True, exist_ok=True)
-                self.sinks = [kind(section, self.out, record) for kind in (Log, Metrics, *chosen)]
+                self.sinks = [kind(section, self.out, record, start) for kind in (Log, Metrics, *chosen)]
 
     @contextmanager
     def _writing(self, path: Path):
-        """A refused write (the line-buffered files, TensorBoard's event file) is the one line that names what
-        is kept, not a traceback from inside the log call."""
+        """A refused write (the line-buffered files, TensorBoard's event file) is the one line (the run adds
+        which checkpoints are kept), not a traceback from inside the log call."""
         try:
             yield
         except OSError as e:
-            raise cannot_write(path, e, self.out / "checkpoints") from None
+            raise CannotWrite(path, e) from None
 
     def _each(self, method: str, *args) -> None:
         for sink in self.sinks:

@@ -27,18 +27,28 @@ class WandBOptions(Section):
 
 class WandB(Sink):
     """One W&B run per results folder: its id is kept there (``wandb/run-id``), so a resumed run continues it.
-    Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy."""
+    Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy.
+
+    A resume at step S continues the run with W&B's rewind, ``resume_from="ID?_step=S"``: W&B sets the history
+    past S aside (the steps logged after the checkpoint before a kill, or the branch a rollback left) and takes
+    the resumed steps in their place; with the id alone it would drop every step below its last ("Tried to log
+    to step N that is less than the current step"). The rewind keeps one run per results folder; ``fork_from``
+    would start a new run at each resume. wandb records the rewind offline too (the run's ``branch_point``),
+    and ``wandb sync`` applies it."""
 
     options = WandBOptions
 
-    def __init__(self, section, out: Path, record: dict):
+    def __init__(self, section, out: Path, record: dict, start: int):
         self.wandb = require("wandb", "wandb", "--sinks wandb")
         self.path, kept = out / "wandb", out / "wandb" / "run-id"
-        run_id = kept.read_text().strip() if kept.is_file() else secrets.token_hex(6)
-        atomic_write_bytes(kept, run_id.encode())
+        if start and kept.is_file():
+            begin = {"resume_from": f"{kept.read_text().strip()}?_step={start}"}
+        else:  # a fresh run, or the first segment with W&B: a run of its own
+            begin = {"id": secrets.token_hex(6)}
+            atomic_write_bytes(kept, begin["id"].encode())
         try:
             self.run = self.wandb.init(project=section.wandb_project, entity=section.wandb_entity, name=out.name,
-                                       dir=out, config=record, id=run_id, resume="allow")  # fmt: skip
+                                       dir=out, config=record, **begin)  # fmt: skip
         except self.wandb.errors.Error as e:
             raise UserError(
                 f"--sinks wandb: W&B did not start: {e}. Log in (wandb login), or set WANDB_MODE=offline to keep "

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from dit.checkpoint import Checkpointer, remove_partial_checkpoints
+from dit.checkpoint import Checkpointer, kept_checkpoints, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.io.atomic import atomic_write
+from dit.io.atomic import CannotWrite, atomic_write
 from dit.io.errors import UserError, unwrap_worker_error
 from dit.io.progress import progress
 from dit.model.dit import DiT
@@ -91,6 +91,12 @@ class Trainer:
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
         resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
+        # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
+        kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
+        self.attention = attention_kernel(kernel, runtime.device.type, runtime.precision.compute_dtype)
+        self.parallel = parallelism(cfg.parallel, runtime)
+        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention)
+        notes += [why] if why else []
         if runtime.is_main:
             text = yaml.safe_dump(self.record, sort_keys=False)
             atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
@@ -118,10 +124,8 @@ class Trainer:
 
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, start.init_from, start.init_from_weights, report))
-        self.attention = attention_kernel(cfg.parallel.attention, device.type, runtime.precision.compute_dtype)
         ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup)  # a copy: never checkpointed, compiled nor run
-        self.parallel = parallelism(cfg.parallel, runtime)
-        self.module = self.parallel.wrap(model, trained, ema.model, self.micro, self.attention)
+        self.module = self.parallel.wrap(model, trained, ema.model, self.checkpointed)
         # side features in the step: REPA's targets come from the image before a VAE encodes it
         self.hooks = [self.repa] if self.repa else []
         if self.data.vae is not None:
@@ -146,7 +150,7 @@ class Trainer:
         line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
         self.state.lineage = line
         model_cfg = model.config
-        self.objective = cfg.objective.build(model_cfg.learn_sigma)
+        self.objective = cfg.objective.build(model_cfg)
         self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
         self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
@@ -159,7 +163,7 @@ class Trainer:
         self.ledger = Ledger(
             cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
             out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
-            local_images_done=done, repa=self.repa,
+            local_images_done=done, start_step=self.state.step, repa=self.repa,
         )  # fmt: skip
         self.ledger.report(self.micro, self.parallel.split)
         for note in notes + self.data.notes:
@@ -343,6 +347,7 @@ class Trainer:
                             else:
                                 ledger.log_eval(state.step, scores)
                     # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
+                    self.checkpointer.check(everyone=log_step or ckpt_step or eval_step)
                     if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
@@ -453,8 +458,11 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
     timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
-    with (
-        Runtime.of(cfg.runtime, timeout=timeout) as runtime,
-        runtime.stop_flag() as stop,
-    ):  # a stop in set-up: at the first step asked
-        return Trainer(cfg, runtime, dataset).run(stop)
+    try:
+        with (
+            Runtime.of(cfg.runtime, timeout=timeout) as runtime,
+            runtime.stop_flag() as stop,
+        ):  # a stop in set-up: at the first step asked
+            return Trainer(cfg, runtime, dataset).run(stop)
+    except CannotWrite as e:  # any write of the run (a checkpoint, a sink, a record): its line says what is kept
+        raise e.keeping(kept_checkpoints(cfg.checkpoint.folder)) from None

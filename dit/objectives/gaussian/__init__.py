@@ -11,6 +11,7 @@ from dit.objectives.gaussian.gaussian_diffusion import (
     get_named_beta_schedule,
 )
 from dit.objectives.gaussian.respace import SpacedDiffusion, space_timesteps
+from dit.objectives.sampling_plan import shift_timesteps
 
 __all__ = [
     "LOSS_WEIGHTINGS",
@@ -35,6 +36,8 @@ def create_diffusion(
     learn_sigma=True,
     rescale_learned_sigmas=False,
     diffusion_steps=1000,
+    *,
+    time_shift=1.0,
     **recipe,
 ) -> SpacedDiffusion:
     """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance.
@@ -43,6 +46,7 @@ def create_diffusion(
     keywords in ``recipe`` are ``GaussianDiffusion``'s training options beyond the official recipe (whose
     values are the defaults): ``loss_weighting`` "min-snr" weights the MSE term by Min-SNR-``min_snr_gamma``;
     ``timestep_sampling`` "logit-normal" draws ``sample_t`` from sigmoid(N(``logit_mean``, ``logit_std``)).
+    ``time_shift`` shifts the training draw and a respacing's kept timesteps (``shift_timesteps``).
     """
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:
@@ -57,8 +61,10 @@ def create_diffusion(
         var_type = gd.ModelVarType.LEARNED_RANGE
     else:
         var_type = gd.ModelVarType.FIXED_SMALL if sigma_small else gd.ModelVarType.FIXED_LARGE
+    kept = space_timesteps(diffusion_steps, timestep_respacing)
     return SpacedDiffusion(
-        use_timesteps=space_timesteps(diffusion_steps, timestep_respacing),
+        use_timesteps=kept if len(kept) == diffusion_steps else shift_timesteps(kept, time_shift, diffusion_steps),
+        time_shift=time_shift,
         betas=betas,
         model_mean_type=gd.ModelMeanType.START_X if predict_xstart else gd.ModelMeanType.EPSILON,
         model_var_type=var_type,

@@ -5,9 +5,10 @@ Schedules are float64 numpy arrays under the official names (``betas``, ``alphas
 device it is used on (uploaded once), so a training step makes no host-to-device copies; values are cast
 to float32 after indexing, exactly as the original does.
 
-Two training options beyond the original, both off by default (docs/recipes.md): Min-SNR-gamma weighting
-of the MSE term (Hang et al. 2023) and logit-normal timesteps (Esser et al. 2024, SD3), through
-``sample_t``, which with the default is the uniform draw the official trainer makes.
+Training options beyond the original, all off by default (docs/recipes.md): Min-SNR-gamma weighting of the
+MSE term (Hang et al. 2023), logit-normal timesteps (Esser et al. 2024, SD3) and SD3's timestep shift, through
+``sample_t``, which with the defaults is the uniform draw the official trainer makes; and LightningDiT's
+velocity-direction term on the implied velocity (``cos_loss_weight``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 
 from dit.io.progress import progress as progress_bar
 from dit.objectives.gaussian.diffusion_utils import discretized_gaussian_log_likelihood, mean_flat, normal_kl
-from dit.objectives.times import logit_normal
+from dit.objectives.terms import velocity_direction
+from dit.objectives.times import logit_normal, shift_time
 
 
 class ModelMeanType(enum.Enum):
@@ -89,6 +91,8 @@ class GaussianDiffusion:
         timestep_sampling: str = "uniform",
         logit_mean: float = 0.0,
         logit_std: float = 1.0,
+        time_shift: float = 1.0,
+        cos_loss_weight: float = 0.0,
     ):
         self.model_mean_type = model_mean_type
         self.model_var_type = model_var_type
@@ -105,6 +109,7 @@ class GaussianDiffusion:
             raise ValueError(f"logit_mean must be finite and logit_std positive, got {logit_mean}, {logit_std}")
         self.loss_weighting, self.min_snr_gamma = loss_weighting, float(min_snr_gamma)
         self.timestep_sampling, self.logit_mean, self.logit_std = timestep_sampling, logit_mean, logit_std
+        self.time_shift, self.cos_loss_weight = time_shift, cos_loss_weight
 
         betas = np.asarray(betas, dtype=np.float64)
         if betas.ndim != 1 or not ((betas > 0).all() and (betas <= 1).all()):
@@ -191,10 +196,18 @@ class GaussianDiffusion:
         clamped to T - 1: step i gets the probability mass of u in ((T - 1 - i) / T, (T - i) / T]. With the
         default N(0, 1) the median step is T / 2 and the ends are rare: the first 5% of the steps get 0.16% of
         the draws, the first 1% 2e-6 (and the same at the noisy end).
+
+        A ``time_shift`` a != 1 shifts u (``dit.objectives.times.shift_time``; uniform: u = U(0, 1)) before the
+        same floor: the continuous time is shifted, then mapped to its step.
         """
-        if self.timestep_sampling == "uniform":
+        if self.timestep_sampling == "uniform" and self.time_shift == 1:
             return torch.randint(0, self.num_timesteps, (batch,), generator=generator, device=device)
-        u = logit_normal(batch, self.logit_mean, self.logit_std, generator, device)
+        if self.timestep_sampling == "uniform":
+            u = torch.rand(batch, generator=generator, device=device)
+        else:
+            u = logit_normal(batch, self.logit_mean, self.logit_std, generator, device)
+        if self.time_shift != 1:
+            u = shift_time(u, self.time_shift)
         return ((1.0 - u) * self.num_timesteps).long().clamp_(0, self.num_timesteps - 1)
 
     def model_timesteps(self, t: torch.Tensor) -> torch.Tensor:
@@ -401,4 +414,16 @@ class GaussianDiffusion:
         if self.mse_weight is not None:  # a table lookup on the device: no host sync
             mse = mse * self._extract("mse_weight", t, mse.shape)
         terms["loss"] = mse + terms["vb"] if "vb" in terms else mse
+        if self.cos_loss_weight:
+            terms["cos"] = velocity_direction(*self._velocities(x_start, x_t, t, noise, model_output))
+            terms["loss"] = terms["loss"] + self.cos_loss_weight * terms["cos"]
         return terms
+
+    def _velocities(self, x_start, x_t, t, noise, model_output):
+        """(implied, true) v = sqrt(abar) eps - sqrt(1 - abar) x0 (Salimans and Ho 2022), from the prediction."""
+        if self.model_mean_type == ModelMeanType.EPSILON:
+            eps, x0 = model_output, self._predict_xstart_from_eps(x_t, t, model_output)
+        else:
+            eps, x0 = self._predict_eps_from_xstart(x_t, t, model_output), model_output
+        a, b = (self._extract(n, t, x_t.shape) for n in ("sqrt_alphas_cumprod", "sqrt_one_minus_alphas_cumprod"))
+        return a * eps - b * x0, a * noise - b * x_start

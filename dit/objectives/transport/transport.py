@@ -8,7 +8,10 @@ the velocity (the default), the score or the noise. Losses (per sample, the mean
   w = 1 (none), (d_t / sigma_t)^2 (velocity: the velocity loss in disguise), d_t / sigma_t^2 (likelihood)
 
 Training times are uniform on [train_eps, 1 - train_eps'] as in SiT (velocity on linear/GVP: [0, 1];
-score and noise: [1e-3, 1 - 1e-3]; VP: [0, 1 - 1e-5]), or logit-normal (SD3: sigmoid of N(m, s)).
+score and noise: [1e-3, 1 - 1e-3]; VP: [0, 1 - 1e-5]), or logit-normal (SD3: sigmoid of N(m, s)); the draw
+u in (0, 1) is shifted (``dit.objectives.times.shift_time``) before it is mapped onto that interval.
+With ``cos_loss_weight`` w > 0 the loss adds w (1 - cos) of the (implied) velocity and u_t
+(``dit.objectives.terms``), unweighted like LightningDiT's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dit.objectives.times import logit_normal
+from dit.objectives.terms import velocity_direction
+from dit.objectives.times import logit_normal, shift_time
 from dit.objectives.transport.path import PATHS, Path, _expand
 
 PREDICTIONS = ("velocity", "score", "noise")
@@ -45,6 +49,8 @@ class Transport:
     logit_std: float = 1.0
     train_eps: float | None = None  # None: SiT's default for the path and prediction
     sample_eps: float | None = None
+    time_shift: float = 1.0  # SD3's a (resolved: "auto" is the section's), on the draw and the sampler's grid
+    cos_loss_weight: float = 0.0  # LightningDiT's velocity-direction term beside the MSE
 
     def __post_init__(self):
         for value, allowed in ((self.path_type, PATHS), (self.prediction, PREDICTIONS),
@@ -78,6 +84,8 @@ class Transport:
             u = torch.rand(n, generator=generator, device=device)
         else:
             u = logit_normal(n, self.logit_mean, self.logit_std, generator, device)
+        if self.time_shift != 1:
+            u = shift_time(u, self.time_shift)
         return t0 + (t1 - t0) * u
 
     def training_losses(self, model, x1: torch.Tensor, t: torch.Tensor, model_kwargs=None, noise=None) -> dict:
@@ -86,6 +94,14 @@ class Transport:
         path = self.path
         xt, ut = path.interpolate(t, x0, x1)
         out = model(xt, t, **(model_kwargs or {}))[:, : x1.shape[1]]
+        terms = self._mse(path, t, out, x0, x1, ut)
+        if self.cos_loss_weight:
+            terms["cos"] = velocity_direction(path.velocity(xt, t, self.prediction, out), ut)
+            terms["loss"] = terms["loss"] + self.cos_loss_weight * terms["cos"]
+        return terms
+
+    def _mse(self, path: Path, t, out, x0, x1, ut) -> dict:
+        """{"loss": (N,)}: SiT's MSE of the prediction, weighted for score and noise predictions."""
         if self.prediction == "velocity":
             loss = ((out - ut) ** 2).mean(dim=tuple(range(1, x1.dim())))
             return {"loss": loss}
