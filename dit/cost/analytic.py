@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS
 from dit.io.errors import UserError
-from dit.model.config import DiTConfig, describe, registry_name
+from dit.model.config import DiTConfig, check_path_drop, describe, registry_name
 from dit.model.options import chosen
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
@@ -179,6 +179,7 @@ def sampling_flops_per_image(
         raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
     if not 0 <= unguided_nfe <= num_steps:
         raise ValueError(f"unguided_nfe must be in [0, {num_steps}], got {unguided_nfe}")
+    check_path_drop(path_drop, cfg)
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
     full = forward_macs(cfg, ratio=0).flops

@@ -166,6 +166,15 @@ def check_drop_depth(depth: int, ratio: float, layout: str) -> None:
         )
 
 
+def check_path_drop(path_drop: bool, cfg: DiTConfig) -> None:
+    """Path-drop guidance needs a SPRINT model: one trained with sparse middle blocks to skip."""
+    if path_drop and not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
+        raise UserError(
+            "--guidance-path-drop skips the sparse middle blocks of a model trained with --token-drop R > 0 and the "
+            f"sprint layout; this one is {describe(cfg)}: leave --guidance-path-drop out."
+        )
+
+
 def model_config(name: str, **overrides) -> DiTConfig:
     """The registry config called ``name`` ("DiT-XL/2"), with any field overridden."""
     try:
@@ -263,6 +272,8 @@ def registry_name(cfg: DiTConfig) -> str | None:
 def describe(cfg: DiTConfig) -> str:
     name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
     options = "".join(f", {o}" for o in cfg.block_options)
+    if cfg.token_drop:
+        options += f", token-drop {cfg.token_drop:g} ({cfg.token_drop_layout})"
     return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes{options}"
 
 

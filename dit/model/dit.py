@@ -228,17 +228,28 @@ class DiT(nn.Module):
         return middle if kept is None else self.token_drop.pad(middle, kept, dense.shape[1], fill=self.pos_embed)
 
     def forward_with_cfg(
-        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, cfg_channels: int | str = 3
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        cfg_scale: float,
+        cfg_channels: int | str = 3,
+        path_drop: bool = False,
     ) -> torch.Tensor:
         """Classifier-free guidance on a batch [conditional; unconditional] sharing the first half's noise.
 
         ``cfg_channels=3`` is the official behaviour (the paper's FID used it); ``"all"`` guides every
         noise channel. The learned-variance channels are never guided, even for models with fewer than
-        3 input channels, where the official ``[:3]`` would reach into them.
+        3 input channels, where the official ``[:3]`` would reach into them. ``path_drop``: the unconditional
+        half skips the sparse blocks (SPRINT's path-drop guidance).
         """
         guided = self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
-        half = x[: len(x) // 2]
-        out = self.forward(torch.cat([half, half]), t, y)
+        n = len(x) // 2
+        half = x[:n]
+        if path_drop:
+            out = torch.cat([self.forward(half, t[:n], y[:n]), self.forward(half, t[n:], y[n:], path_drop=True)])
+        else:
+            out = self.forward(torch.cat([half, half]), t, y)
         eps, rest = out[:, :guided], out[:, guided:]
         cond, uncond = eps.chunk(2)
         half_eps = uncond + cfg_scale * (cond - uncond)
