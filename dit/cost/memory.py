@@ -104,8 +104,7 @@ def estimate_training_memory(
     divides weights, gradients, optimizer state and EMA by ``world_size`` and adds two blocks of
     unsharded weights and gradients in flight; DDP with ``world_size > 1`` adds its gradient buckets.
     ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
-    Each block keeps what the tokens it sees make (``DiTConfig.block_tokens`` at drop ratio ``ratio``,
-    default the config's).
+    Each block keeps what its tokens make (``DiTConfig.block_tokens`` at ``ratio``, default the config's).
     """
     if batch_per_device < 1:
         raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
@@ -150,9 +149,8 @@ def estimate_training_memory(
         "backward_working": elems * _BACKWARD_WORKING,
     }
     if attn_matrix:
-        backward_start["attention_matrices"] = batch_per_device * sum(
-            _attention_matrix(cfg, precision, attention, t) for t in tokens[checkpointed_blocks:]
-        )
+        kept_matrices = sum(_attention_matrix(cfg, precision, attention, t) for t in tokens[checkpointed_blocks:])
+        backward_start["attention_matrices"] = batch_per_device * kept_matrices
         backward_start["backward_working"] += 2 * attn_matrix  # dP and dS of the block in backward
     phases = {"backward start": backward_start}
     if checkpointed_blocks:
