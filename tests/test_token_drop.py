@@ -250,3 +250,18 @@ def test_the_faces_show_the_options(capsys):
     repo = Path(__file__).resolve().parents[1]
     text = subprocess.run([sys.executable, "train.py", "--help"], cwd=repo, capture_output=True, text=True).stdout
     assert all(f in text for f in ("--token-drop ", "--token-drop-until", "--token-drop-layout", "path-drop"))
+
+
+def test_the_benchmark_times_the_ratios_in_turns(tmp_path):
+    rows_file = tmp_path / "rows.json"
+    args = ["train", "--model", "DiT-S/2", "--image-size", "64", "--global-batch-size", "2", "--timed-steps", "2",
+            "--untimed-steps", "1", "--peak-tflops", "1000", "--peak-probe", "0", "--token-drop", "0", "0.5",
+            "--out", str(rows_file)]  # fmt: skip
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "scripts/benchmark.py", *args], cwd=repo, capture_output=True, text=True,
+                         timeout=1800)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    full, dropped = sorted(json.loads(rows_file.read_text())["rows"], key=lambda r: r["token_drop"])
+    assert (full["token_drop"], dropped["token_drop"]) == (0.0, 0.5)
+    assert dropped["speedup_vs_no_drop"] == pytest.approx(full["median_s"] / dropped["median_s"])
+    assert dropped["model_tflops"] / dropped["images_per_sec"] < full["model_tflops"] / full["images_per_sec"]
