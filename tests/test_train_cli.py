@@ -65,8 +65,10 @@ def run(args, **kw):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
 
 
-def test_two_processes_equal_one(image_folder, tmp_path):
-    one = run(train_args(image_folder, tmp_path / "one", 3))
+# token drop: each rank takes its samples' rows of the global batch's kept sets
+@pytest.mark.parametrize("extra", [(), ("--depth", "5", "--token-drop", "0.5")], ids=["plain", "token-drop"])
+def test_two_processes_equal_one(image_folder, tmp_path, extra):
+    one = run(train_args(image_folder, tmp_path / "one", 3, *extra))
     assert one.returncode == 0, one.stderr
     two = run(
         [
@@ -74,7 +76,7 @@ def test_two_processes_equal_one(image_folder, tmp_path):
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node=2",
-            *train_args(image_folder, tmp_path / "two", 3),
+            *train_args(image_folder, tmp_path / "two", 3, *extra),
         ]
     )
     assert two.returncode == 0, two.stderr

@@ -129,23 +129,28 @@ def _train(a: c.TrainBench, on_row) -> Result:
             model=model, image_size=a.image_size, precisions=precisions, batch_size=batch,
             activation_checkpointing=ckpt, compile=comp == "on", steps=a.timed_steps, warmup=a.untimed_steps,
             device=a.device, peak_tflops=a.peak_tflops, attention=attention, peak_probe_s=a.peak_probe,
+            token_drops=a.token_drop,
         )  # fmt: skip
-        fp32 = next((row for row in group if row["precision"] == "fp32"), None)
+        fp32 = {row["token_drop"]: row for row in group if row["precision"] == "fp32"}
+        full = {row["precision"]: row for row in group if not row["token_drop"]}
         for row in group:
+            if row["token_drop"] and row["precision"] in full:  # paired: the ratios took turns step by step
+                row["speedup_vs_no_drop"] = full[row["precision"]]["median_s"] / row["median_s"]
             during = row.get("matmul_peak_tflops_during", r.extra["matmul_peak_tflops"])
             row["fraction_of_fp32_matmul_peak"] = row["model_tflops"] / during["fp32"]
-            if fp32 is not None:  # paired: the precisions took turns step by step
-                row["speedup_vs_fp32"] = fp32["median_s"] / row["median_s"]
+            if row["token_drop"] in fp32:  # paired: the precisions took turns step by step
+                row["speedup_vs_fp32"] = fp32[row["token_drop"]]["median_s"] / row["median_s"]
             print(
-                f"{model} {row['precision']} batch {batch} activation checkpointing {ckpt} compile {comp} "
+                f"{model} {row['precision']} token drop {row['token_drop']:g} batch {batch} activation checkpointing "
+                f"{ckpt} compile {comp} "
                 f"attention {row['attention']}: {row['median_s']:.4g} s/step",
                 file=sys.stderr,
             )
             on_row(row)
         r.rows += group
-    r.keys = ["model", "precision", "batch_per_device", "checkpointed_blocks", "compile", "attention", "median_s",
-              "p10_s", "p90_s", "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source",
-              "fraction_of_fp32_matmul_peak", "speedup_vs_fp32"]  # fmt: skip
+    r.keys = ["model", "precision", "token_drop", "batch_per_device", "checkpointed_blocks", "compile", "attention",
+              "median_s", "p10_s", "p90_s", "images_per_sec", "model_tflops", "mfu", "hfu", "peak_source",
+              "fraction_of_fp32_matmul_peak", "speedup_vs_fp32", "speedup_vs_no_drop"]  # fmt: skip
     if any("skipped" in row for row in r.rows):
         r.keys.append("skipped")
     # Measured again at the end: a drift between the two says the machine's speed changed during the run.

@@ -24,6 +24,10 @@ class TrainBench(Section):
     activation_checkpointing: tuple[str, ...] = option(["none"], ACTIVATION_CHECKPOINTING_HELP)
     compile: tuple[str, ...] = option(["off"], "torch.compile each block", choices=("off", "on"))
     attention: tuple[str, ...] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
+    token_drop: tuple[float, ...] = option(
+        [0.0], "token-drop ratios (train.py's --token-drop, sprint layout), timed in turns with the precisions",
+        ge=0, lt=1,
+    )  # fmt: skip
     timed_steps: int = option(10, "steps timed per configuration")
     untimed_steps: int = option(3, "warm-up steps before timing")
     peak_probe: float = option(

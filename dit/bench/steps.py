@@ -89,6 +89,7 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
         "precision": trainer.cfg.runtime.precision,
         "batch_per_device": batch,
         "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
+        "token_drop": trainer.state.model.config.token_drop,
         "compile": compile,
         "attention": trainer.attention,
         "device": device_name(trainer.runtime.device),
@@ -130,10 +131,12 @@ def bench_train(
     peak_tflops: float | None = None,
     attention: str = "auto",
     peak_probe_s: float = 0.0,
+    token_drops: tuple[float, ...] = (0.0,),
 ) -> list[dict]:
-    """Training steps through ``Trainer.train_step`` (data on the device), one row per precision.
+    """Training steps through ``Trainer.train_step`` (data on the device), one row per precision and token-drop
+    ratio (``token_drops``: the model's ``--token-drop``, every step dropping).
 
-    The precisions take turns step by step, so that a ratio between them is paired: on a shared machine
+    The precisions (and ratios) take turns step by step, so that a ratio between them is paired: on a shared machine
     whose speed drifts by 10% from minute to minute, separate runs would measure the drift. With
     ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
     gets the median of those probes: a peak measured under the same conditions as the steps.
@@ -146,12 +149,13 @@ def bench_train(
     if compile:
         torch._dynamo.reset()
     with tempfile.TemporaryDirectory() as out:
-        for precision in precisions:
+        for precision, token_drop in ((p, r) for p in precisions for r in token_drops):
             trainer, batches = bench_trainer(
                 model,
                 image_size,
                 batch_size,
-                f"{out}/{precision}",
+                f"{out}/{precision}-{token_drop}",
+                token_drop=token_drop,
                 max_steps=steps + warmup,
                 precision=precision,
                 activation_checkpointing=activation_checkpointing,

@@ -245,6 +245,7 @@ def cmd_sample(
         **h.budget(),
         vae_config=vae,
         unguided_nfe=unguided,
+        path_drop=sampling.guidance_path_drop,
     )
     result.update(
         num_sampling_steps=sampling.num_sampling_steps,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS
 from dit.io.errors import UserError
-from dit.model.config import DiTConfig, describe, registry_name
+from dit.model.config import DiTConfig, check_path_drop, describe, registry_name
 from dit.model.options import chosen
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
@@ -29,6 +29,7 @@ COMPONENTS = (
     "attention_values",
     "attention_out_proj",
     "mlp",
+    "token_fusion",
     "final_adaln",
     "final_linear",
 )
@@ -95,45 +96,65 @@ class ParamCounts:
         return self.total - self.frozen
 
 
-def forward_macs(cfg: DiTConfig) -> FlopBreakdown:
-    """MACs of one forward pass for one image."""
-    t, d, p, depth = cfg.tokens, cfg.hidden_size, cfg.patch_size, cfg.depth
+def block_tokens(cfg: DiTConfig, ratio: float | None = None, path_drop: bool = False) -> list[int]:
+    """Tokens each block sees at drop ratio ``ratio`` (default: the config's); 0 for a block that does not run
+    (the sparse blocks under path drop)."""
+    tokens = cfg.block_tokens(ratio)
+    skipped = cfg.sparse_blocks() if path_drop else range(0)
+    return [0 if i in skipped else n for i, n in enumerate(tokens)]
+
+
+def _block_macs(cfg: DiTConfig, t: int) -> dict[str, int]:
+    """One block's forward MACs on ``t`` tokens, by component (nothing when it does not run)."""
+    d = cfg.hidden_size
+    return {
+        "adaln_modulation": 6 * d * d if t else 0,
+        "qkv": 3 * t * d * d,
+        "attention_scores": t * t * d,
+        "attention_values": t * t * d,
+        "attention_out_proj": t * d * d,
+        "mlp": t * sum(o.macs(cfg) for o in chosen(cfg)),
+    }
+
+
+def forward_macs(cfg: DiTConfig, ratio: float | None = None, path_drop: bool = False) -> FlopBreakdown:
+    """MACs of one forward pass for one image, each block counted at the tokens it sees (``block_tokens``:
+    by default the config's drop ratio; 0 for the full-token forward of sampling and a second stage)."""
+    t, d, p = cfg.tokens, cfg.hidden_size, cfg.patch_size
+    blocks = [_block_macs(cfg, n) for n in block_tokens(cfg, ratio, path_drop)]
+    per_block = {k: sum(b[k] for b in blocks) for k in blocks[0]}
+    fusion = t * 2 * d * d if cfg.token_drop and cfg.token_drop_layout == "sprint" else 0
     return FlopBreakdown(
         {
             "patch_embed": t * p * p * cfg.in_channels * d,
             "timestep_embedder": cfg.frequency_embedding_size * d + d * d,
-            "adaln_modulation": depth * 6 * d * d,
-            "qkv": depth * 3 * t * d * d,
-            "attention_scores": depth * t * t * d,
-            "attention_values": depth * t * t * d,
-            "attention_out_proj": depth * t * d * d,
-            "mlp": depth * t * sum(o.macs(cfg) for o in chosen(cfg)),
+            **per_block,
+            "token_fusion": fusion,
             "final_adaln": 2 * d * d,
             "final_linear": t * d * p * p * cfg.out_channels,
         }
     )
 
 
-def block_forward_macs(cfg: DiTConfig) -> int:
-    """MACs of one DiT block's forward: what activation checkpointing recomputes per checkpointed block."""
-    c = forward_macs(cfg).components
-    per_block = ("adaln_modulation", "qkv", "attention_scores", "attention_values", "attention_out_proj", "mlp")
-    return sum(c[k] for k in per_block) // cfg.depth
+def block_forward_macs(cfg: DiTConfig, blocks: int = 1, ratio: float | None = None) -> int:
+    """MACs of the first ``blocks`` DiT blocks' forward: what activation checkpointing recomputes."""
+    return sum(sum(_block_macs(cfg, n).values()) for n in block_tokens(cfg, ratio)[:blocks])
 
 
 def training_flops_per_image(
-    cfg: DiTConfig, checkpointed_blocks: int = 0, fused_attention: bool = True
+    cfg: DiTConfig, checkpointed_blocks: int = 0, fused_attention: bool = True, ratio: float | None = None
 ) -> TrainFlops:
-    """Model FLOPs (3 x forward: backward is two matmuls per forward matmul) and hardware FLOPs.
+    """Model FLOPs (3 x forward: backward is two matmuls per forward matmul) and hardware FLOPs, at the drop
+    ratio ``ratio`` (default: the config's; 0 for a second stage at full tokens).
 
     Hardware FLOPs add what really runs again: the forward of each checkpointed block, and, for fused
     (flash / memory-efficient) attention, the backward's recompute of QK^T (+0.5 x attention forward).
     """
     if not 0 <= checkpointed_blocks <= cfg.depth:
         raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
-    fwd = forward_macs(cfg)
+    fwd = forward_macs(cfg, ratio)
     forward = fwd.flops
-    recompute = 2 * checkpointed_blocks * block_forward_macs(cfg)
+    recompute = 2 * block_forward_macs(cfg, checkpointed_blocks, ratio)
     flash_recompute = 2 * fwd.components["attention_scores"] if fused_attention else 0
     return TrainFlops(forward=forward, model=3 * forward, hardware=3 * forward + recompute + flash_recompute)
 
@@ -145,21 +166,26 @@ def sampling_flops_per_image(
     vae_decode_flops: float = 0.0,
     *,
     unguided_nfe: float = 0,
+    path_drop: bool = False,
 ) -> SampleFlops:
     """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
     uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun;
-    ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone)."""
+    ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone). Sampling
+    runs at full tokens; ``path_drop`` (SPRINT's path-drop guidance) runs the unconditional pass without the
+    sparse blocks."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if guidance_scale < 1.0:
         raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
     if not 0 <= unguided_nfe <= num_steps:
         raise ValueError(f"unguided_nfe must be in [0, {num_steps}], got {unguided_nfe}")
+    check_path_drop(path_drop, cfg)
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
-    return SampleFlops(
-        model=float(passes * forward_macs(cfg).flops), vae_decode=float(vae_decode_flops), forward_passes=passes
-    )
+    full = forward_macs(cfg, ratio=0).flops
+    uncond = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
+    model = (num_steps * full) + guided * uncond
+    return SampleFlops(model=float(model), vae_decode=float(vae_decode_flops), forward_passes=passes)
 
 
 def param_counts(cfg: DiTConfig) -> ParamCounts:
@@ -171,8 +197,10 @@ def param_counts(cfg: DiTConfig) -> ParamCounts:
     t_embed = cfg.frequency_embedding_size * d + d + d * d + d
     adaln = depth * (6 * d * d + 6 * d) + (2 * d * d + 2 * d)
     labels = (cfg.num_classes + int(cfg.class_dropout_prob > 0)) * d if cfg.num_classes else 0
+    fusion = 2 * d * d + d if cfg.token_drop and cfg.token_drop_layout == "sprint" else 0
+    labels += d if cfg.token_drop else 0  # the mask token: a table row, read not multiplied
     return ParamCounts(
-        per_token=patch + depth * block_token + final_linear,
+        per_token=patch + depth * block_token + final_linear + fusion,
         per_sample=t_embed + adaln,
         embedding=labels,
         frozen=cfg.tokens * d,

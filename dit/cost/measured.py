@@ -44,6 +44,7 @@ _MODULE_COMPONENTS = {
     "blocks.*.attn": "attention",
     "blocks.*.attn.proj": "attention_out_proj",
     "blocks.*.mlp": "mlp",
+    "token_drop.fuse": "token_fusion",
     "final_layer.adaLN_modulation": "final_adaln",
     "final_layer.linear": "final_linear",
 }
@@ -67,15 +68,30 @@ def _components(counter: FlopCounterMode) -> dict[str, int]:
     return out
 
 
+def _kept(cfg: DiTConfig, batch_size: int, ratio: float | None, device: str) -> dict:
+    """The forward's ``kept`` argument at drop ratio ``ratio`` (default: the config's): the first K tokens of
+    each sample (the count depends on K alone), or nothing at full tokens."""
+    ratio = cfg.token_drop if ratio is None else ratio
+    if not ratio:
+        return {}
+    return {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)}
+
+
 def measure_flops(
-    cfg: DiTConfig, batch_size: int = 1, train: bool = True, checkpointed_blocks: int = 0, device: str = "meta"
+    cfg: DiTConfig,
+    batch_size: int = 1,
+    train: bool = True,
+    checkpointed_blocks: int = 0,
+    device: str = "meta",
+    ratio: float | None = None,
 ) -> dict:
     """Count the real ``DiT`` forward (and forward+backward) with ``FlopCounterMode``; FLOPs, not MACs.
 
     ``device="meta"`` (default) counts the model convention: attention backward = 2 x forward. ``"cpu"``
     runs real tensors (tiny configs only) with the fused-kernel formulas, so it counts what a GPU with
     flash attention executes, recompute included: the hardware convention. The first
-    ``checkpointed_blocks`` blocks use activation checkpointing, whose recompute the count includes.
+    ``checkpointed_blocks`` blocks use activation checkpointing, whose recompute the count includes. A model
+    built with ``token_drop`` runs its sparse blocks at drop ratio ``ratio`` (default: the config's).
     """
     if device not in ("meta", "cpu"):
         raise ValueError(f"device must be 'meta' or 'cpu', got {device!r}")
@@ -83,10 +99,10 @@ def measure_flops(
         model = DiT.from_config(cfg)
     model.set_checkpointing(checkpointed_blocks).train()
     mapping = CPU_SDPA_FORMULAS if device == "cpu" else {}
-    inputs = _inputs(cfg, batch_size, device)
+    inputs, kept = _inputs(cfg, batch_size, device), _kept(cfg, batch_size, ratio, device)
 
     with FlopCounterMode(display=False, custom_mapping=mapping) as fwd_counter, torch.no_grad():
-        model(*inputs)
+        model(*inputs, **kept)
     result = {
         "batch_size": batch_size,
         "device": device,
@@ -96,7 +112,7 @@ def measure_flops(
     }
     if train:
         with FlopCounterMode(display=False, custom_mapping=mapping) as train_counter:
-            model(*inputs).float().square().mean().backward()
+            model(*inputs, **kept).float().square().mean().backward()
         result["checkpointed_blocks"] = checkpointed_blocks
         result["train_flops"] = train_counter.get_total_flops()
         result["train_flops_per_image"] = train_counter.get_total_flops() / batch_size

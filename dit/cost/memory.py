@@ -45,13 +45,23 @@ def _block_saved(cfg: DiTConfig, precision: str) -> float:
     return saved + sum(o.saved_fp32(cfg) for o in options)
 
 
-def _attention_matrix(cfg: DiTConfig, precision: str, attention: str) -> int:
-    """Bytes per image of one block's softmax probabilities, which only explicit attention keeps."""
+def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: int | None = None) -> int:
+    """Bytes per image of one block's softmax probabilities over ``tokens`` (default: all), which only explicit
+    attention keeps."""
     if attention not in ATTENTION_KINDS:
         raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}.")
     if attention == "fused":
         return 0
-    return cfg.num_heads * cfg.tokens**2 * (2 if precision in _AUTOCAST else 4)
+    tokens = cfg.tokens if tokens is None else tokens
+    return cfg.num_heads * tokens**2 * (2 if precision in _AUTOCAST else 4)
+
+
+def _fusion(cfg: DiTConfig) -> tuple[int, int]:
+    """(matmul weights, bytes kept per (image x token x hidden) element) of SPRINT's fusion: a 2D -> D linear
+    keeping its 2D-wide input."""
+    if not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
+        return 0, 0
+    return 2 * cfg.hidden_size**2, 2 * 4
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,7 @@ def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
     """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
     d, p = cfg.hidden_size, cfg.patch_size
     block = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
-    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d
+    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d + _fusion(cfg)[0]
     return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
 
 
@@ -84,6 +94,7 @@ def estimate_training_memory(
     world_size: int = 1,
     gradient_as_bucket_view: bool = False,
     attention: str = "fused",
+    ratio: float | None = None,
 ) -> MemoryEstimate:
     """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA, autocast for bf16/fp16.
 
@@ -93,6 +104,7 @@ def estimate_training_memory(
     divides weights, gradients, optimizer state and EMA by ``world_size`` and adds two blocks of
     unsharded weights and gradients in flight; DDP with ``world_size > 1`` adds its gradient buckets.
     ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
+    Each block keeps what its tokens make (``DiTConfig.block_tokens`` at ``ratio``, default the config's).
     """
     if batch_per_device < 1:
         raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
@@ -112,7 +124,8 @@ def estimate_training_memory(
     d = cfg.hidden_size  # a block's parameters: attention and adaLN with their biases, and its options'
     block_params = (4 * d * d + 4 * d) + option_params(cfg) + (6 * d * d + 6 * d)
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
-    plain = cfg.depth - checkpointed_blocks
+    tokens = cfg.block_tokens(ratio)  # each block's elements: elems x its tokens / all tokens
+    plain, kept = sum(tokens[checkpointed_blocks:]) / cfg.tokens, sum(tokens[:checkpointed_blocks]) / cfg.tokens
     autocast = precision in _AUTOCAST
     attn_matrix = batch_per_device * _attention_matrix(cfg, precision, attention)
     block_saved = _block_saved(cfg, precision)
@@ -130,19 +143,20 @@ def estimate_training_memory(
 
     copies = 2 * (all_matmul - checkpointed_blocks * block_matmul) if autocast else 0
     backward_start = {
-        "activations": int(elems * (plain * block_saved + checkpointed_blocks * _CHECKPOINT_SAVED)),
+        "activations": int(elems * (plain * block_saved + kept * _CHECKPOINT_SAVED + _fusion(cfg)[1])),
         "autocast_weight_copies": copies,
         "final_layer": elems * _FINAL_SAVED[precision],
         "backward_working": elems * _BACKWARD_WORKING,
     }
     if attn_matrix:
-        backward_start["attention_matrices"] = plain * attn_matrix
+        kept_matrices = sum(_attention_matrix(cfg, precision, attention, t) for t in tokens[checkpointed_blocks:])
+        backward_start["attention_matrices"] = batch_per_device * kept_matrices
         backward_start["backward_working"] += 2 * attn_matrix  # dP and dS of the block in backward
     phases = {"backward start": backward_start}
     if checkpointed_blocks:
         phases["last checkpointed block"] = {
             "gradients": grads,
-            "activations": elems * checkpointed_blocks * _CHECKPOINT_SAVED,
+            "activations": int(elems * kept * _CHECKPOINT_SAVED),
             "recomputed_block": int(elems * block_saved) + attn_matrix + (2 * block_matmul if autocast else 0),
             "backward_working": elems * _BACKWARD_WORKING + 2 * attn_matrix,
         }

@@ -21,7 +21,8 @@ class CostMeter:
     ``aux_flops_per_image`` are auxiliary networks' FLOPs inside the step (REPA's projector, and its encoder
     unless its features were extracted): ``mfu_with_aux`` counts them beside the DiT's.
     ``local_images`` are this rank's images, so the rates are per device; the global image rate assumes
-    every rank runs the same local batch, as DDP and FSDP do.
+    every rank runs the same local batch, as DDP and FSDP do. A step may say what its images cost (``step``'s
+    ``flops``: a token-drop stage's), so the rates count the FLOPs the steps really did.
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class CostMeter:
         self.peak = peak
         self.world_size = world_size
         self.total_images = 0  # this rank, since construction: for the run's FLOP ledger
+        self.total_model_flops = 0.0  # this rank's model FLOPs, likewise
         self._paused_at: float | None = None
         self.reset_clock()
 
@@ -52,13 +54,21 @@ class CostMeter:
         self._start = time.perf_counter() if now is None else now
         self._paused_s = 0.0
         self._images = 0
+        self._model_flops = self._hardware_flops = 0.0
         self._steps = 0
         self._data_wait_s = 0.0
         if self._paused_at is not None:
             self._paused_at = self._start
 
-    def step(self, local_images: int, data_wait_s: float = 0.0) -> None:
-        """Count one optimizer step of ``local_images`` images, ``data_wait_s`` of it spent waiting for data."""
+    def step(self, local_images: int, data_wait_s: float = 0.0, flops: tuple[float, float] | None = None) -> None:
+        """Count one optimizer step of ``local_images`` images, ``data_wait_s`` of it spent waiting for data;
+        ``flops``: its (model, hardware) FLOPs per image, where they differ from the meter's."""
+        model, hardware = (
+            flops if flops is not None else (self.model_flops_per_image, self.hardware_flops_per_image)
+        )
+        self._model_flops += local_images * model
+        self._hardware_flops += local_images * hardware
+        self.total_model_flops += local_images * model
         self._images += local_images
         self._steps += 1
         self._data_wait_s += data_wait_s
@@ -80,8 +90,7 @@ class CostMeter:
         paused = self._paused_s + (now - self._paused_at if self._paused_at is not None else 0.0)
         elapsed = max(now - self._start - paused, 1e-12)
         images_per_sec = self._images / elapsed
-        model_flops = images_per_sec * self.model_flops_per_image
-        hardware_flops = images_per_sec * self.hardware_flops_per_image
+        model_flops, hardware_flops = self._model_flops / elapsed, self._hardware_flops / elapsed
         stats = {
             "steps_per_sec": self._steps / elapsed,
             "images_per_sec": images_per_sec * self.world_size,
@@ -93,19 +102,15 @@ class CostMeter:
             "peak_source": self.peak.source,
             "peak_measured_on": self.peak.measured_on or None,
             "mfu": model_flops / self.peak.flops,
-            "mfu_with_vae": images_per_sec
-            * (self.model_flops_per_image + self.vae_flops_per_image)
-            / self.peak.flops,
+            "mfu_with_vae": (model_flops + images_per_sec * self.vae_flops_per_image) / self.peak.flops,
             "vae_tflops_per_image": self.vae_flops_per_image / 1e12,
-            "mfu_with_aux": images_per_sec
-            * (self.model_flops_per_image + self.aux_flops_per_image)
-            / self.peak.flops,
+            "mfu_with_aux": (model_flops + images_per_sec * self.aux_flops_per_image) / self.peak.flops,
             "aux_tflops_per_image": self.aux_flops_per_image / 1e12,
             "hfu": hardware_flops / self.peak.flops,
             # host time in next(loader): the device may still be busy with the step before (not device idle)
             "host_data_wait_frac": self._data_wait_s / elapsed,
             "window_s": elapsed,
-            "total_model_pflops": self.total_images * self.world_size * self.model_flops_per_image / 1e15,
+            "total_model_pflops": self.total_model_flops * self.world_size / 1e15,
             "total_aux_pflops": self.total_images * self.world_size * self.aux_flops_per_image / 1e15,
         }
         self.reset_clock(now)

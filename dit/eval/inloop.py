@@ -120,7 +120,7 @@ class InLoopEval:
         plan = self.planner.plan  # the network evaluations the sampler makes: 2 a step for Heun
         per_image = sampling_flops_per_image(
             model_config, plan.nfe or sampling.num_sampling_steps, self.guidance_scale, vae_decode_flops=decode,
-            unguided_nfe=plan.unguided_nfe,
+            unguided_nfe=plan.unguided_nfe, path_drop=self.planner.guidance.path_drop,
         )  # fmt: skip
         self.sampling_flops_per_image = per_image.total
 

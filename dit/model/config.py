@@ -16,6 +16,8 @@ from dit.io.errors import UserError
 from dit.model.options import CHOICES, MLPS, NORMS, SWITCHES, choices_help, swiglu_width
 
 _UNSET = object()
+DENSE_BLOCKS = 2  # blocks at each dense end of a token-drop layout: SPRINT's encoder and decoder depths
+DROP_MIN_DEPTH = {"sprint": 2 * DENSE_BLOCKS + 1, "maskdit": DENSE_BLOCKS + 1}
 
 
 def _flag(default, help: str, flag_default=_UNSET, **checks):
@@ -50,6 +52,14 @@ class DiTConfig:
     mlp: str = _flag("gelu", choices_help("MLP", MLPS), choices=MLPS)
     rope: bool = _flag(False, SWITCHES["rope"].brief)
     qk_norm: bool = _flag(False, SWITCHES["qk_norm"].brief)
+    token_drop: float = _flag(
+        0.0, "fraction R of the tokens the sparse blocks drop in training, in [0, 1) (0: every block sees every "
+        "token, today's model; > 0 adds the layout's mask token and fusion: dit/model/tokendrop.py)", ge=0, lt=1,
+    )  # fmt: skip
+    token_drop_layout: str = _flag(
+        "sprint", "token-drop layout: sprint (dense, sparse middle, dense, with a fusion) or maskdit (dropped at "
+        "the input, the last blocks dense)", choices=("sprint", "maskdit"),
+    )  # fmt: skip
 
     def __post_init__(self):
         for name in ("depth", "hidden_size", "num_heads", "patch_size", "input_size", "in_channels"):
@@ -84,6 +94,24 @@ class DiTConfig:
                 f"2-D RoPE needs a head size divisible by 4 (half per axis, in pairs); {self.hidden_size} / "
                 f"{self.num_heads} heads = {self.head_dim}: pick another head count or turn RoPE off."
             )
+
+        check_drop_depth(self.depth, self.token_drop, self.token_drop_layout)
+
+    def kept_tokens(self, ratio: float | None = None) -> int:
+        """Tokens the sparse blocks keep at drop ratio ``ratio`` (default: the config's), at least one."""
+        ratio = self.token_drop if ratio is None else ratio
+        return max(1, round(self.tokens * (1 - ratio)))
+
+    def sparse_blocks(self) -> range:
+        """The blocks that see only the kept tokens when dropping: SPRINT's middle, or MaskDiT's all but the last."""
+        first = DENSE_BLOCKS if self.token_drop_layout == "sprint" else 0
+        return range(first, self.depth - DENSE_BLOCKS)
+
+    def block_tokens(self, ratio: float | None = None) -> list[int]:
+        """Tokens each block sees at drop ratio ``ratio`` (default: the config's; 0: every block all)."""
+        ratio = self.token_drop if ratio is None else ratio
+        sparse = self.sparse_blocks() if ratio else range(0)
+        return [self.kept_tokens(ratio) if i in sparse else self.tokens for i in range(self.depth)]
 
     @property
     def out_channels(self) -> int:
@@ -126,6 +154,25 @@ class DiTConfig:
 # (depth, hidden size, heads) per size; the patch size is the number after the slash.
 _SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
 MODEL_NAMES = tuple(f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8))
+
+
+def check_drop_depth(depth: int, ratio: float, layout: str) -> None:
+    """A token-drop layout needs its dense blocks and at least one sparse block."""
+    if ratio and depth < DROP_MIN_DEPTH[layout]:
+        raise FieldError(
+            f"{{token_drop}} needs a depth of at least {DROP_MIN_DEPTH[layout]} for the {layout} layout "
+            f"({DENSE_BLOCKS} dense blocks at each dense end and one sparse block), got {depth}: pick a deeper "
+            "model or {token_drop} 0."
+        )
+
+
+def check_path_drop(path_drop: bool, cfg: DiTConfig) -> None:
+    """Path-drop guidance needs a SPRINT model: one trained with sparse middle blocks to skip."""
+    if path_drop and not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
+        raise UserError(
+            "--guidance-path-drop skips the sparse middle blocks of a model trained with --token-drop R > 0 and the "
+            f"sprint layout; this one is {describe(cfg)}: leave --guidance-path-drop out."
+        )
 
 
 def model_config(name: str, **overrides) -> DiTConfig:
@@ -200,6 +247,8 @@ class ModelSection(Section):
             model_config(self.model)
         except UserError as e:
             raise FieldError("{model}: " + str(e)) from None
+        depth = self.depth or model_config(self.model).depth
+        check_drop_depth(depth, self.token_drop, self.token_drop_layout)
 
     def dit_fields(self) -> dict:
         """The DiTConfig fields this section sets (None: the registry's size, or the objective's choice)."""
@@ -223,6 +272,8 @@ def registry_name(cfg: DiTConfig) -> str | None:
 def describe(cfg: DiTConfig) -> str:
     name = registry_name(cfg) or f"custom (depth {cfg.depth}, hidden {cfg.hidden_size}, patch {cfg.patch_size})"
     options = "".join(f", {o}" for o in cfg.block_options)
+    if cfg.token_drop:
+        options += f", token-drop {cfg.token_drop:g} ({cfg.token_drop_layout})"
     return f"{name}, input {cfg.in_channels}x{cfg.input_size}x{cfg.input_size}, {cfg.num_classes} classes{options}"
 
 

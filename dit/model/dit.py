@@ -25,6 +25,7 @@ from dit.model.layers import (
     sincos_2d,
 )
 from dit.model.options import SWITCHES
+from dit.model.tokendrop import TokenDrop, gather_tokens, kept_rope
 
 
 def _registry_entry(name: str):
@@ -60,6 +61,8 @@ class DiT(nn.Module):
         self.attention = "auto"  # the blocks' attention kernel (set_attention)
         self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.depth)])
         self.final_layer = FinalLayer(cfg)
+        # Only a model configured to drop tokens has the mask token and fusion: at R = 0 the official tree.
+        self.token_drop = TokenDrop(cfg) if cfg.token_drop else None
         if cfg.rope:  # fixed tables, rebuilt from the config: not in the state dict
             for name, table in zip(("rope_cos", "rope_sin"), SWITCHES["rope"].build(cfg)):
                 self.register_buffer(name, torch.tensor(table, dtype=torch.float32).unsqueeze(1), persistent=False)
@@ -92,6 +95,8 @@ class DiT(nn.Module):
         ]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        if self.token_drop is not None:
+            nn.init.normal_(self.token_drop.mask_token, std=0.02)
 
     # ---- activation checkpointing ---------------------------------------------------------------------
 
@@ -162,42 +167,89 @@ class DiT(nn.Module):
         y: torch.Tensor,
         force_drop_ids: torch.Tensor | None = None,
         return_hidden_at: int | None = None,
+        kept: torch.Tensor | None = None,
+        path_drop: bool = False,
     ):
         """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null).
 
         ``force_drop_ids`` (1 = use the null label) replaces the random class dropout, so that a trainer
         can draw the dropout from its own counter-based random stream. ``return_hidden_at=k`` (1-based, as
-        REPA's ``encoder_depth``) also returns the (N, T, D) tokens after block k: (output, tokens).
+        REPA's ``encoder_depth``) also returns the (N, T, D) tokens after block k: (output, tokens). A model
+        built with ``token_drop``: ``kept`` (N, K) token indices run its sparse blocks on those tokens only,
+        ``path_drop`` skips them (SPRINT's path-drop guidance; ``dit.model.tokendrop``).
         """
         self._check_input(x)
         if return_hidden_at is not None and not 1 <= return_hidden_at <= len(self.blocks):
             raise ValueError(f"return_hidden_at must be in 1..{len(self.blocks)}, got {return_hidden_at}")
+        if (kept is not None or path_drop) and self.token_drop is None:
+            raise ValueError("kept tokens and path drop need a model built with token_drop > 0")
         x = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t)
         if self.y_embedder is not None:
             c = c + self.y_embedder(y, self.training, force_drop_ids)
         rope = (self.rope_cos, self.rope_sin) if self.config.rope else None
-        hidden = None
         with attention_context(self.attention):
-            for i, block in enumerate(self.blocks, start=1):
-                x = block(x, c, rope)
-                if i == return_hidden_at:
-                    hidden = x
+            x, hidden = self._blocks(x, c, rope, kept, path_drop, return_hidden_at)
         out = self.unpatchify(self.final_layer(x, c))
         return out if return_hidden_at is None else (out, hidden)
 
+    def _blocks(self, x, c, rope, kept, path_drop: bool, hidden_at: int | None):
+        """The blocks in order: the dense ones on every token; with token dropping, the sparse ones between
+        them on the kept tokens (or skipped: ``path_drop``), their output re-entering as the layout says."""
+        seen = {}
+
+        def run(indices: range, x: torch.Tensor, rope) -> torch.Tensor:
+            for i in indices:
+                x = self.blocks[i](x, c, rope)
+                if i + 1 == hidden_at:
+                    seen["hidden"] = x
+            return x
+
+        sparse = self.config.sparse_blocks() if self.token_drop is not None else range(0)
+        x = run(range(sparse.start), x, rope)
+        if self.token_drop is not None:
+            dense = x
+            if kept is not None:
+                x, rope_kept = gather_tokens(x, kept), kept_rope(rope, kept)
+            middle = None if path_drop else run(sparse, x, rope if kept is None else rope_kept)
+            x = self._reenter(dense, middle, kept)
+        x = run(range(sparse.stop, len(self.blocks)), x, rope)
+        return x, seen.get("hidden")
+
+    def _reenter(
+        self, dense: torch.Tensor, middle: torch.Tensor | None, kept: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The sparse path's output back at every position: SPRINT fuses it with the dense features; MaskDiT
+        fills the dropped positions with the mask token and their position embedding."""
+        if self.config.token_drop_layout == "sprint":
+            return self.token_drop.reenter(dense, middle, kept)
+        if middle is None:
+            raise ValueError("path drop needs the sprint layout (MaskDiT has no dense path to keep)")
+        return middle if kept is None else self.token_drop.pad(middle, kept, dense.shape[1], fill=self.pos_embed)
+
     def forward_with_cfg(
-        self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float, cfg_channels: int | str = 3
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        cfg_scale: float,
+        cfg_channels: int | str = 3,
+        path_drop: bool = False,
     ) -> torch.Tensor:
         """Classifier-free guidance on a batch [conditional; unconditional] sharing the first half's noise.
 
         ``cfg_channels=3`` is the official behaviour (the paper's FID used it); ``"all"`` guides every
         noise channel. The learned-variance channels are never guided, even for models with fewer than
-        3 input channels, where the official ``[:3]`` would reach into them.
+        3 input channels, where the official ``[:3]`` would reach into them. ``path_drop``: the unconditional
+        half skips the sparse blocks (SPRINT's path-drop guidance).
         """
         guided = self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
-        half = x[: len(x) // 2]
-        out = self.forward(torch.cat([half, half]), t, y)
+        n = len(x) // 2
+        half = x[:n]
+        if path_drop:
+            out = torch.cat([self.forward(half, t[:n], y[:n]), self.forward(half, t[n:], y[n:], path_drop=True)])
+        else:
+            out = self.forward(torch.cat([half, half]), t, y)
         eps, rest = out[:, :guided], out[:, guided:]
         cond, uncond = eps.chunk(2)
         half_eps = uncond + cfg_scale * (cond - uncond)

@@ -388,6 +388,10 @@ class SamplingSection(Section):
     )
     guidance_channels: str = option("3", CHANNELS_HELP, choices=("3", "all"), aliases=("--cfg-channels",))
     guidance_interval: tuple[float, ...] | None = option(None, INTERVAL_HELP, ge=0, le=1)
+    guidance_path_drop: bool = option(
+        False, "SPRINT's path-drop guidance: the unconditional pass skips the sparse blocks of a model trained with "
+        "--token-drop (sprint layout), about half a pass"
+    )  # fmt: skip
     diffusion_form: str = option(
         "sigma", "flow sde: the diffusion coefficient w(t) (SiT's choices)", choices=DIFFUSION_FORMS
     )

@@ -46,6 +46,7 @@ class Stream(enum.IntEnum):
     NOISE = 4  # a sampled image's noise
     LABEL = 5  # an FID sample set image's class
     EVAL = 6  # the labels and noise of the in-training evaluations
+    TOKENS = 7  # a training step's kept tokens (token dropping)
 
 
 def mix_seed(*parts: int) -> int:

@@ -29,6 +29,7 @@ class SamplingCost:
     decode_s: float  # wall time of the VAE decode (0 for pixel space)
     peak: Peak | None
     peak_note: str = ""  # why there is no peak, when there is none
+    path_drop: bool = False  # the guided evaluations' unconditional pass skips the sparse blocks
 
     @property
     def nfe(self) -> float:
@@ -70,6 +71,8 @@ class SamplingCost:
             return "n/a" if x is None else f"{100 * x:.4g}%"
 
         doubling = ", guidance doubles the batch" if self.guided else ""
+        if self.guided and self.path_drop:
+            doubling = ", the unconditional pass without the sparse blocks (path-drop guidance)"
         line = (
             f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe:g} network "
             f"evaluations (NFE): {self.guided_nfe:g} guided x 2 passes{doubling} + {self.unguided_nfe:g} unguided x "
@@ -88,13 +91,17 @@ class SamplingCost:
         return line
 
 
-def flops_per_image(sm: SamplingModel, guided_nfe: float, unguided_nfe: float) -> tuple[float, float]:
-    """(DiT FLOPs of the evaluations, two passes for each guided one; VAE decode FLOPs) per image."""
+def flops_per_image(
+    sm: SamplingModel, guided_nfe: float, unguided_nfe: float, path_drop: bool = False
+) -> tuple[float, float]:
+    """(DiT FLOPs of the evaluations, two passes for each guided one, the unconditional one without the sparse
+    blocks under ``path_drop``; VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
     scale = 2.0 if guided_nfe else 1.0  # any scale above 1 doubles a guided evaluation
     counted = sampling_flops_per_image(
-        sm.config, guided_nfe + unguided_nfe, scale, vae_decode_flops=decode_flops, unguided_nfe=unguided_nfe
-    )
+        sm.config, guided_nfe + unguided_nfe, scale, vae_decode_flops=decode_flops, unguided_nfe=unguided_nfe,
+        path_drop=path_drop,
+    )  # fmt: skip
     return counted.model, counted.vae_decode
 
 
@@ -114,7 +121,8 @@ def measure_cost(
 ) -> SamplingCost:
     """The cost of ``images`` made by ``sampler`` (after its run: its evaluation counts are the ones it made)."""
     guided, unguided = sampler.mean_guided_nfe, sampler.mean_unguided_nfe
-    model_flops, decode_flops = flops_per_image(sm, guided, unguided)
+    model_flops, decode_flops = flops_per_image(sm, guided, unguided, sampler.guidance.path_drop)
     return SamplingCost(
-        model_flops, decode_flops, guided, unguided, sampler.describe(), images, dit_s, decode_s, peak[0], peak[1]
-    )
+        model_flops, decode_flops, guided, unguided, sampler.describe(), images, dit_s, decode_s, peak[0], peak[1],
+        sampler.guidance.path_drop,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ from dit import objectives
 from dit.data.vae import decode
 from dit.io.config import FieldError
 from dit.io.errors import UserError
-from dit.model.config import DiTConfig
+from dit.model.config import DiTConfig, check_path_drop
 from dit.model.dit import DiT
 from dit.objectives import Objective
 from dit.objectives.sampling_plan import (
@@ -150,17 +150,20 @@ class PerImageNoise:
 class Guidance:
     """Classifier-free guidance: the scale (1 turns it off), the noise channels it guides (3, the official
     code's, or "all"), and the interval of times it is on (None: every evaluation; the units are
-    ``dit.objectives.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data)."""
+    ``dit.objectives.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data); ``path_drop``:
+    the unconditional pass skips the sparse blocks (SPRINT's path-drop guidance)."""
 
     scale: float = 1.0
     channels: int | str = 3
     interval: tuple[float, float] | None = None
+    path_drop: bool = False
 
     @classmethod
     def from_options(cls, c: SamplingSection, has_null_class: bool) -> Guidance:
         """A sampling section's guidance for a model with (or without) a null class: its scale, or the default."""
         interval = check_guidance_interval(c.guidance_interval)
-        return cls(c.guidance(has_null_class), parse_guidance_channels(c.guidance_channels), interval)
+        channels = parse_guidance_channels(c.guidance_channels)
+        return cls(c.guidance(has_null_class), channels, interval, c.guidance_path_drop)
 
 
 class GuidedModel:
@@ -192,7 +195,7 @@ class GuidedModel:
             if guided:
                 g, null = self.guidance, torch.full_like(y, self.model.config.num_classes)
                 both = self.model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]),
-                                                   g.scale, g.channels)  # fmt: skip
+                                                   g.scale, g.channels, path_drop=g.path_drop)  # fmt: skip
                 out = both[: len(x)]
             else:
                 out = self.model(x, t, y)
@@ -220,6 +223,7 @@ class Sampler:
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
         )
+        check_path_drop(guidance.path_drop, sm.config)
         self.plan = sampling_plan(
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),

@@ -27,6 +27,7 @@ from dit.train.ledger import LedgerSection
 from dit.train.optim import RECIPE_FIELDS as OPTIM_RECIPE
 from dit.train.optim import OptimSection
 from dit.train.parallel import ParallelSection
+from dit.train.tokendrop import TokenDropSection
 
 # What a resumed run must share with its checkpoint: the data order and the model's math (every model flag).
 IDENTITY_FIELDS = (
@@ -36,6 +37,9 @@ IDENTITY_FIELDS = (
 # What a resume may change only when --allow-changes names it: the optimizer's recipe and the objective's.
 RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE)
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
+# What --allow-changes may name: the recipe, and the token-drop ratio and stages (a model field that keeps the
+# model's tensors while it stays above 0).
+CHANGEABLE_FIELDS = (*RECIPE_FIELDS, "token_drop", "token_drop_until")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class TrainConfig:
     eval_sampling: EvalSamplingSection = field(default_factory=EvalSamplingSection)
     repa_encoder: RepaEncoderSection = field(default_factory=RepaEncoderSection)
     repa: RepaSection = field(default_factory=RepaSection)
+    token_drop: TokenDropSection = field(default_factory=TokenDropSection)
 
     def __post_init__(self):
         if self.model.learn_sigma and not self.objective.implementation.learns_sigma:
@@ -91,11 +96,18 @@ class TrainConfig:
                 f"{{learn_sigma}} is for diffusion: a {self.objective.objective} model predicts one field "
                 "(--no-learn-sigma)."
             )
-        unknown = sorted(set(self.checkpoint.allow_changes or ()) - set(RECIPE_FIELDS))
+        unknown = sorted(set(self.checkpoint.allow_changes or ()) - set(CHANGEABLE_FIELDS))
         if unknown:
             raise FieldError(
                 f"{{allow_changes}} {' '.join(unknown)}: only recipe fields may change on a resume "
-                f"({', '.join(RECIPE_FIELDS)}); the seed, the batch, the data and the model may not."
+                f"({', '.join(CHANGEABLE_FIELDS)}); the seed, the batch, the data and the model may not."
+            )
+        if self.token_drop.token_drop_until is not None and not self.model.token_drop:
+            raise FieldError("{token_drop_until} ends token dropping: it needs {token_drop} R > 0.")
+        if self.model.token_drop and self.repa_encoder.encoder:
+            raise FieldError(
+                "{token_drop} with REPA is not supported: REPA aligns every token of a block, the sparse blocks "
+                "see only the kept ones. Pass one of them."
             )
 
     @classmethod
@@ -132,13 +144,13 @@ class TrainConfig:
         allowed, mine = set(self.checkpoint.allow_changes or ()), self.flat()
         return [
             f"{name}: {saved[name]!r} -> {mine[name]!r}"
-            for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS)
+            for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
             if name in saved and saved[name] != mine[name] and name not in allowed
         ]
 
     def changed_from(self, saved: dict) -> list[str]:
         """The other options that differ from the record: applied on a resume, and named in its log."""
-        skip = {*IDENTITY_FIELDS, *RECIPE_FIELDS, *CheckpointSection.START_ONLY}
+        skip = {*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until", *CheckpointSection.START_ONLY}
         mine = self.flat()
         return [
             f"{TRAIN_FACE.flag(name)} {mine[name]!r} (recorded {saved[name]!r})"
@@ -170,6 +182,7 @@ TRAIN_FACE = Face(
         "eval_sampling": (EvalSamplingSection, "eval_"),
         "repa_encoder": (RepaEncoderSection, "repa_"),
         "repa": (RepaSection, "repa_"),
+        "token_drop": TokenDropSection,
     },
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
     outputs={"results_dir": "folder"},
@@ -240,6 +253,8 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
         return None, None, []
     ckpt = load_training_checkpoint(path)
     saved = DiTConfig(**ckpt["model_config"])
+    if "token_drop" in (start.allow_changes or ()) and bool(saved.token_drop) == bool(model_cfg.token_drop):
+        saved = dataclasses.replace(saved, token_drop=model_cfg.token_drop)  # same tensors, another ratio
     if saved != model_cfg:
         raise UserError(
             f"{path} was trained as {describe(saved)}, but this run builds {describe(model_cfg)}: pass the "

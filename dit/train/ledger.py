@@ -149,11 +149,14 @@ class Ledger:
         local_images_done: int = 0,
         start_step: int = 0,
         repa=None,
+        dropped_images_done: int = 0,
     ):
         """``record``: the run's resolved configuration, for the sinks. ``local_images_done``: this rank's images
         in the steps before a resume, so that the run's total FLOPs (``total_model_pflops``, the x axis of quality
-        against compute) count them too; ``start_step``: the step it resumes from, for the sinks. ``repa`` (``dit.train.repa.Repa``): its projector and encoder are
-        auxiliary FLOPs, counted apart from the DiT's."""
+        against compute) count them too; ``start_step``: the step it resumes from, for the sinks. ``repa``
+        (``dit.train.repa.Repa``): its projector and encoder are auxiliary FLOPs, counted apart from the DiT's. A
+        model that drops tokens costs less per image in the steps that drop (``dropped_images_done`` of the images
+        before a resume) than in a full-token stage: each step is counted at its own (``count``)."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
@@ -164,6 +167,7 @@ class Ledger:
         self.sinks = Sinks(section, out, record, chosen, start=start_step, enabled=runtime.is_main)
         mc = self.model_cfg
         self.flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention)
+        self.full_flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention, ratio=0)
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
         self.measured_flops_per_image = float(measured["train_flops_per_image"])
         vae_config = _vae_config(data)
@@ -180,6 +184,8 @@ class Ledger:
             aux_flops_per_image=repa.flops.per_step_image(repa.cached) if repa is not None else 0.0,
         )
         self.meter.total_images = local_images_done
+        full_done = local_images_done - dropped_images_done
+        self.meter.total_model_flops = dropped_images_done * self.flops.model + full_done * self.full_flops.model
         self.projected = self.peak_doubted = self.memory_compared = False
         self.memory_estimate = float("nan")  # per device, set by ``report``
 
@@ -213,6 +219,12 @@ class Ledger:
             f"{self.flops.hardware / 1e9:.4g} G; measured on the meta device {self.measured_flops_per_image / 1e9:.4g} G "
             f"({gap:+.3%} vs the analytic count of the same ops: backward skips the input gradients)"
         )
+        if mc.token_drop:
+            s.info(
+                f"token drop {mc.token_drop:g} ({mc.token_drop_layout}): the sparse blocks see {mc.kept_tokens()} of "
+                f"{mc.tokens} tokens; training {self.flops.model / 1e9:.4g} G per image while dropping, "
+                f"{self.full_flops.model / 1e9:.4g} G at full tokens (MFU counts each step's own)"
+            )
         s.info(self._vae_line())
         for line in self.repa.describe(self.flops.model, self.data.store_manifest) if self.repa else ():
             s.info(line)
@@ -244,8 +256,10 @@ class Ledger:
 
     # ---- every step, and every log step ---------------------------------------------------------------
 
-    def count(self, local_images: int, data_wait_s: float) -> None:
-        self.meter.step(local_images, data_wait_s=data_wait_s)
+    def count(self, local_images: int, data_wait_s: float, dropping: bool = True) -> None:
+        """One step's images; ``dropping``: whether it dropped tokens (a model that never does: no matter)."""
+        flops = self.flops if dropping else self.full_flops
+        self.meter.step(local_images, data_wait_s=data_wait_s, flops=(flops.model, flops.hardware))
 
     def start_window(self) -> None:
         """Open a fresh MFU window now (after warm-up or a resume): what came before is not counted."""
@@ -281,9 +295,10 @@ class Ledger:
             "grad_norm": grad_norm,
             "lr": lr,
             **window,
-            "measured_tflops_per_device": window["images_per_sec_per_device"]
+            # the meta-device count of the dropping stage, scaled to the steps' own analytic FLOPs
+            "measured_tflops_per_device": window["model_tflops_per_device"]
             * self.measured_flops_per_image
-            / 1e12,
+            / self.flops.model,
             **device_memory(self.runtime.device),
             "loss_scale": loss_scale,
             "nonfinite_steps": counters["nonfinite_steps"],
@@ -323,7 +338,7 @@ class Ledger:
         record = {
             "kind": "eval",
             "step": step,
-            "total_model_pflops": meter.total_images * meter.world_size * meter.model_flops_per_image / 1e15,
+            "total_model_pflops": meter.total_model_flops * meter.world_size / 1e15,
             "total_aux_pflops": meter.total_images * meter.world_size * meter.aux_flops_per_image / 1e15,
             **scores,
         }

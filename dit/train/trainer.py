@@ -35,6 +35,7 @@ from dit.train.ledger import Ledger, StepCounters
 from dit.train.parallel import parallelism
 from dit.train.repa import Repa
 from dit.train.state import TrainState
+from dit.train.tokendrop import kept_tokens
 
 # A loss that turns non-finite this soon after a resume names the checkpoint as the suspect: a 6e31 weight
 # (one flipped exponent bit) kept the loss finite for 3 steps in the tests, then NaN.
@@ -159,11 +160,13 @@ class Trainer:
 
     def _build_ledger(self, model, resume_from, notes: list[str]) -> None:
         cfg = self.cfg
-        done = self.state.step * self.micro * cfg.optim.grad_accum_steps
+        per_step = self.micro * cfg.optim.grad_accum_steps
+        done = self.state.step * per_step
+        dropped = cfg.token_drop.dropped_steps(model.config, self.state.step) * per_step
         self.ledger = Ledger(
             cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
             out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
-            local_images_done=done, start_step=self.state.step, repa=self.repa,
+            local_images_done=done, start_step=self.state.step, repa=self.repa, dropped_images_done=dropped,
         )  # fmt: skip
         self.ledger.report(self.micro, self.parallel.split)
         for note in notes + self.data.notes:
@@ -245,6 +248,9 @@ class Trainer:
         mc = state.model.config
         shape = (mc.in_channels, mc.input_size, mc.input_size)
         t_all, noise_all, drop_all = self._randomness(state.step, shape)
+        kept_all = None
+        if self.cfg.token_drop.dropping(mc, state.step):  # its own stream: the other draws stay as they were
+            kept_all = kept_tokens(mc, cfg.seed, state.step, cfg.global_batch_size, device)
         total = aux_total = None
         for m, (x, y, *stored) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -253,6 +259,8 @@ class Trainer:
             for hook in self.hooks:  # in order: REPA's encoder sees the image before a VAE encodes it
                 x = hook.prepare(x, stored, sl)
             kwargs = {"y": y, "force_drop_ids": drop_all[sl]} if mc.class_dropout_prob > 0 else {"y": y}
+            if kept_all is not None:
+                kwargs["kept"] = kept_all[sl]
             with self.parallel.sync_gradients(last=m == len(batches) - 1):
                 terms = self.objective.training_losses(self._model_fn, x, t_all[sl], kwargs, noise=noise_all[sl])
                 loss = objective = terms["loss"].mean() / cfg.grad_accum_steps
@@ -320,9 +328,10 @@ class Trainer:
                         status, stopped_by = f"stopped by {stop.raised}", stop.raised
                         break
                     wait = time.perf_counter() - start
+                    dropping = cfg.token_drop.dropping(state.model.config, state.step)
                     log_step = (state.step + 1) % log_every == 0 or state.step + 1 == max_steps
                     grad_norm = self.train_step(batches, log_step)
-                    ledger.count(self.micro * cfg.optim.grad_accum_steps, wait)
+                    ledger.count(self.micro * cfg.optim.grad_accum_steps, wait, dropping)
                     bar.update(1)
                     if log_step:
                         self._log(grad_norm, in_warmup=state.step <= warmup_until)
