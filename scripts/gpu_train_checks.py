@@ -112,14 +112,15 @@ def section_parallel(ctx: Ctx) -> dict:
 def _dcp_resume(ctx, torch, model, opt, sharded, load_model_state, load_optimizer_state) -> dict:
     folder = ctx.work / "dcp"
     start = time.perf_counter()
-    sharded.write(folder, _state(model, opt))
+    sharded.write(folder, sharded.split(_state(model, opt))[0])  # as the checkpointer splits it
     figures = {"save_seconds": time.perf_counter() - start,
                "bytes": sum(p.stat().st_size for p in folder.iterdir())}  # fmt: skip
     fresh, _, fresh_opt = _parallel_model(ctx, torch, sharded=True)
     _parallel_steps(ctx, torch, fresh, fresh_opt, 1)  # the optimizer's state exists to load into
-    state = _state(fresh, fresh_opt)
+    tensors, record = sharded.split(_state(fresh, fresh_opt))
     start = time.perf_counter()
-    sharded.read_into(folder, state)
+    sharded.read_into(folder, tensors)
+    state = sharded.merge(record, tensors)
     load_model_state(fresh, state["model"], True)
     load_optimizer_state(fresh, fresh_opt, state["optimizer"], True)
     figures["load_seconds"] = time.perf_counter() - start

@@ -223,7 +223,8 @@ class Sampler:
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
         )
-        check_path_drop(guidance.path_drop, sm.config)
+        if guidance.path_drop:
+            check_path_drop(True, sm.config)
         self.plan = sampling_plan(
             kind, num_steps, method=method, last_step=last_step, guidance_scale=guidance.scale,
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
