@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 
-from gpu_validate import Ctx, _python, _tail
+from gpu_context import Ctx, _python, _tail
 
 # ---- 1. environment and peak --------------------------------------------------------------------------------
 

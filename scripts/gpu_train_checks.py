@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpu_validate import ROOT, Ctx, _python, _tail
+from gpu_context import ROOT, Ctx, _python, _tail
 
 # ---- 5. the trainer's parallel paths: DDP and FSDP2 over compiled, checkpointed blocks; a DCP save and resume -
 

@@ -18,57 +18,22 @@ reason. ``--dry-run`` runs every section on the CPU with tiny shapes; ``--fail``
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_context import Ctx, _tail
+
 from dit.io.cli import run_cli
 from dit.io.config import Face, FieldError, Section, option
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("env", "flags", "numerics", "sync", "parallel", "bench", "e2e", "sample")
 RETURNED = ("gpu_validate.json", "logs.tar.gz")  # all that is written to DIR
 LOG_TAIL_BYTES = 1 << 20  # of each log, in the archive: eight sections stay far under the 16 MiB a file may be
 STATUSES = ("ok", "failed", "timeout", "skipped")
 TIMEOUT_CODES = (124, 137)  # timeout(1): the limit passed, or the process had to be killed
-
-
-class Ctx:
-    """What a section runs on: the real shapes on the GPU, tiny ones on the CPU in a dry run."""
-
-    def __init__(self, work: Path, dry_run: bool, budget: float):
-        import torch
-
-        self.work, self.dry_run, self.budget, self.start = work, dry_run, budget, time.perf_counter()
-        work.mkdir(parents=True, exist_ok=True)
-        self.device = torch.device("cpu" if dry_run else "cuda:0")  # an index: DDP, NCCL and FSDP2 name it
-        self.cuda = self.device.type == "cuda"
-        self.skipped: dict[str, str] = {}
-        self.problems: list[str] = []
-
-    def left(self) -> float:
-        return self.budget - (time.perf_counter() - self.start)
-
-    def cuda_only(self, part: str, what: str) -> bool:
-        """True on CUDA; else records ``part`` as skipped (``what`` needs CUDA)."""
-        if not self.cuda:
-            self.skipped[part] = f"{what} is CUDA-only: skipped in the CPU dry run"
-        return self.cuda
-
-
-def _python(*argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run(
-        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 # ---- records ------------------------------------------------------------------------------------------------
