@@ -24,8 +24,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_context import Ctx, _tail
-
 from dit.io.cli import run_cli
 from dit.io.config import Face, FieldError, Section, option
 
@@ -66,6 +64,8 @@ def _section(name: str):
 
 
 def run_section(name: str, work: Path, dry_run: bool, budget: float, fail: bool) -> int:
+    from gpu_context import Ctx, _tail  # beside this script: importable where it runs, not where it is read
+
     start = time.perf_counter()
     record = {"name": name, "status": "ok", "seconds": None, "figures": {}}
     try:
@@ -90,6 +90,8 @@ def run_section(name: str, work: Path, dry_run: bool, budget: float, fail: bool)
 def finish(name: str, work: Path, out: Path, rc: int, seconds: float, dry_run: bool) -> int:
     """A record for a section whose process wrote none (killed, timed out, crashed), then the two files that come
     back: every record so far in ``DIR/gpu_validate.json`` and the logs in ``DIR/logs.tar.gz``."""
+    from gpu_context import _tail
+
     path = work / "sections" / f"{name}.json"
     log = work / "logs" / f"{name}.log"
     if not path.exists():

@@ -17,6 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_checks  # noqa: E402
+import gpu_context  # noqa: E402
 import gpu_train_checks  # noqa: E402
 import gpu_validate  # noqa: E402
 
@@ -129,7 +130,7 @@ def test_the_gpu_run_fits_its_lease_with_a_rerun_to_spare():
 def test_the_device_plan_runs_what_the_trainer_runs():
     """The bench plan on a GPU has a compiled row with checkpointed blocks; the numerics have the trainer's
     block (checkpointed inside, compiled) beside an outer checkpoint of a compiled block."""
-    ctx = gpu_validate.Ctx.__new__(gpu_validate.Ctx)
+    ctx = gpu_context.Ctx.__new__(gpu_context.Ctx)
     ctx.cuda, ctx.skipped = True, {}
     plan, common = gpu_train_checks._bench_plan(ctx)
     assert {"compile": "on", "checkpointing": "all"}.items() <= plan[-1].items()
