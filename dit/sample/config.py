@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from dit.io.config import Face, Section, option
 from dit.objectives.sampling_plan import FidSamplingSection, SamplingSection
 from dit.runtime import DeviceSection
+from dit.sample.labels import LABEL_MODES
 from dit.sample.loading import WeightsSection
 
 _PRECISION = DeviceSection.__dataclass_fields__["precision"].metadata
@@ -48,6 +49,10 @@ class FidSetSection(Section):
     num_fid_samples: int = option(50_000, "images in the set", ge=1)
     seed: int = option(0, "image i's label and noise are keyed by (seed, i)", ge=0, aliases=("--global-seed",))
     progress: bool = option(True, "show the progress on rank 0 (plain lines when not on a terminal)")
+    labels: str | None = option(
+        None, "class labels: balanced (N/C images per class) or random (DiT's); default: a resumed set's own, "
+        "balanced for a new set", choices=LABEL_MODES,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -126,11 +126,6 @@ def noise_seed(seed: int, index: int) -> int:
     return mix_seed(Stream.NOISE, seed, index)
 
 
-def fid_label(seed: int, index: int, num_classes: int) -> int:
-    """Image ``index``'s class in a sample set: uniform like the official sample_ddp.py, but per image."""
-    return mix_seed(Stream.LABEL, seed, index) % num_classes if num_classes else 0  # bias < classes / 2**63
-
-
 class PerImageNoise:
     """Gaussian noise where row i always comes from image i's own generator, whatever the batch holds."""
 

@@ -200,11 +200,13 @@ TRAIN_FACE = Face(
 
 def run_record(ckpt: dict) -> dict:
     """A checkpoint's run configuration as flat options, in either layout (nested by section since the
-    sections; flat before them, as tests/data/checkpoint_v1 keeps)."""
+    sections; flat before them, as tests/data/checkpoint_v1 keeps), with what older records left implicit."""
     saved = ckpt.get("config") or {}
     flat = TRAIN_FACE.flatten(saved, "the checkpoint's record", strict=False) if isinstance(saved, dict) else {}
     if "vae" in flat and flat["vae"] is None:  # the flat layout recorded pixel space as None
         flat["vae"] = "none"
+    if flat and "eval_labels" not in flat:  # a run recorded before the label modes evaluated with random labels
+        flat["eval_labels"] = "random"
     return flat
 
 
