@@ -4,8 +4,8 @@ guidance scale x guidance interval, from one checkpoint.
 
 The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``scripts/scaling.py``
 (digits in pixel space). Each setting draws ``--num-samples`` images (image i of every setting has the label
-and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and by the digit judge against the 4,000 training
-digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
+and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and
+by the digit judge against the 4,000 training digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
 JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
 guided evaluation, one per unguided one (``dit.objectives.sampling_plan``). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID

@@ -2,10 +2,11 @@
 reference, so the points of a run (and of runs with the same settings) lie on one comparable curve.
 
 Image i of an evaluation has the label of (seed, i, N, C) in the section's mode (``dit.sample.labels``:
-balanced by default) and the noise ``noise_seed(seed, i)``, ``seed`` keyed by the run's in ``Stream.EVAL``: the same for every evaluation, every resume and any number
-of processes. Each process samples a consecutive run of the global batches and the evaluator gathers the
-features in rank order, so the scores do not depend on the world size. The training loop runs it with the
-MFU clock paused; its own cost (sampling and feature FLOPs, seconds) is a record of its own.
+balanced by default) and the noise ``noise_seed(seed, i)``, ``seed`` keyed by the run's in ``Stream.EVAL``:
+the same for every evaluation, every resume and any number of processes. Each process samples a consecutive
+run of the global batches and the evaluator gathers the features in rank order, so the scores do not depend
+on the world size. The training loop runs it with the MFU clock paused; its own cost (sampling and feature
+FLOPs, seconds) is a record of its own.
 """
 
 from __future__ import annotations
