@@ -30,7 +30,7 @@ from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
-from dit.model.config import MODEL_NAMES, describe
+from dit.model.config import describe, model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_plan import FidSamplingSection
 
@@ -89,7 +89,7 @@ def _emit(result, as_json: bool, pairs) -> None:
 def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     m, o = model, args
     summaries = []
-    for name in MODEL_NAMES if o.all else [m.model]:
+    for name in model_names() if o.all else [m.model]:
         cfg = m.config(name)
         fused = o.attention == "fused"
         summary = analytic.flops_summary(cfg, m.image_size, m.checkpointed(cfg, o.activation_checkpointing), fused)
