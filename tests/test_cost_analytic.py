@@ -14,7 +14,7 @@ from dit.cost.analytic import (
     training_flops_per_image,
     vae_flops,
 )
-from dit.cost.vae_facts import SD_VAE_CONFIG
+from dit.cost.vae_facts import SD_VAE_CONFIG, VAVAE_CONFIG
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, model_config
 from dit.model.dit import DiT
@@ -159,8 +159,9 @@ def _meta_vae_flops(config: dict, image_size: int) -> tuple[int, int]:
             32,
         ),
         (SD_VAE_CONFIG, 256),
+        (VAVAE_CONFIG, 256),
     ],
-    ids=["tiny", "sd-vae"],
+    ids=["tiny", "sd-vae", "va-vae"],
 )
 def test_vae_flops_equal_flop_counter_on_meta(config, size):
     analytic = vae_flops(config, size)

@@ -114,7 +114,7 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
             [
                 [s["model"], s["tokens"], _num(s["params"] / 1e6, 1), _num(s["forward_gmacs"], 3),
                  _num(s["forward_gflops"], 3), _num(s["train_gflops_per_image"], 2), _num(100 * s["attention_share"], 1),
-                 f"+{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):.0f}%"]
+                 f"{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):+.0f}%"]
                 + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
                 for s in summaries
             ],
