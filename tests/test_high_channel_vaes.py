@@ -68,8 +68,12 @@ def test_a_vae_of_other_channels_and_downsampling_flows_into_store_model_and_pla
     code, _, err = run_face("train.py", ["--model", "DiT-S/1", *TINY, "--image-size", "32", "--feature-path",
                                          str(store), "--results-dir", str(tmp_path / "run"), *RUN], capsys)  # fmt: skip
     assert code == 0, err
-    model = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["model_config"]
+    ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    model = load_checkpoint(ckpt)["model_config"]
     assert (model["in_channels"], model["input_size"], model["patch_size"]) == (8, 8, 1)
+    code, _, err = run_face("sample.py", ["--ckpt", str(ckpt), "--num-sampling-steps", "2", "--precision", "fp32",
+                                          "--peak-tflops", "1", "--out", str(tmp_path / "g.png")], capsys)  # fmt: skip
+    assert code == 0 and (tmp_path / "g.png").is_file(), err  # decoded by the store's VAE: 32 px images
     planned = _json(capsys, "train", "--model", "DiT-S/1", *TINY, "--image-size", "32", "--vae", vae4x8)
     assert (planned["description"], planned["vae_encode_gflops_per_image"]) == (
         "custom (depth 2, hidden 32, patch 1), input 8x8x8, 1000 classes",
