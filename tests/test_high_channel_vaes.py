@@ -30,18 +30,21 @@ def _files(folder) -> dict:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
 
 
-@pytest.fixture(scope="module")
-def vae4x8(tmp_path_factory):
-    """A random AutoencoderKL of 8 latent channels at 4x downsampling (three encoder blocks)."""
-    path = tmp_path_factory.mktemp("vae4x8")
-    vae = build_tiny_vae(latent_channels=8)
+def _vae_4x(path, channels: int) -> str:
+    """A random AutoencoderKL of ``channels`` latent channels at 4x downsampling (three encoder blocks)."""
+    vae = build_tiny_vae(latent_channels=channels)
     config = {**dict(vae.config), "block_out_channels": [4, 4, 4]}
     config["down_block_types"], config["up_block_types"] = (
-        config["down_block_types"][:3],
-        config["up_block_types"][:3],
+        vae.config.down_block_types[:3],
+        vae.config.up_block_types[:3],
     )
     type(vae).from_config(config).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def vae4x8(tmp_path_factory):
+    return _vae_4x(tmp_path_factory.mktemp("vae4x8"), 8)
 
 
 def test_lightningdit_64_epochs_cost_about_1_22_of_dit_xl2_7m_steps(capsys):
@@ -91,12 +94,12 @@ def test_a_patch_that_does_not_divide_the_latent_is_one_line(tmp_path, capsys, v
         and err.count("\n") == 1
         and err.startswith("error: input size 4 is not divisible by patch size 8")
     )
-    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.pt"))
+    assert {p.name for p in (tmp_path / "run").rglob("*")} <= {".lock"}  # nothing written but the run's lock
     assert dit_cost(["flops", "--model", "DiT-XL/8", "--vae", "vavae", "--image-size", "64"]) == 2
     assert capsys.readouterr().err.startswith("error: input size 4 is not divisible by patch size 8")
 
 
-def test_resuming_on_latents_of_other_channels_is_one_line(tmp_path, capsys, vae4x8, vae_dir):
+def test_resuming_or_sampling_on_latents_of_other_channels_is_one_line(tmp_path, capsys, vae4x8, vae_dir):
     images = make_image_folder(tmp_path / "images", {"a": 2, "b": 2})
     (tmp_path / "images" / "a" / "broken.jpg").unlink()  # read on the fly: a corrupt image stops the run
     run = ["--model", "DiT-S/1", *TINY, "--image-size", "32", "--data-path", images, *RUN,
@@ -107,3 +110,10 @@ def test_resuming_on_latents_of_other_channels_is_one_line(tmp_path, capsys, vae
     assert code == 2 and err.count("\n") == 1
     assert "input 8x8x8" in err and "input 4x4x4" in err
     assert _files(tmp_path / "run") == before
+    ckpt = str(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    code, _, err = run_face(
+        "sample.py",
+        ["--ckpt", ckpt, "--vae", _vae_4x(tmp_path / "vae4x4", 4), "--out", str(tmp_path / "g.png")],
+        capsys,
+    )
+    assert code == 2 and err.count("\n") == 1 and "takes 8-channel latents, but VAE" in err and "makes 4" in err
