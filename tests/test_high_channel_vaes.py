@@ -117,3 +117,13 @@ def test_resuming_or_sampling_on_latents_of_other_channels_is_one_line(tmp_path,
         capsys,
     )
     assert code == 2 and err.count("\n") == 1 and "takes 8-channel latents, but VAE" in err and "makes 4" in err
+
+
+def test_va_vae_by_name_is_priced_not_loaded():
+    from dit.data.vae import load_vae
+    from dit.io.errors import UserError
+
+    assert vae_config_for("vavae") == vae_config_for("hustvl/vavae-imagenet256-f16d32-dinov2")
+    assert vae_config_for("vavae")["latent_channels"] == 32
+    with pytest.raises(UserError, match="LDM checkpoint, which diffusers does not load"):
+        load_vae("vavae")

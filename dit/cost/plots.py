@@ -36,7 +36,8 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     """Forward GFLOPs per image against parameters for every registry config: size by colour, patch by marker."""
     plt = _pyplot()
     names = [name.removeprefix("DiT-").split("/") for name in model_names()]
-    colours = {size: f"C{i}" for i, size in enumerate(dict.fromkeys(size for size, _ in reversed(names)))}
+    sizes = dict.fromkeys(size for size, _ in reversed(names))  # smallest first, as _SIZES lists them
+    colours = {size: f"C{i}" for i, size in enumerate(sizes)}
     markers = dict(zip(PATCH_SIZES, "Dos^v<>p"))
     fig, ax = plt.subplots(figsize=(7, 5))
     for size, patch in names:

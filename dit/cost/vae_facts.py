@@ -36,8 +36,6 @@ VAVAE_CONFIG = {
     "norm_num_groups": 32,
     "act_fn": "silu",
 }
-# Known by name, priced without a download: alias or hub id -> config.
-KNOWN_VAES = {"vavae": VAVAE_ID}
 
 # diffusers' own AutoencoderKL defaults, for keys a config leaves out.
 AUTOENCODER_KL_DEFAULTS = {
@@ -59,11 +57,16 @@ def is_sd_vae(spec: str | None) -> bool:
     return spec in (*VAE_ALIASES, *VAE_ALIASES.values())
 
 
+def is_vavae(spec: str | None) -> bool:
+    """VA-VAE by its alias (vavae) or hub id."""
+    return spec in ("vavae", VAVAE_ID)
+
+
 def known_vae_config(spec: str | None) -> dict | None:
-    """The config of a VAE the planner knows by alias or hub id (the SD VAEs, VA-VAE), else None."""
+    """The config of a VAE known by alias or hub id (the SD VAEs, VA-VAE), priced without a download; else None."""
     if is_sd_vae(spec):
         return SD_VAE_CONFIG
-    return VAVAE_CONFIG if spec in (*KNOWN_VAES, VAVAE_ID) else None
+    return VAVAE_CONFIG if is_vavae(spec) else None
 
 
 def latent_downsample_of(config) -> int:
