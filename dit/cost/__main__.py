@@ -30,7 +30,7 @@ from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
-from dit.model.config import MODEL_NAMES, describe
+from dit.model.config import describe, model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_plan import FidSamplingSection
 
@@ -89,7 +89,7 @@ def _emit(result, as_json: bool, pairs) -> None:
 def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     m, o = model, args
     summaries = []
-    for name in MODEL_NAMES if o.all else [m.model]:
+    for name in model_names() if o.all else [m.model]:
         cfg = m.config(name)
         fused = o.attention == "fused"
         summary = analytic.flops_summary(cfg, m.image_size, m.checkpointed(cfg, o.activation_checkpointing), fused)
@@ -114,7 +114,7 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
             [
                 [s["model"], s["tokens"], _num(s["params"] / 1e6, 1), _num(s["forward_gmacs"], 3),
                  _num(s["forward_gflops"], 3), _num(s["train_gflops_per_image"], 2), _num(100 * s["attention_share"], 1),
-                 f"+{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):.0f}%"]
+                 f"{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):+.0f}%"]
                 + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
                 for s in summaries
             ],

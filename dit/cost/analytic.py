@@ -275,18 +275,23 @@ def _resnet(hw: int, c_in: int, c_out: int) -> int:
     )
 
 
+def _attention(hw: int, c: int) -> int:
+    # single-head self-attention over the hw positions: q, k, v, out + QK^T + A.V
+    return 4 * hw * c * c + 2 * hw * hw * c
+
+
 def _mid_block(hw: int, c: int, attention: bool) -> int:
-    # resnet, single-head self-attention over the hw positions (q, k, v, out + QK^T + A.V), resnet
-    return 2 * _resnet(hw, c, c) + ((4 * hw * c * c + 2 * hw * hw * c) if attention else 0)
+    return 2 * _resnet(hw, c, c) + (_attention(hw, c) if attention else 0)
 
 
 def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
-    """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict)."""
+    """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict); an
+    ``Attn`` block adds an attention after each of its resnets."""
     cfg = {**AUTOENCODER_KL_DEFAULTS, **vae_config}
     kinds = set(cfg["down_block_types"]) | set(cfg["up_block_types"])
-    if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D"}:
+    if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D", "AttnDownEncoderBlock2D", "AttnUpDecoderBlock2D"}:
         raise UserError(
-            f"vae_flops counts DownEncoderBlock2D/UpDecoderBlock2D VAEs only, got {sorted(kinds)}: "
+            f"vae_flops counts (Attn)DownEncoderBlock2D/(Attn)UpDecoderBlock2D VAEs only, got {sorted(kinds)}: "
             "count this VAE with dit.cost.measured (FlopCounterMode on meta) instead."
         )
     chans, layers, latent = list(cfg["block_out_channels"]), cfg["layers_per_block"], cfg["latent_channels"]
@@ -300,6 +305,7 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     for i, c_out in enumerate(chans):
         for _ in range(layers):
             macs += _resnet(side * side, c_in, c_out)
+            macs += _attention(side * side, c_out) if cfg["down_block_types"][i].startswith("Attn") else 0
             c_in = c_out
         if i < len(chans) - 1:  # stride-2 3x3 conv after asymmetric (0, 1) padding: side -> side / 2
             side //= 2
@@ -313,6 +319,7 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     for i, c_out in enumerate(reversed(chans)):
         for _ in range(layers + 1):
             macs += _resnet(side * side, c_in, c_out)
+            macs += _attention(side * side, c_out) if cfg["up_block_types"][i].startswith("Attn") else 0
             c_in = c_out
         if i < len(chans) - 1:  # nearest x2, then a 3x3 conv at the new size
             side *= 2

@@ -25,7 +25,8 @@ class CostModelSection(ModelSection):
 
     vae: str = option(
         "ema",
-        "the latent space: ema or mse (the SD VAE), a folder with an AutoencoderKL config.json, or none (pixel space)",
+        "the latent space: ema or mse (the SD VAE), vavae (VA-VAE f16d32: 32 channels at 16x), a folder with an "
+        "AutoencoderKL config.json, or none (pixel space)",
     )
     latent_size: int | None = option(
         None, "the model's input size, if not image size / the VAE's downsampling", ge=1

@@ -26,7 +26,7 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
-from dit.cost.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
+from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
 from dit.io.userfiles import read_json
@@ -34,17 +34,17 @@ from dit.model.config import DiTConfig, describe, model_config, registry_name
 
 
 def vae_config_for(spec: str | None) -> dict | None:
-    """The AutoencoderKL config a ``--vae`` value means: the SD VAE for ema/mse (and their hub ids), a
-    folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
+    """The AutoencoderKL config a ``--vae`` value means: a known VAE's by alias or hub id (ema, mse, vavae),
+    a folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
     if spec is None or str(spec).lower() == "none":
         return None
-    if is_sd_vae(spec):
-        return SD_VAE_CONFIG
+    if (known := known_vae_config(spec)) is not None:
+        return known
     path = Path(spec).expanduser() / "config.json"
     if not path.is_file():
         raise UserError(
-            f"--vae {spec!r}: pass ema, mse, none, or a folder with an AutoencoderKL config.json (hub ids other "
-            "than the SD VAEs are not looked up offline; download the folder and pass it)."
+            f"--vae {spec!r}: pass ema, mse, vavae, none, or a folder with an AutoencoderKL config.json (other hub "
+            "ids are not looked up offline; download the folder and pass it)."
         )
     config = read_json(path, "the VAE's config", "pass a folder that save_pretrained wrote")
     if not isinstance(config, dict):

@@ -18,7 +18,7 @@ import torch
 if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sampler run without it in pixel space
     from diffusers import AutoencoderKL
 
-from dit.cost.vae_facts import VAE_ALIASES, latent_downsample_of
+from dit.cost.vae_facts import VAE_ALIASES, VAVAE_ID, is_vavae, latent_downsample_of
 from dit.io.errors import UserError, require
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -41,6 +41,12 @@ def resolve_vae_spec(spec: str) -> str:
 
 def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> AutoencoderKL:
     """Load a frozen AutoencoderKL in eval mode; failures become a UserError that names the source and the fix."""
+    if is_vavae(spec):
+        raise UserError(
+            f"VA-VAE's release ({VAVAE_ID}) is an LDM checkpoint, which diffusers does not load: convert it to a "
+            "diffusers AutoencoderKL folder (its layers: dit.cost.vae_facts.VAVAE_CONFIG) and pass --vae DIR "
+            "(dit-cost prices --vae vavae by name)."
+        )
     source = resolve_vae_spec(spec)
     is_folder = os.path.isabs(source)
     if is_folder and not os.path.isfile(os.path.join(source, "config.json")):

@@ -7,13 +7,13 @@ follow the official semantics. Its blocks and block options: ``dit.model.layers`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from dit.io.errors import UserError
-from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.config import DiTConfig, describe, model_config, model_names
 from dit.model.layers import (
     DiTBlock,
     FinalLayer,
@@ -283,5 +283,20 @@ class DiT(nn.Module):
         return self
 
 
+class _Registry(Mapping):
+    """``DiT_models``: a builder per registry name, the names read from the registry at each use."""
+
+    def __getitem__(self, name: str):
+        if name not in model_names():
+            raise KeyError(name)
+        return _registry_entry(name)
+
+    def __iter__(self):
+        return iter(model_names())
+
+    def __len__(self) -> int:
+        return len(model_names())
+
+
 # The official drop-in: DiT_models["DiT-XL/2"](input_size=32, num_classes=1000).
-DiT_models = {name: _registry_entry(name) for name in MODEL_NAMES}
+DiT_models = _Registry()
