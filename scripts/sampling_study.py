@@ -43,6 +43,7 @@ from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan,
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
 from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
+from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guide
 from dit.sample.loading import load_sampling_model
 
 SPECS = (
@@ -99,9 +100,9 @@ class StudyConfig(Section):
 FACE = Face(
     "scripts/sampling_study.py",
     __doc__,
-    sections={"study": StudyConfig},
+    sections={"study": StudyConfig, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"out": "file", "plot": "file"},
-    inputs={"ckpt": "file"},
+    inputs={"ckpt": "file", **GUIDE_INPUTS},
 )
 
 
@@ -166,10 +167,11 @@ def key(row: dict) -> tuple:
     return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
 
 
-def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision) -> dict:
+def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, guide=None) -> dict:
+    """One setting's scores; ``guide``: autoguidance's guide model (None: classifier-free guidance)."""
     kind, method = split_sampler(setting["sampler"])
     interval = setting["interval_times"]
-    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval))
+    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval), guide=guide)
     sampler = Sampler(sm, setting["steps"], kind, method=method, guidance=guidance)
     classes, sampling_s = sm.config.num_classes, 0.0
 
@@ -186,7 +188,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
     result = evaluator.evaluate(batches(), keep_features=True)
     np.savez(buffer := io.BytesIO(), **result["features"])
     atomic_write_bytes(features_path(c, setting), buffer.getvalue())
-    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
+    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe, guidance)
     return {
         **setting,
         "nfe": sampler.mean_nfe,
@@ -214,7 +216,7 @@ def load_rows(path: Path, header: dict) -> list[dict]:
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --num-samples, --seed, --precision and judges."
+            "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
         )
     return data["rows"]
 
@@ -225,15 +227,19 @@ def interval(row: dict, score: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = FACE.parse(argv).sections["study"]
+    sections = FACE.parse(argv).sections
+    c, g = sections["study"], sections["guide"]
     out = Path(c.out)
     with Runtime(c.device, c.precision) as runtime:
         sm = load_sampling_model(c.ckpt, vae="none", device=runtime.device)
+        guide = load_guide(g, sm, runtime.device)
         net = load_digit_classifier()
         reference = digits_reference(net)  # on the CPU, as the quick start's
         judges = judges_for(net.name, device=runtime.device)
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)]}  # fmt: skip
+        # None without a guide: the studies written before guides had none, and match
+        header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
         rows = load_rows(out, header)
         rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
         done = {key(r) for r in rows}
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         evaluator.check_count(c.num_samples)
         for setting in todo:
-            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision))
+            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, guide))
             r = rows[-1]
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
                   f"{r['guidance_scale']:g} {r['interval']}: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
