@@ -193,14 +193,15 @@ def test_a_flow_guide_of_another_prediction_is_refused(tmp_path, capsys):
     assert code == 2 and "prediction noise, the model velocity" in err and len(err.strip().splitlines()) == 1
 
 
-def test_guide_and_path_drop_together_are_one_error_line(tmp_path, capsys):
+@pytest.mark.parametrize("case", ["path drop", "no file"])
+def test_guide_with_path_drop_or_without_a_file_is_one_error_line(tmp_path, capsys, case):
     ckpt = checkpoint(tmp_path / "main")
-    argv = ["--ckpt", ckpt, "--guide-ckpt", ckpt, "--guidance-path-drop", "--out", str(tmp_path / "g.png")]
+    guide, extra, message = {"path drop": (ckpt, ["--guidance-path-drop"], "pass one of them"),
+                             "no file": (str(tmp_path), [], "(--guide-ckpt)")}[case]  # fmt: skip
+    argv = ["--ckpt", ckpt, "--guide-ckpt", guide, *extra, "--out", str(tmp_path / "g.png")]
     code, _, err = run_face("sample.py", argv, capsys)
-    assert (
-        code == 2 and err.startswith("error:") and "pass one of them" in err and len(err.strip().splitlines()) == 1
-    )
-    assert not (tmp_path / "g.png").exists()
+    assert code == 2 and err.startswith("error:") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "g.png").exists()
 
 
 def test_an_unconditional_model_can_be_guided_by_a_guide(tmp_path):
