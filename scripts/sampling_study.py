@@ -7,7 +7,8 @@ The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of
 and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and
 by the digit judge against the 4,000 training digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
 JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
-guided evaluation, one per unguided one (``dit.objectives.sampling_plan``). Finished rows are kept in the ``--out``
+guided evaluation, one per unguided one (``dit.objectives.sampling_plan``); with ``--guide-ckpt`` every guided
+setting is autoguidance, its second pass the guide's (docs/sampling.md). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
 
@@ -43,6 +44,7 @@ from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan,
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
 from dit.sample.generate import Guidance, Sampler, generate, noise_seed
+from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guide
 from dit.sample.labels import LABEL_MODES, resumed_mode, set_labels
 from dit.sample.loading import load_sampling_model
 
@@ -104,9 +106,9 @@ class StudyConfig(Section):
 FACE = Face(
     "scripts/sampling_study.py",
     __doc__,
-    sections={"study": StudyConfig},
+    sections={"study": StudyConfig, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"out": "file", "plot": "file"},
-    inputs={"ckpt": "file"},
+    inputs={"ckpt": "file", **GUIDE_INPUTS},
 )
 
 
@@ -171,10 +173,11 @@ def key(row: dict) -> tuple:
     return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
 
 
-def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, mode: str) -> dict:
+def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, mode: str, guide=None) -> dict:
+    """One setting's scores, with ``mode`` labels; ``guide``: autoguidance's guide model (None: classifier-free guidance)."""
     kind, method = split_sampler(setting["sampler"])
     interval = setting["interval_times"]
-    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval))
+    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval), guide=guide)
     sampler = Sampler(sm, setting["steps"], kind, method=method, guidance=guidance)
     every_label, sampling_s = set_labels(mode, c.seed, c.num_samples, sm.config.num_classes), 0.0
 
@@ -191,7 +194,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
     result = evaluator.evaluate(batches(), keep_features=True)
     np.savez(buffer := io.BytesIO(), **result["features"])
     atomic_write_bytes(features_path(c, setting), buffer.getvalue())
-    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
+    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe, guidance)
     return {
         **setting,
         "labels": mode,
@@ -227,7 +230,7 @@ def load_rows(path: Path, data: dict | None, header: dict) -> list[dict]:
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --num-samples, --seed, --precision and judges."
+            "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
         )
     return data["rows"]
 
@@ -238,10 +241,12 @@ def interval(row: dict, score: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = FACE.parse(argv).sections["study"]
+    sections = FACE.parse(argv).sections
+    c, g = sections["study"], sections["guide"]
     out = Path(c.out)
     with Runtime(c.device, c.precision) as runtime:
         sm = load_sampling_model(c.ckpt, vae="none", device=runtime.device)
+        guide = load_guide(g, sm, runtime.device)
         net = load_digit_classifier()
         reference = digits_reference(net)  # on the CPU, as the quick start's
         judges = judges_for(net.name, device=runtime.device)
@@ -250,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)],
                   "labels": mode}  # fmt: skip
+        # None without a guide: the studies written before guides had none, and match
+        header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
         rows = load_rows(out, study, header)
         rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
         done = {key(r) for r in rows}
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         evaluator.check_count(c.num_samples)
         for setting in todo:
-            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, mode))
+            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
             r = rows[-1]
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
                   f"{r['guidance_scale']:g} {r['interval']}, {mode} labels: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "

@@ -232,20 +232,22 @@ def cmd_sample(
 ) -> None:
     m, h, o = model, hardware, args
     cfg = m.config()
+    guide = m.config(o.guide_model) if o.guide_model is not None else None
     vae = plan.vae_config_for(m.vae)
-    schedule = plan_of(m, sampling)
+    schedule = plan_of(m, sampling, o.guide_model)
     nfe, unguided = evaluations(m, sampling, o, schedule)
     result = plan.plan_sampling(
         cfg,
         m.image_size,
         o.num_images,
         nfe,
-        planned_guidance(m, sampling),
+        planned_guidance(m, sampling, o.guide_model),
         h.num_gpus,
         **h.budget(),
         vae_config=vae,
         unguided_nfe=unguided,
         path_drop=sampling.guidance_path_drop,
+        guide=guide,
     )
     result.update(
         num_sampling_steps=sampling.num_sampling_steps,
@@ -260,11 +262,21 @@ def cmd_sample(
         guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided_nfe"] else " (no guidance)"
         if r["guidance_interval"]:
             guided += f", guided in [{r['guidance_interval'][0]:g}, {r['guidance_interval'][1]:g}]"
+        passes = f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP"
+        if guide is not None:
+            guided = (
+                f" (autoguidance {r['guidance_scale']:g}: the second pass the guide's)"
+                if r["guided_nfe"]
+                else guided
+            )
+            passes = (f"{r['nfe']} passes x {_num(r['forward_gflops'], 2)} GFLOP + {r['guided_nfe']} guide passes x "
+                      f"{_num(r['guide_forward_gflops'], 2)} GFLOP")  # fmt: skip
         out = [
             ("model", f"{describe(cfg)} at {r['image_size']} px"),
+            *([("guide", describe(guide))] if guide is not None else []),
             ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps): "
                             f"{r['guided_nfe']} guided x 2 passes + {r['unguided_nfe']} unguided x 1 pass{guided} = "
-                            f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP = "
+                            f"{passes} = "
                             f"{_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP = {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
         ]  # fmt: skip
         if vae is not None:

@@ -167,12 +167,13 @@ def sampling_flops_per_image(
     *,
     unguided_nfe: float = 0,
     path_drop: bool = False,
+    guide: DiTConfig | None = None,
 ) -> SampleFlops:
     """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
     uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun;
     ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone). Sampling
     runs at full tokens; ``path_drop`` (SPRINT's path-drop guidance) runs the unconditional pass without the
-    sparse blocks."""
+    sparse blocks; ``guide`` (autoguidance) runs that model's forward in place of the unconditional pass."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if guidance_scale < 1.0:
@@ -183,8 +184,11 @@ def sampling_flops_per_image(
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
     full = forward_macs(cfg, ratio=0).flops
-    uncond = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
-    model = (num_steps * full) + guided * uncond
+    if guide is not None:
+        weak = forward_macs(guide, ratio=0).flops
+    else:
+        weak = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
+    model = (num_steps * full) + guided * weak
     return SampleFlops(model=float(model), vae_decode=float(vae_decode_flops), forward_passes=passes)
 
 

@@ -343,20 +343,25 @@ def plan_sampling(
     vae_config: dict | None = SD_VAE_CONFIG,
     unguided_nfe: int = 0,
     path_drop: bool = False,
+    guide: DiTConfig | None = None,
 ) -> dict:
     """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
     time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU).
     ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each. ``path_drop``: the
-    unconditional pass skips the sparse blocks (SPRINT's path-drop guidance)."""
+    unconditional pass skips the sparse blocks (SPRINT's path-drop guidance); ``guide``: autoguidance's guide,
+    whose forward replaces the unconditional pass."""
     _positive("--num-images", num_images)
     _positive("--num-gpus", num_devices)
     _positive("--price-per-hour", price_per_device_hour)
-    if cfg.num_classes == 0 and guidance_scale > 1:
-        raise UserError("an unconditional model (--num-classes 0) has nothing to guide: pass --guidance-scale 1.")
+    if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
+        raise UserError(
+            "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
+            "--guidance-scale 1, or a --guide-model."
+        )
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(
         cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode, unguided_nfe=unguided_nfe,
-        path_drop=path_drop,
+        path_drop=path_drop, guide=guide,
     )  # fmt: skip
     total = per_image.total * num_images
     return {
@@ -371,6 +376,14 @@ def plan_sampling(
         "guided": guidance_scale > 1,
         "forward_passes_per_image": per_image.forward_passes,
         "forward_gflops": forward_macs(cfg, ratio=0).flops / 1e9,
+        **(
+            {
+                "guide_model": registry_name(guide) or "custom",
+                "guide_forward_gflops": forward_macs(guide, ratio=0).flops / 1e9,
+            }
+            if guide is not None
+            else {}
+        ),
         "model_gflops_per_image": per_image.model / 1e9,
         "model_gmacs_per_image": per_image.model / 2e9,
         "vae_decode_gflops_per_image": per_image.vae_decode / 1e9,

@@ -29,6 +29,7 @@ from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
 from dit.sample.generate import Sampler, SamplingModel, noise_seed, sample_latents, to_images
+from dit.sample.guide import load_guide
 from dit.sample.labels import labels_record, resumed_mode, set_labels
 from dit.sample.loading import load_weights
 
@@ -55,6 +56,8 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     guided = "" if str(s.guidance_channels) == "3" else f"-cfgch-{s.guidance_channels}"
     if g.interval is not None:
         guided += "-gi-" + "-".join(f"{v:g}" for v in g.interval)
+    if c.guide.ckpt is not None:
+        guided += f"-guide-{Path(c.guide.ckpt).stem}" + ("" if c.guide.ema else "-raw")
     return (
         f"{name}-{Path(c.weights.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{g.scale}{guided}"
         f"-seed-{f.seed}-{sampler.describe().replace(' ', '-')}{s.num_sampling_steps}"
@@ -62,10 +65,12 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     )
 
 
-def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str) -> dict:
+def _set_identity(
+    c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str, guide_sha256: str | None
+) -> dict:
     """Everything that decides the set: the weights by content (a retrained file at the same path is another
-    set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits),
-    the label mode and how N splits over the classes; not the world size (tested equal)."""
+    set; the guide's too), the model, sampler and guidance, N and the batch (the batch an image is in moves its
+    last bits), the label mode and how N splits over the classes; not the world size (tested equal)."""
     s, f, interval = (
         c.sampling,
         c.fid,
@@ -73,6 +78,11 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     )  # keys as before the sections: old sets stay valid
     return {
         **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
+        **(
+            {"guide": {"ckpt_sha256": guide_sha256, "weights": "ema" if c.guide.ema else "model"}}
+            if guide_sha256
+            else {}
+        ),
         **({"time_shift": sampler.time_shift} if sampler.time_shift != 1 else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": f.num_fid_samples,
@@ -162,15 +172,18 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     w = c.weights.replace(ckpt=str(find_checkpoint(c.weights.ckpt or official_release(c.weights.image_size))))
     c = dataclasses.replace(c, weights=w)
     sm = load_weights(w, device, sd_decoder="ema")  # the official sample_ddp.py decodes with ema
-    sampler = Sampler.from_options(sm, c.sampling)
+    sampler = Sampler.from_options(sm, c.sampling, load_guide(c.guide, sm, device))
     folder = Path(c.fid.sample_dir) / sample_folder_name(c, sm, sampler)
-    ckpt_sha256 = runtime.gather_objects(sha256_file(w.ckpt) if rank == 0 else None)[0]
+    files = (w.ckpt, c.guide.ckpt)
+    ckpt_sha256, guide_sha256 = runtime.gather_objects(
+        [f and sha256_file(f) for f in files] if rank == 0 else None
+    )[0]
     manifest = folder / "sample_set.json"
     recorded = json.loads(manifest.read_text()) if manifest.is_file() else None
     if recorded is not None:
         recorded = {"labels": "random", **recorded}  # a set recorded before the modes drew random labels
     mode = resumed_mode(c.fid.labels, recorded and recorded["labels"], folder, "another --sample-dir")
-    identity = _set_identity(c, sm, ckpt_sha256, sampler, mode)
+    identity = _set_identity(c, sm, ckpt_sha256, sampler, mode, guide_sha256)
     if recorded is not None and recorded != identity:
         raise UserError(
             f"{folder} holds samples made with other settings or other weights (see {manifest}): pass another "

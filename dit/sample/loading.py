@@ -107,20 +107,36 @@ def load_sampling_model(
     when the run was pixel space.
     """
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
+    net, which, run = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
+                                 use_ema=use_ema, device=device, objective=objective)  # fmt: skip
+    vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
+    factor = 1 if vae_module is None else latent_downsample(vae_module)
+    image_size = _agree("--image-size", image_size, run.get("image_size")) or net.config.input_size * factor
+    _check_fits(net.config, image_size, factor, vae_spec, vae_module)
+    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
+
+
+def read_model(
+    ckpt_path: str | os.PathLike,
+    *,
+    model: str | None = None,
+    num_classes: int | None = None,
+    num_heads: int | None = None,
+    use_ema: bool = True,
+    device: str | torch.device = "cpu",
+    objective: str | None = None,
+) -> tuple[DiT, str, dict]:
+    """(the DiT a checkpoint holds, in eval mode on ``device``; which weights it loaded; the run's record as
+    flat options, its objective resolved): ``load_sampling_model`` without the VAE."""
     ckpt = load_checkpoint(ckpt_path)
     run = sit_run_config(recorded_run_config(ckpt))
     recorded_objective = run.get("objective") or ("diffusion" if run else None)
     run["objective"] = _agree("--objective", objective, recorded_objective) or "diffusion"
     weights, which = model_weights(ckpt, use_ema)
-    vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
-    factor = 1 if vae_module is None else latent_downsample(vae_module)
     cfg = _model_config(ckpt, weights, run, model=model, num_classes=num_classes, num_heads=num_heads)
-    image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
-    _check_fits(cfg, image_size, factor, vae_spec, vae_module)
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
-    net = net.to(device).eval().requires_grad_(False)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
+    return net.to(device).eval().requires_grad_(False), which, run
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
