@@ -9,7 +9,7 @@ import torch
 
 from dit.checkpoint import load_checkpoint, model_weights, official_release
 from dit.cost.vae_facts import is_sd_vae
-from dit.data.vae import latent_downsample, load_vae
+from dit.data.vae import ChannelNorm, latent_downsample, load_vae
 from dit.io.config import Section, flatten_record, option
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
@@ -99,7 +99,7 @@ def load_sampling_model(
     """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
 
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
-    official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
+    a ``--latent-norm channel`` run's carry the statistics that undo it; official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
     ``image_size`` and ``num_classes`` are then checks; ``objective`` "flow" marks a bare SiT release, whose
     transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.data.vae.load_vae``, "none" for pixel space, or
     None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
@@ -120,7 +120,19 @@ def load_sampling_model(
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     net = net.to(device).eval().requires_grad_(False)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
+    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run, _latent_norm(ckpt, run))
+
+
+def _latent_norm(ckpt: dict, run: dict) -> ChannelNorm | None:
+    """The statistics a ``--latent-norm channel`` run normalised its latents with (None: the VAE's scale)."""
+    if run.get("latent_norm", "scalar") == "scalar":
+        return None
+    if not isinstance(ckpt.get("latent_norm"), dict):
+        raise UserError(
+            "the checkpoint was trained with --latent-norm channel but holds no per-channel statistics to undo it "
+            "with: it is damaged or was edited; sample a checkpoint its run wrote."
+        )
+    return ChannelNorm.of(ckpt["latent_norm"])
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
