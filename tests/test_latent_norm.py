@@ -226,11 +226,19 @@ def test_a_constant_channel_is_refused_for_channel(tmp_path):
         LatentStoreDataset(str(tmp_path), latent_norm="channel")
 
 
-def test_a_channel_checkpoint_without_its_statistics_is_refused(tmp_path, vae_dir):
+def test_a_channel_checkpoint_without_its_statistics_or_exported_to_diffusers_is_refused(
+    tmp_path, vae_dir, capsys
+):
     store = str(tmp_path / "store")
     write_moments_store(store, moments(), torch.arange(24) % 3, 3, source=vae_dir)
     train(store_config(store, tmp_path / "run", latent_norm="channel"))
-    ckpt = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))
+    capsys.readouterr()
+    path = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    out = tmp_path / "pipeline"
+    code, _, err = run_face("scripts/export_diffusers.py", ["--ckpt", str(path), "--out", str(out)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "DiTPipeline undoes only the VAE's one scaling" in err, err
+    assert not out.exists()
+    ckpt = load_checkpoint(path)
     del ckpt["latent_norm"]
     torch.save(ckpt, tmp_path / "edited.pt")
     with pytest.raises(UserError, match="holds no per-channel statistics"):
