@@ -178,11 +178,12 @@ def build_data(
     """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder,
     checked against the model's ``image_size`` and ``num_classes``; ``features``: a store also yields its
     encoder features (REPA)."""
-    if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):
+    if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
         raise UserError(
             "--latent-norm channel uses a latent store's per-channel statistics, and latents encoded on the fly "
-            "have none: extract a store (python extract_features.py --data-path IMAGES --feature-path STORE) and "
-            "train on it with --feature-path STORE, or keep --latent-norm scalar."
+            "(an image folder, or a data set given to train()) have none: extract a store (python "
+            "extract_features.py --data-path IMAGES --feature-path STORE) and train on it with --feature-path "
+            "STORE, or keep --latent-norm scalar."
         )
     if dataset is not None:
         x, _ = dataset[0]
