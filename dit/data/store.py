@@ -1,8 +1,8 @@
 """The latent store: VAE posterior moments of every image (and of its flip), sharded, checksummed, memory-mapped.
 
 A store folder holds
-  manifest.json                    what made the store and what it holds, each latent channel's mean and std
-                                   among it (docs/latent_store.md)
+  manifest.json                    what made the store, what it holds, and each latent channel's mean and std
+                                   (docs/latent_store.md)
   shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata,
                                    and with REPA ``features`` [n, views, tokens, width] (a frozen encoder's)
   shard-00000.safetensors.sha256   a ``sha256sum -c`` line, written after its shard: the shard's completion mark
