@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dit.cost import memory, peaks, plan
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
-from dit.model.config import MODEL_NAMES, ModelSection, parse_activation_checkpointing
+from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
 from dit.objectives.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 from dit.objectives.times import latent_dim, shift_factor
@@ -127,9 +127,16 @@ class SampleArgs(Section):
     )
     guide_model: str | None = option(
         None, "autoguidance (sample.py's --guide-ckpt): the guide's size, a model of the same classes, images and "
-        "latents whose forward replaces the unconditional pass of each guided evaluation", choices=MODEL_NAMES,
+        "latents whose forward replaces the unconditional pass of each guided evaluation (a registry name)",
     )  # fmt: skip
     json: bool = option(False, "print JSON")
+
+    def check(self) -> None:
+        if self.guide_model is not None:
+            try:
+                model_config(self.guide_model)
+            except UserError as e:
+                raise FieldError("{guide_model}: " + str(e)) from None
 
 
 def planned_guidance(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from dit import objectives
-from dit.data.vae import decode
+from dit.data.vae import ChannelNorm, decode
 from dit.io.config import FieldError
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, check_path_drop
@@ -53,6 +53,7 @@ class SamplingModel:
     predict_xstart: bool = False
     transport: Transport | None = None
     time_shift: float = 1.0  # the diffusion's training shift (a flow's is its transport's)
+    latent_norm: ChannelNorm | None = None  # --latent-norm channel's statistics, undone before decoding
 
     @property
     def config(self) -> DiTConfig:
@@ -66,11 +67,12 @@ class SamplingModel:
 
     @classmethod
     def from_run(
-        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict
+        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict, latent_norm=None
     ) -> SamplingModel:
-        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
+        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective;
+        ``latent_norm``: the run's ``ChannelNorm`` (None: the VAE's scaling rule)."""
         fields = objectives.from_record(run, model.config.learn_sigma, latent_dim(model.config)).sampling_fields()
-        return cls(model, weights, image_size, vae, vae_spec, **fields)
+        return cls(model, weights, image_size, vae, vae_spec, **fields, latent_norm=latent_norm)
 
 
 # ---- checks on what the user asked for --------------------------------------------------------------------
@@ -332,7 +334,7 @@ def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | N
         images = samples.clamp(-1, 1)
     else:
         with precision.frozen() if precision is not None else nullcontext():
-            images = decode(sm.vae, samples)
+            images = decode(sm.vae, samples, sm.latent_norm)
     if images.shape[1] == 1:
         images = images.repeat(1, 3, 1, 1)
     return images.float().cpu()

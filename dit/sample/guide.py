@@ -38,9 +38,9 @@ def load_guide(g: GuideSection, sm: SamplingModel, device) -> DiT | None:
         return None
     if not os.path.isfile(g.ckpt):  # the checkpoint reader's own message names --ckpt
         raise UserError(f"guide checkpoint {g.ckpt} is not a file: pass the path of a .pt file (--guide-ckpt).")
-    net, which, run = read_model(g.ckpt, use_ema=g.ema, device=device)
+    net, which, run, latent_norm = read_model(g.ckpt, use_ema=g.ema, device=device)
     image_size = run.get("image_size") or net.config.input_size * (sm.image_size // sm.config.input_size)
-    guide = SamplingModel.from_run(net, which, image_size, None, None, run)
+    guide = SamplingModel.from_run(net, which, image_size, None, None, run, latent_norm)
     differences = task_differences(sm, guide)
     if differences:
         raise UserError(
@@ -61,6 +61,11 @@ def task_differences(sm: SamplingModel, guide: SamplingModel) -> list[str]:
         out.append(f"{guide.image_size} px images, the model {sm.image_size} px")
     if (gc.in_channels, gc.input_size) != (m.in_channels, m.input_size):
         out.append(f"inputs of {gc.in_channels} x {gc.input_size}^2, the model {m.in_channels} x {m.input_size}^2")
+    norms = [n and n.record() for n in (guide.latent_norm, sm.latent_norm)]
+    if norms[0] != norms[1]:
+        kinds = ["per-channel statistics" if n else "the VAE's scale" for n in norms]
+        out.append(f"latents normalised by {kinds[0]}, the model's by {kinds[1]}" if kinds[0] != kinds[1]
+                   else "latents normalised by other per-channel statistics than the model's")  # fmt: skip
     mine, theirs = sm.objective.task(), guide.objective.task()
     keys = ["objective"] if mine["objective"] != theirs["objective"] else list(mine)
     out += [f"{k} {theirs[k]}, the model {mine[k]}" for k in keys if theirs[k] != mine[k]]

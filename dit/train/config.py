@@ -34,8 +34,9 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
     "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
-# What a resume may change only when --allow-changes names it: the optimizer's recipe and the objective's.
-RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE)
+# What a resume may change only when --allow-changes names it: the optimizer's recipe, the objective's, and the
+# latents' scaling.
+RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE, *DataSection.RECIPE)
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 # What --allow-changes may name: the recipe, and the token-drop ratio and stages (a model field that keeps the
 # model's tensors while it stays above 0).
