@@ -62,10 +62,10 @@ row() {
     timeout -k 2 "$limit" "$py" scripts/benchmark.py "$@" --precision bf16 --out "$out/bench_$name.json" >>"$log" 2>&1 \
         || { echo "$name: exit status $?" >>"$log"; failed=1; }
 }
-row train_b${small}_eager 20 300 train "${train[@]}" --global-batch-size $small --compile off --untimed-steps 2
-row train_b${small}_compiled 35 400 train "${train[@]}" --global-batch-size $small --compile on --untimed-steps 3
-row train_b${large}_compiled_checkpointed 35 400 train "${train[@]}" --global-batch-size $large --compile on \
+row train_b${small}_eager 20 600 train "${train[@]}" --global-batch-size $small --compile off --untimed-steps 2
+row train_b${small}_compiled 35 900 train "${train[@]}" --global-batch-size $small --compile on --untimed-steps 3
+row train_b${large}_compiled_checkpointed 35 900 train "${train[@]}" --global-batch-size $large --compile on \
     --activation-checkpointing all --untimed-steps 3
-row sample 25 120 sample "${sample[@]}"
+row sample 25 300 sample "${sample[@]}"
 echo "results: $out/gpu_validate.json, $out/bench_*.json; log: $log"
 exit $failed

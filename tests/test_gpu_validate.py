@@ -18,8 +18,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "scripts" / "gpu_validate.sh"
 
-# The checks of gpu_validate before they were tests, by its former section, and the tests that make them now;
-# its bench and sample sections are the runner's benchmark rows.
+# The checks of gpu_validate before they were tests, by its former section, and the tests that make them now
+# (a new marked test needs no entry); its bench and sample sections are the runner's benchmark rows.
 FORMER_CHECKS = {
     "env": ["test_gpu_device.py::test_env_and_datasheet_peak"],
     "flags": ["test_gpu_device.py::test_precision_flags_read_and_compiled_matmul"],
@@ -52,9 +52,9 @@ def test_collect_only_lists_every_former_check_and_the_runner_runs_them():
     done = _pytest("-m", "cuda", "--collect-only", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
     collected = sorted(line for line in done.stdout.splitlines() if "::" in line)
-    assert collected == CHECKS
+    assert set(CHECKS) <= set(collected), sorted(set(CHECKS) - set(collected))
     runs = RUNNER.read_text()
-    assert all(f"tests/{t.split('::')[0]}" in runs for t in CHECKS)
+    assert all(t.split("::")[0] in runs for t in collected)
 
 
 def _marked():
@@ -75,7 +75,7 @@ def test_the_gpu_run_fits_its_lease_with_a_rerun_to_spare():
     (line,) = [x.split() for x in text.splitlines() if x.strip().startswith("pytest_limit=") and "DiT-XL" in x]
     pytest_limit = int(line[0].split("=")[1])
     marked = list(_marked())
-    assert {n for n, _, _ in marked} == {c.split("::")[1].split("[")[0] for c in CHECKS}
+    assert {n for n, _, _ in marked} >= {c.split("::")[1].split("[")[0] for c in CHECKS}
     assert all({"seconds", "dry_seconds"} <= set(m.kwargs) for _, m, _ in marked)
     start = 25  # the interpreter, torch, the package and the collection
     assert sum(m.kwargs["seconds"] * n for _, m, n in marked) + start <= pytest_limit
@@ -104,7 +104,7 @@ def test_dry_run_passes_every_check_and_returns_what_the_device_returns(tmp_path
     data = json.loads((out / "gpu_validate.json").read_text())
     assert data["dry_run"] and data["complete"]
     tests = {t["test"]: t for t in data["tests"]}
-    assert sorted(tests) == CHECKS
+    assert set(CHECKS) <= set(tests)
     outcomes = {name.split("::")[1]: t["outcome"] for name, t in tests.items()}
     assert outcomes.pop("test_no_host_sync_in_train_steps") == "skipped"  # CUDA-only, with its reason
     assert set(outcomes.values()) == {"passed"}, outcomes
