@@ -118,7 +118,6 @@ FACE_MODULES = {
     "dit.eval": "dit/eval/__main__.py",
     "dit.quickstart": "dit/quickstart/__init__.py",
     "dit.checkpoint": "dit/checkpoint/__main__.py",
-    "scripts/gpu_validate.py": "scripts/gpu_validate.py",
     "scripts/train_digit_classifier.py": "scripts/train_digit_classifier.py",
     "scripts/train_digit_encoder.py": "scripts/train_digit_encoder.py",
     "scripts/train_digit_judge.py": "scripts/train_digit_judge.py",
