@@ -27,7 +27,6 @@ from pathlib import Path
 import yaml
 
 from dit.io.errors import UserError
-from dit.io.launcher import launcher_precision
 from dit.io.userfiles import check_apart, check_output, read_text
 
 _REQUIRED = dataclasses.MISSING
@@ -227,11 +226,31 @@ class Parser(argparse.ArgumentParser):
 
 @dataclass(frozen=True)
 class Parsed:
-    """A face's sections, built; ``explicit``: the flat names set by a flag, the preset or the launcher."""
+    """A face's sections, built; ``command``: the subcommand that built them."""
 
     sections: dict
-    explicit: frozenset[str]
     command: str | None = None
+
+
+@dataclass(frozen=True)
+class Values:
+    """A face's flat values before any section is built: the defaults, then a record, then the ``--config``
+    preset (from ``config``), then the flags; ``given``: the flat names the flags set."""
+
+    values: dict
+    given: frozenset[str]
+    preset: dict
+    config: str | None = None
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """What this start asked for, by a flag or the preset (not taken from a record or a default)."""
+        return self.given | set(self.preset)
+
+    def under(self, layer: Mapping) -> Values:
+        """These values over ``layer`` (flat names): it sets what no flag or preset set (a run's record)."""
+        values = {**self.values, **{k: v for k, v in layer.items() if k in self.values and k not in self.explicit}}
+        return dataclasses.replace(self, values=values)
 
 
 class Face:
@@ -266,14 +285,18 @@ class Face:
     def flag(self, flat: str) -> str:
         return "--" + flat.replace("_", "-")
 
+    def options(self, flat: str) -> list[str]:
+        """A field's option strings: its flag, then its aliases under its section's prefix (``--eval-cfg-scale``)."""
+        attr, f = self.fields[flat]
+        prefix = "--" + self.sections[attr][1].replace("_", "-")
+        return [self.flag(flat), *(a.replace("--", prefix, 1) for a in f.metadata["aliases"])]
+
     def spelled(self, flat: str) -> str:
         """A flag as an error names it: with its first alias, the official spelling users may have typed."""
         if flat not in self.fields:
             return flat
-        attr, f = self.fields[flat]
-        prefix = self.sections[attr][1].replace("_", "-")
-        aliases = [a.replace("--", "--" + prefix, 1) for a in f.metadata["aliases"]]
-        return f"{self.flag(flat)} ({aliases[0]})" if aliases else self.flag(flat)
+        flags = self.options(flat)
+        return f"{flags[0]} ({flags[1]})" if len(flags) > 1 else flags[0]
 
     def of(self, **flat) -> dict:
         """The sections from flat options (``max_steps=10``), for library callers; an unknown name is a
@@ -298,8 +321,7 @@ class Face:
 
     def _add_arguments(self, parser: argparse.ArgumentParser) -> None:
         for flat, (attr, f) in self.fields.items():
-            cls, prefix = self.sections[attr]
-            hint, _ = _unwrap(_hints(cls)[f.name])
+            hint, _ = _unwrap(_hints(self.sections[attr][0])[f.name])
             meta = f.metadata
             help_text = meta.get("help", "").replace("%", "%%")  # argparse formats help with %
             default = f.default
@@ -309,10 +331,7 @@ class Face:
                 kw = {"nargs": "*", "default": default} if many else optional
                 parser.add_argument(flat, choices=meta.get("choices") if not many else None, help=help_text, **kw)
                 continue
-            flags = [
-                self.flag(flat),
-                *(a.replace("--", "--" + prefix.replace("_", "-"), 1) for a in meta["aliases"]),
-            ]
+            flags = self.options(flat)
             kw = {"dest": flat, "help": help_text}
             if default is _REQUIRED:
                 kw["required"] = True
@@ -339,53 +358,67 @@ class Face:
 
     # ---- parsing --------------------------------------------------------------------------------------
 
-    def parse(self, argv: list[str] | None = None, record: Mapping | None = None) -> Parsed:
-        """Build the sections from the defaults, then ``record`` (flat or nested by section), then the
-        ``--config`` preset, then ``argv``; a check that fails names the flag or preset key at fault."""
+    def parse(self, argv: list[str] | None = None) -> Parsed:
+        """The sections from the defaults, then the ``--config`` preset, then ``argv``; a check that fails names
+        the flag or preset key at fault."""
         argv = list(argv) if argv is not None else None
         if self.commands:
             argv = sys.argv[1:] if argv is None else argv
             if not argv or argv[0] not in self.commands:
                 self.parser().parse_args(argv)  # --help, or the error naming the commands
             return dataclasses.replace(self.commands[argv[0]].parse(argv[1:]), command=argv[0])
+        v = self.values(argv)
+        return Parsed(self.build(v.values, self.speller(v)))
+
+    def values(self, argv: list[str] | None = None) -> Values:
+        """The flat values ``parse`` builds: the flags given win; then the preset; then the fields' defaults
+        (argparse's defaults are the fields', so that a preset's string is checked by its section, not
+        converted by argparse)."""
+        argv = list(sys.argv[1:] if argv is None else argv)
         pre = argparse.ArgumentParser(add_help=False)
         pre.add_argument("--config")
-        known, _ = pre.parse_known_args(argv)
-        preset = self.flatten(load_preset(known.config), str(known.config)) if known.config else {}
-        base = {**(self.flatten(record, "the run's record", strict=False) if record else {}), **preset}
-        parser = self.parser()
-        given = vars(parser.parse_args(argv))
-        flags = _given(parser, argv)
-        # The flags given win; then the preset and the record; then the fields' defaults (argparse's defaults
-        # are the fields', so that a preset's string is checked by its section, not converted by argparse).
-        ns = {k: given[k] if k in flags or k not in base else base[k] for k in self.fields}
-        explicit = flags | set(preset)
-        launcher = launcher_precision() if "precision" in self.fields else None
-        if launcher is not None and ns["precision"] != launcher:
-            if "precision" in explicit:
-                raise UserError(
-                    f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
-                    f"{ns['precision']}: drop one of them (--precision alone decides under torchrun)."
-                )
-            ns["precision"] = launcher
-            explicit.add("precision")
+        config = pre.parse_known_args(argv)[0].config
+        preset = self.flatten(load_preset(config), str(config)) if config else {}
+        parsed, given = vars(self.parser().parse_args(argv)), self.given(argv)
+        values = {k: parsed[k] if k in given or k not in preset else preset[k] for k in self.fields}
+        return Values(values, frozenset(given), preset, config)
 
-        def spell(flat: str) -> str:
-            if flat in preset and flat not in flags:
-                return f"{known.config}: {flat}"
-            return self.spelled(flat)
+    def given(self, argv: list[str]) -> set[str]:
+        """The flat names ``argv``'s options set, as argparse reads them: a flag, an alias, ``--no-x``, a unique
+        abbreviation (``--max-st``), ``--flag=value``; nothing after ``--``. Positionals are not counted."""
+        names: dict[str, str | None] = {"--config": None, "--help": None}  # argparse's own, for abbreviations
+        for flat, (attr, f) in self.fields.items():
+            if f.metadata["positional"]:
+                continue
+            switch = _unwrap(_hints(self.sections[attr][0])[f.name])[0] is bool  # BooleanOptionalAction's --no-x
+            names.update({s: flat for s in self.options(flat)})
+            names.update({"--no-" + s[2:]: flat for s in self.options(flat) if switch})
+        out = set()
+        for token in argv[: argv.index("--")] if "--" in argv else argv:
+            word = token.split("=", 1)[0]
+            hits = {names[word]} if word in names else {flat for s, flat in names.items() if s.startswith(word)}
+            if token.startswith("--") and len(hits) == 1:
+                out |= hits
+        return out - {None}
 
-        return Parsed(self.build(ns, spell), frozenset(explicit))
+    def speller(self, v: Values) -> Callable[[str], str]:
+        """How errors name a field: by the preset's key where the preset set it, else by its flag."""
+        return lambda flat: (
+            f"{v.config}: {flat}" if flat in v.preset and flat not in v.given else self.spelled(flat)
+        )
 
-    def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
-        """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
+    def build(
+        self, values: Mapping, spell: Callable[[str], str] | None = None, only: tuple[str, ...] = ()
+    ) -> dict:
+        """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``.
+        ``only``: these sections alone, without the checks of the paths (what a start needs to read first)."""
         spell = spell or self.spelled
-        for flat, kind in self.outputs.items():  # first: a section's own check may stat the path
+        for flat, kind in () if only else self.outputs.items():  # first: a section's own check may stat the path
             path = values.get(flat, self.fields[flat][1].default)
             if isinstance(path, str):
                 check_output(path, kind, spell(flat))
         given = {flat: values.get(flat, self.fields[flat][1].default) for flat in (*self.outputs, *self.inputs)}
-        for out_flat in self.outputs:
+        for out_flat in () if only else self.outputs:
             for in_flat, kind in self.inputs.items():
                 sources = given[in_flat] if isinstance(given[in_flat], (tuple, list)) else (given[in_flat],)
                 for source in sources:
@@ -393,6 +426,8 @@ class Face:
                         check_apart(given[out_flat], spell(out_flat), source, spell(in_flat), kind)
         out = {}
         for attr, (cls, prefix) in self.sections.items():
+            if only and attr not in only:
+                continue
             kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
             try:
                 out[attr] = cls(**kw)
@@ -420,19 +455,6 @@ class Face:
                 f"unknown option(s) {', '.join(unknown)} in {source}; valid options: {', '.join(sorted(self.fields))}."
             )
         return {k: v for k, v in flat.items() if k in self.fields}
-
-
-def _given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
-    """The destinations ``argv`` names: parsed again with every default suppressed."""
-    saved = {a.dest: a.default for a in parser._actions}
-    required = {a.dest: a.required for a in parser._actions}
-    try:
-        for a in parser._actions:
-            a.default, a.required = argparse.SUPPRESS, False
-        return set(vars(parser.parse_known_args(argv)[0])) - {"config", "help"}
-    finally:
-        for a in parser._actions:
-            a.default, a.required = saved[a.dest], required[a.dest]
 
 
 def load_preset(path: str | Path) -> dict:

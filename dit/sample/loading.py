@@ -14,7 +14,8 @@ from dit.io.config import Section, flatten_record, option
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
 from dit.model.dit import DiT
-from dit.objectives import OBJECTIVES
+from dit.objectives import OBJECTIVES, from_record
+from dit.objectives.times import latent_dim
 from dit.sample.generate import SamplingModel
 
 
@@ -120,7 +121,8 @@ def load_sampling_model(
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     net = net.to(device).eval().requires_grad_(False)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
+    objective = from_record(run, cfg.learn_sigma, latent_dim(cfg))
+    return SamplingModel.from_objective(net, which, image_size, vae_module, vae_spec, objective)
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):

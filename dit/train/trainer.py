@@ -86,11 +86,12 @@ class Trainer:
                 f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
                 f"images = --max-steps {self.total_steps:,}"
             )
-        # What the run is, as resolved here (a latent store's own VAE): config.yaml, every checkpoint, samplers.
-        self.record = cfg.record(vae=self.data.vae_spec or "none")
-        self.run_flat = {**cfg.flat(), "vae": self.data.vae_spec or "none"}
+        # What the run is: config.yaml and every checkpoint. Its VAE is the data's (a data set given to train()
+        # is what it is, whatever the data section says).
+        self.record = cfg.record()
+        self.record["data"]["vae"] = self.data.vae_spec or "none"
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
-        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
+        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.record)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
         # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
         kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
@@ -189,7 +190,7 @@ class Trainer:
 
             self.evaluation = InLoopEval(
                 cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
-                run=self.run_flat, runtime=self.runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
+                objective=self.objective, runtime=self.runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
 
@@ -450,8 +451,8 @@ class Trainer:
         if not self.runtime.is_main:
             return
         cfg = self.cfg
-        sm = SamplingModel.from_run(
-            ema, "ema", cfg.model.image_size, self.decoder, self.data.vae_spec, self.run_flat
+        sm = SamplingModel.from_objective(
+            ema, "ema", cfg.model.image_size, self.decoder, self.data.vae_spec, self.objective
         )
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]
