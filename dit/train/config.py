@@ -187,10 +187,10 @@ def run_record(ckpt: dict) -> dict:
 def resolve(argv: list[str] | None = None) -> TrainConfig:
     """train.py's flags (and ``--config`` preset) as the run's ``TrainConfig``, built and checked once.
 
-    A resume takes every option no flag or preset sets from its checkpoint's record (read without the weights;
-    the trainer checks what changed). A latent store gives its VAE, and on a fresh run its image size and
-    class count where no flag or preset sets them. ``accelerate launch --mixed_precision`` sets the precision
-    where no flag or preset does (and is refused against another ``--precision``)."""
+    A resume takes every option no flag or preset sets from its checkpoint's record (read without the weights),
+    and a change the record does not allow is refused here, before the trainer locks the folder or reads the
+    data. A latent store gives its VAE, and on a fresh run its image size and class count where no flag or
+    preset sets them. ``accelerate launch --mixed_precision`` sets the precision where no flag or preset does."""
     v = TRAIN_FACE.values(argv)
     spell = TRAIN_FACE.speller(v)
     path = TRAIN_FACE.build(v.values, spell, only=("checkpoint",))["checkpoint"].resume_path()
@@ -199,15 +199,18 @@ def resolve(argv: list[str] | None = None) -> TrainConfig:
 
         saved = run_record(load_training_checkpoint(path, mmap=True))
         v = v.under({k: x for k, x in saved.items() if k not in CheckpointSection.START_ONLY})
-    if v.values["feature_path"]:
+    store = v.values["feature_path"]
+    if store and isinstance(store, str):  # another type is the data section's error, below
         from dit.data.store import read_manifest
 
-        manifest = read_manifest(v.values["feature_path"])
+        manifest = read_manifest(store)
         found = {"image_size": manifest["image_size"], "num_classes": len(manifest["class_to_index"])}
         v = v.under({} if path else found)
         v = dataclasses.replace(v, values={**v.values, "vae": manifest["vae_id"]})  # the VAE its latents are of
-    v = _launcher_precision(v)
-    return _compose(TRAIN_FACE.build(v.values, spell))
+    cfg = _compose(TRAIN_FACE.build(_launcher_precision(v).values, spell))
+    if path is not None:
+        resume_changes(TRAIN_FACE.flatten(cfg.record(), "the run"), saved, cfg.checkpoint, path)
+    return cfg
 
 
 def _launcher_precision(v: Values) -> Values:
