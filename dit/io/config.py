@@ -242,15 +242,11 @@ class Values:
     preset: dict
     config: str | None = None
 
-    @property
-    def explicit(self) -> frozenset[str]:
-        """What this start asked for, by a flag or the preset (not taken from a record or a default)."""
-        return self.given | set(self.preset)
-
     def under(self, layer: Mapping) -> Values:
         """These values over ``layer`` (flat names): it sets what no flag or preset set (a run's record)."""
-        values = {**self.values, **{k: v for k, v in layer.items() if k in self.values and k not in self.explicit}}
-        return dataclasses.replace(self, values=values)
+        asked = self.given | set(self.preset)
+        taken = {k: v for k, v in layer.items() if k in self.values and k not in asked}
+        return dataclasses.replace(self, values={**self.values, **taken})
 
 
 class Face:
@@ -407,33 +403,31 @@ class Face:
             f"{v.config}: {flat}" if flat in v.preset and flat not in v.given else self.spelled(flat)
         )
 
-    def build(
-        self, values: Mapping, spell: Callable[[str], str] | None = None, only: tuple[str, ...] = ()
-    ) -> dict:
-        """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``.
-        ``only``: these sections alone, without the checks of the paths (what a start needs to read first)."""
+    def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
+        """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
         spell = spell or self.spelled
-        for flat, kind in () if only else self.outputs.items():  # first: a section's own check may stat the path
+        for flat, kind in self.outputs.items():  # first: a section's own check may stat the path
             path = values.get(flat, self.fields[flat][1].default)
             if isinstance(path, str):
                 check_output(path, kind, spell(flat))
         given = {flat: values.get(flat, self.fields[flat][1].default) for flat in (*self.outputs, *self.inputs)}
-        for out_flat in () if only else self.outputs:
+        for out_flat in self.outputs:
             for in_flat, kind in self.inputs.items():
                 sources = given[in_flat] if isinstance(given[in_flat], (tuple, list)) else (given[in_flat],)
                 for source in sources:
                     if isinstance(given[out_flat], str) and isinstance(source, str):
                         check_apart(given[out_flat], spell(out_flat), source, spell(in_flat), kind)
-        out = {}
-        for attr, (cls, prefix) in self.sections.items():
-            if only and attr not in only:
-                continue
-            kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
-            try:
-                out[attr] = cls(**kw)
-            except FieldError as e:
-                raise UserError(e.spelled(lambda name, p=prefix: spell(p + name))) from None
-        return out
+        return {attr: self.section(attr, values, spell) for attr in self.sections}
+
+    def section(self, attr: str, values: Mapping, spell: Callable[[str], str] | None = None) -> Section:
+        """One section from flat ``values`` (train.py reads its checkpoint section first, to find a record)."""
+        cls, prefix = self.sections[attr]
+        try:
+            return cls(
+                **{f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
+            )
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: (spell or self.spelled)(prefix + name))) from None
 
     def flatten(self, data: Mapping | None, source: str, strict: bool = True) -> dict:
         """Flat names from a preset or a record: ``key: value`` or ``section: {key: value}`` (the layout

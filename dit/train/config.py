@@ -118,15 +118,7 @@ class TrainConfig:
 
     def replace(self, **flat) -> TrainConfig:
         """This config with flat options changed (``cfg.replace(max_steps=20)``)."""
-        return TrainConfig.of(**{**self.flat(), **flat})
-
-    def flat(self) -> dict:
-        """Every option by its flat name (``eval_every``, ``lr``), as flags and presets name them."""
-        out = {}
-        for attr, (_, prefix) in TRAIN_FACE.sections.items():
-            section = getattr(self, attr)
-            out.update({prefix + f.name: getattr(section, f.name) for f in dataclasses.fields(section)})
-        return out
+        return TrainConfig.of(**{**TRAIN_FACE.flatten(self.record(), "the config"), **flat})
 
     def record(self) -> dict:
         """The configuration as plain data, nested by section: config.yaml and every checkpoint keep it."""
@@ -193,7 +185,7 @@ def resolve(argv: list[str] | None = None) -> TrainConfig:
     preset sets them. ``accelerate launch --mixed_precision`` sets the precision where no flag or preset does."""
     v = TRAIN_FACE.values(argv)
     spell = TRAIN_FACE.speller(v)
-    path = TRAIN_FACE.build(v.values, spell, only=("checkpoint",))["checkpoint"].resume_path()
+    path = TRAIN_FACE.section("checkpoint", v.values, spell).resume_path()
     if path is not None:
         from dit.checkpoint import load_training_checkpoint
 
@@ -218,7 +210,7 @@ def _launcher_precision(v: Values) -> Values:
     launcher = launcher_precision()
     if launcher is None or v.values["precision"] == launcher:
         return v
-    if "precision" in v.explicit:
+    if "precision" in v.given or "precision" in v.preset:
         raise UserError(
             f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
             f"{v.values['precision']}: drop one of them (--precision alone decides under torchrun)."
