@@ -1,5 +1,6 @@
-"""A face's ``given`` (an argv scan) names the options argparse reads from argv: every flag and alias of
-train.py's face, ``--no-x``, ``--flag=value``, abbreviations, and nothing after ``--``."""
+"""train.py's config path: a face's ``given`` (an argv scan) names the options argparse reads from argv (every
+flag and alias of train.py's face, ``--no-x``, ``--flag=value``, abbreviations, nothing after ``--``), and a
+resume builds its config once, from the record read without the weights."""
 
 import argparse
 
@@ -50,3 +51,25 @@ def test_given_is_what_argparse_reads(argv):
     want = _read_by_argparse(argv)
     assert want, argv  # every case sets something
     assert TRAIN_FACE.given(argv) == want
+
+
+def test_a_resume_builds_its_config_once_and_reads_the_checkpoint_once_for_the_record_and_once_for_the_state(
+    tmp_path, monkeypatch, capsys
+):
+    from test_train import Pixels, tiny_config
+
+    import dit.checkpoint.format as checkpoint_format
+    from dit.train import TrainConfig, resolve, train
+
+    train(tiny_config(tmp_path, max_steps=1), Pixels())
+    builds, reads = [], []
+    check, load = TrainConfig.__post_init__, checkpoint_format.load_checkpoint
+    monkeypatch.setattr(TrainConfig, "__post_init__", lambda self: builds.append(check(self)))
+    monkeypatch.setattr(
+        checkpoint_format, "load_checkpoint", lambda path, **kw: reads.append(kw.get("mmap")) or load(path, **kw)
+    )
+    cfg = resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "2"])
+    assert train(cfg, Pixels())["step"] == 2
+    assert len(builds) == 1, "the config is built and checked once"
+    assert reads == [True, False], "the record without the weights, then the whole checkpoint for the state"
+    assert "changed on this resume: --max-steps 2 (recorded 1)" in capsys.readouterr().err
