@@ -8,13 +8,13 @@ import sys
 
 from dit.io.cli import run_cli
 from dit.runtime.stop import EXIT_CODES
-from dit.train import TRAIN_FACE, parse_train_config, train
+from dit.train import TRAIN_FACE, resolve, train
 
 FACE = TRAIN_FACE
 
 
 def main(argv=None) -> int:
-    result = train(parse_train_config(argv))
+    result = train(resolve(argv))
     return EXIT_CODES.get(result["signal"], 0)
 
 

@@ -17,7 +17,7 @@ from dit.checkpoint import (
     verify_checkpoint,
 )
 from dit.io.errors import UserError
-from dit.train import parse_train_config, train
+from dit.train import resolve, train
 
 
 def a_run(tmp_path, steps=4, **kw):
@@ -46,7 +46,7 @@ def test_resume_auto_falls_back_to_the_newest_file_that_verifies(tmp_path, capsy
     folder = a_run(tmp_path)
     newest = folder / "0000004.pt"
     flip_a_byte(newest)
-    cfg = parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "6"])
+    cfg = resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "6"])
     assert "0000004.pt fail their checksum" in capsys.readouterr().err
     result = train(cfg, Pixels())
     assert result["step"] == 6
@@ -57,7 +57,7 @@ def test_no_checkpoint_that_verifies_is_one_line(tmp_path):
     folder = a_run(tmp_path, steps=2)
     (folder / "0000002.pt").write_bytes((folder / "0000002.pt").read_bytes()[:-1000])  # truncated
     with pytest.raises(UserError, match="no checkpoint in .* matches its checksum"):
-        parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto"])
+        resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto"])
 
 
 @pytest.mark.parametrize("damage", ["empty", "flipped", "truncated"])
@@ -118,7 +118,7 @@ def test_a_loss_that_is_non_finite_from_the_resume_on_names_the_checkpoint(tmp_p
     for kind in ("model", "ema"):
         ckpt[kind][name][0, 0] = 6e31
     atomic_torch_save(ckpt, path)
-    cfg = parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "40",
+    cfg = resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "40",
                               "--max-nonfinite", "2"])  # fmt: skip
     with pytest.raises(UserError, match="steps after resuming from .*0000002.pt: that checkpoint is the suspect"):
         train(cfg, Pixels())

@@ -19,7 +19,7 @@ import dit
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.io.config import Section
 from dit.io.errors import UserError
-from dit.train import TRAIN_FACE, TrainConfig, parse_train_config, train
+from dit.train import TRAIN_FACE, TrainConfig, resolve, train
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -60,7 +60,7 @@ def test_a_yaml_value_of_the_wrong_type_names_its_key(tmp_path, text, key):
     preset = tmp_path / "p.yaml"
     preset.write_text(text)
     with pytest.raises(UserError) as e:
-        parse_train_config(["--config", str(preset)])
+        resolve(["--config", str(preset)])
     assert f"{preset}: {key}" in str(e.value), str(e.value)
 
 
@@ -75,7 +75,7 @@ def test_a_yaml_value_of_the_wrong_type_names_its_key(tmp_path, text, key):
 )
 def test_a_bad_flag_is_one_error_naming_the_flag(argv, flag):
     with pytest.raises(UserError) as e:
-        parse_train_config(argv)
+        resolve(argv)
     assert str(e.value).startswith(flag) or flag in str(e.value), str(e.value)
 
 
@@ -84,10 +84,10 @@ def test_yaml_presets_fill_the_same_sections_as_flags(tmp_path):
     flat.write_text("model: DiT-B/4\nlr: 3.0e-4\neval_every: 0\n")
     nested = tmp_path / "nested.yaml"
     nested.write_text("model:\n  model: DiT-B/4\noptim:\n  lr: 3e-4\n")  # PyYAML reads 3e-4 as a string
-    a, b = parse_train_config(["--config", str(flat)]), parse_train_config(["--config", str(nested)])
-    c = parse_train_config(["--model", "DiT-B/4", "--lr", "3e-4"])
+    a, b = resolve(["--config", str(flat)]), resolve(["--config", str(nested)])
+    c = resolve(["--model", "DiT-B/4", "--lr", "3e-4"])
     assert a == b == c and a.optim.lr == 3e-4 and a.model.model == "DiT-B/4"
-    assert parse_train_config(["--config", str(flat), "--lr", "1e-3"]).optim.lr == 1e-3  # flags override it
+    assert resolve(["--config", str(flat), "--lr", "1e-3"]).optim.lr == 1e-3  # flags override it
 
 
 def test_the_record_round_trips_through_config_yaml(tmp_path):
@@ -96,7 +96,7 @@ def test_the_record_round_trips_through_config_yaml(tmp_path):
     cfg = TrainConfig.of(max_steps=7, lr=2e-4, eval_every=0, allow_changes=["lr"], resume="auto")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.record()))
-    assert parse_train_config(["--config", str(path)]) == cfg
+    assert resolve(["--config", str(path)]) == cfg
 
 
 class Pixels(torch.utils.data.Dataset):
@@ -132,9 +132,7 @@ def test_a_checkpoint_of_the_flat_format_resumes_to_the_weights_it_reached(tmp_p
             shutil.copy(DATA / "checkpoint_v1" / "0000001.pt", run / "checkpoints")
         else:
             torch.save(ckpt, run / "checkpoints" / "0000001.pt")
-        cfg = parse_train_config(
-            ["--results-dir", str(run), "--resume", "auto", "--max-steps", "2", "--device", "cpu"]
-        )
+        cfg = resolve(["--results-dir", str(run), "--resume", "auto", "--max-steps", "2", "--device", "cpu"])
         assert (cfg.model.hidden_size, cfg.model.image_size, cfg.data.vae, cfg.optim.lr) == (16, 8, "none", 1e-3)
         train(cfg, Pixels())
         return load_checkpoint(latest_checkpoint(run / "checkpoints"))
@@ -159,7 +157,7 @@ def test_a_resumed_run_takes_its_settings_from_the_record_and_names_a_changed_on
 
     cfg = tiny_config(tmp_path, max_steps=2, lr=5e-4, log_every=1)
     train(cfg, Digits())
-    resumed = parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "3"])
+    resumed = resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "3"])
     assert resumed.replace(max_steps=2, resume=None) == cfg, "every option but the given ones from the record"
     capsys.readouterr()
     train(resumed, Digits())
@@ -168,7 +166,7 @@ def test_a_resumed_run_takes_its_settings_from_the_record_and_names_a_changed_on
         UserError, match="lr: 0.0005 -> 0.001"
     ):  # a recipe field is refused without --allow-changes
         train(
-            parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--lr", "1e-3"]),
+            resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--lr", "1e-3"]),
             Digits(),
         )
 

@@ -93,7 +93,8 @@ def test_the_same_weights_score_the_same(tmp_path, digits_ref):
                                          hidden_size=32, num_heads=2))  # fmt: skip
     torch.nn.init.normal_(model.final_layer.linear.weight, std=0.02)  # not the zero output of a fresh DiT
     evaluation = InLoopEval(
-        cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size, run=cfg.flat(),
+        cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
+        objective=cfg.objective.build(model.config),
         runtime=Runtime("cpu"), model=model, vae=None, vae_spec=None,
     )  # fmt: skip
     first, second = evaluation.run(model), evaluation.run(model)

@@ -404,13 +404,13 @@ def rollback_run(tmp_path, **kw):
 
 
 def test_21_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_path):
-    from dit.train import parse_train_config
+    from dit.train import resolve
 
     folder, old = rollback_run(tmp_path)
     (kept,) = folder.glob("abandoned/*/0000008.pt")
     assert kept.read_bytes() == old["0000008.pt"] and str(kept.parent) in log(tmp_path / "run")
     assert (kept.parent / "0000004.pt").read_bytes() == old["0000004.pt"]  # not overwritten by the rollback's 4
-    requeued = parse_train_config(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "8"])
+    requeued = resolve(["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "8"])
     assert requeued.optim.lr == 5e-4  # the rollback's record, not the abandoned branch's
     assert train(requeued, Pixels())["step"] == 8
     assert "resumed from step 6 (" in log(tmp_path / "run")
@@ -424,7 +424,7 @@ def test_21_resume_auto_follows_the_rollback_and_keeps_the_abandoned_branch(tmp_
 
 
 def test_21_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
-    from dit.train import parse_train_config
+    from dit.train import resolve
 
     folder, _ = rollback_run(tmp_path)
     (kept,) = folder.glob("abandoned/*/0000008.pt")
@@ -434,9 +434,9 @@ def test_21_two_branches_without_a_record_of_the_last_are_one_line(tmp_path):
     (folder / "branch.json").unlink()
     argv = ["--results-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "8"]
     with pytest.raises(UserError, match=r"2 branches .* 0000006\.pt, 0000008\.pt: pass --resume PATH"):
-        parse_train_config(argv)
+        resolve(argv)
     (folder / "branch.json").write_bytes(head)  # with the record, auto follows the rollback
-    assert train(parse_train_config(argv), Pixels())["step"] == 8
+    assert train(resolve(argv), Pixels())["step"] == 8
     assert "resumed from step 6 (" in log(tmp_path / "run")
     again = sorted(p.parent.name for p in folder.glob("abandoned/*/0000008.pt"))
     assert again == [kept.parent.name, f"{kept.parent.name}.2"]  # kept aside again, beside the first

@@ -169,9 +169,9 @@ OFFICIAL = {
 
 def test_the_official_command_lines_parse_with_the_same_meaning():
     from dit.sample.config import parse_fid_config, parse_sample_config
-    from dit.train import parse_train_config
+    from dit.train import resolve
 
-    t = parse_train_config(shlex.split(OFFICIAL["train.py"]))
+    t = resolve(shlex.split(OFFICIAL["train.py"]))
     assert (t.optim.seed, t.budget.epochs, t.data.vae, t.checkpoint.ckpt_every) == (0, 1400, "ema", 50000)
     s = parse_sample_config(shlex.split(OFFICIAL["sample.py"]))
     assert (s.sampling.guidance_scale, s.grid.seed, s.weights.image_size, s.runtime.precision) == (

@@ -18,7 +18,7 @@ from dit.eval.reference import FORMAT as STATS_FORMAT
 from dit.eval.reference import checksum, load_reference, save_stats
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.sample.loading import load_sampling_model
-from dit.train import parse_train_config
+from dit.train import resolve
 
 DATA = Path(__file__).parent / "data"
 LATER = "9.9.0"  # the dit-ledger a newer file names as its writer
@@ -128,7 +128,7 @@ def test_older_checkpoints_still_read(tmp_path, checkpoints):
     run = tmp_path / "v1"  # the flat run record of before the sections, and no writer
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "0000001.pt").write_bytes((DATA / "checkpoint_v1" / "0000001.pt").read_bytes())
-    cfg = parse_train_config(["--results-dir", str(run), "--resume", "auto", "--max-steps", "2"])
+    cfg = resolve(["--results-dir", str(run), "--resume", "auto", "--max-steps", "2"])
     assert (cfg.model.hidden_size, cfg.optim.lr) == (16, 1e-3)
 
 

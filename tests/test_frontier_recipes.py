@@ -226,16 +226,21 @@ def test_adamw_takes_the_betas_and_eps_and_a_resume_puts_this_runs_back():
 @pytest.mark.parametrize("name, value", [("time_shift", 3.0), ("cos_loss_weight", 1.0), ("adam_beta2", 0.95),
                                          ("adam_eps", 1e-6), ("adam_beta1", 0.8)])  # fmt: skip
 def test_a_resume_that_changes_a_recipe_field_needs_allow_changes(name, value):
-    saved = TrainConfig.of().flat()
-    changed = TrainConfig.of(**{name: value})
-    assert [c.split(":")[0] for c in changed.resume_conflicts(saved)] == [name]
-    assert TrainConfig.of(**{name: value, "allow_changes": (name,)}).resume_conflicts(saved) == []
+    from dit.train.config import TRAIN_FACE, resume_changes
+
+    def changes(cfg):
+        return resume_changes(TRAIN_FACE.flatten(cfg.record(), "run"), saved, cfg.checkpoint, "ckpt.pt")
+
+    saved = TRAIN_FACE.flatten(TrainConfig.of().record(), "run")
+    with pytest.raises(UserError, match=rf"ckpt.pt was trained with other settings: {name}: [^;]*\. A resume"):
+        changes(TrainConfig.of(**{name: value}))
+    assert changes(TrainConfig.of(**{name: value, "allow_changes": (name,)})) == []
 
 
 def test_the_frontier_preset_stacks_the_recipes():
-    from dit.train.config import parse_train_config
+    from dit.train.config import resolve
 
-    cfg = parse_train_config(["--config", "configs/frontier.yaml"])
+    cfg = resolve(["--config", "configs/frontier.yaml"])
     assert (cfg.objective.objective, cfg.objective.time_sampling, cfg.objective.cos_loss_weight) == (
         "flow", "logit-normal", 1.0,
     )  # fmt: skip

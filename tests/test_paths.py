@@ -62,7 +62,7 @@ def _other_shard(store: Path) -> Path:
 @pytest.mark.parametrize("how", ["relative", "absolute"])
 def test_a_manifest_naming_a_shard_outside_its_store_is_one_line_everywhere(how, store, tmp_path, capsys):
     """The store trained silently on the other store's shard (with its labels), and --verify said sha256 OK."""
-    from dit.train import parse_train_config
+    from dit.train import resolve
 
     outside = _other_shard(store)
     entry = {"relative": f"../other/{shard_file(0)}", "absolute": str(outside)}[how]
@@ -71,9 +71,7 @@ def test_a_manifest_naming_a_shard_outside_its_store_is_one_line_everywhere(how,
     (store / MANIFEST).write_text(json.dumps(manifest))
     _name_shard(store, 0, entry)
     run = tmp_path / "run"
-    code = run_cli(
-        lambda argv: parse_train_config(argv) and 0, ["--feature-path", str(store), "--results-dir", str(run)]
-    )
+    code = run_cli(lambda argv: resolve(argv) and 0, ["--feature-path", str(store), "--results-dir", str(run)])
     err = _one_line(code, capsys.readouterr().err)
     assert f"{store / MANIFEST}: shard 0's file {entry!r}" in err and f"inside {store}" in err, err
     code, out, err = run_face("extract_features.py", ["--feature-path", str(store), "--verify"], capsys)

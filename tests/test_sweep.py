@@ -318,7 +318,7 @@ READERS = [
 def test_a_degenerate_file_is_one_line_naming_it(reader, face_name, argv, name, kind, tmp_path, capsys):
     from helpers import face
 
-    from dit.train.config import parse_train_config
+    from dit.train.config import resolve
 
     folder = tmp_path / "given"
     folder.mkdir()
@@ -328,9 +328,7 @@ def test_a_degenerate_file_is_one_line_naming_it(reader, face_name, argv, name, 
     else:
         path.write_bytes(DEGENERATE[kind])
     argv = [a.format(file=path, folder=folder, tmp=tmp_path) for a in argv]
-    main = (
-        (lambda a: parse_train_config(a) and 0) if face_name == "train.py" else face("dit/cost/__main__.py")._main
-    )
+    main = (lambda a: resolve(a) and 0) if face_name == "train.py" else face("dit/cost/__main__.py")._main
     code = run_cli(main, argv)
     err = capsys.readouterr().err
     if kind == "empty" and reader == "preset":  # an empty preset sets nothing: a run of the defaults

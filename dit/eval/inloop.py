@@ -23,6 +23,7 @@ from dit.eval.reference import load_reference
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.dit import DiT
+from dit.objectives import Objective
 from dit.objectives.sampling_plan import SamplingSection
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
@@ -82,16 +83,16 @@ class InLoopEval:
         *,
         seed: int,
         image_size: int,
-        run: dict,
+        objective: Objective,
         runtime: Runtime,
         model: DiT,
         vae,
         vae_spec: str | None,
         latent_norm=None,
     ):
-        """``run``: the run's flat record (its objective rebuilds the sampler's); ``model``: the DiT being
-        trained, whose shape plans the evaluation's cost; ``vae`` decodes latents
-        (None for pixel-space runs), after undoing ``latent_norm`` (a ``ChannelNorm``; None: the VAE's scale); ``seed``: the run's, which keys the evaluation's labels and noise.
+        """``objective``: the run's, which the sampler follows; ``model``: the DiT being trained, whose shape plans
+        the evaluation's cost; ``vae`` decodes latents (None for pixel-space runs), after undoing ``latent_norm`` (a
+        ``ChannelNorm``; None: the VAE's scale); ``seed``: the run's, which keys the evaluation's labels and noise.
 
         Everything that can fail (the reference, the feature network's weights, too few images for the
         covariance, guidance without a null class) fails here, at start-up, not at the first evaluation."""
@@ -102,7 +103,7 @@ class InLoopEval:
             vae,
             vae_spec,
         )
-        self.image_size, self.run_record, self.latent_norm = image_size, run, latent_norm
+        self.image_size, self.objective, self.latent_norm = image_size, objective, latent_norm
         reference = load_reference(section.ref)
         net = feature_net_for(reference.feature_network, section.inception_weights, runtime.device)
         judges = judges_for(reference.feature_network, section.judge_ref, section.dinov2_weights, runtime.device)
@@ -132,8 +133,8 @@ class InLoopEval:
         self.sampling_flops_per_image = per_image.total
 
     def _sampling_model(self, model: DiT) -> SamplingModel:
-        return SamplingModel.from_run(
-            model, "ema", self.image_size, self.vae, self.vae_spec, self.run_record, self.latent_norm
+        return SamplingModel.from_objective(
+            model, "ema", self.image_size, self.vae, self.vae_spec, self.objective, self.latent_norm
         )
 
     def describe(self) -> str:

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import math
 import operator
-import os
 import sys
 import types
 import typing
@@ -28,8 +27,7 @@ from pathlib import Path
 import yaml
 
 from dit.io.errors import UserError
-from dit.io.launcher import launcher_precision
-from dit.io.userfiles import read_text
+from dit.io.userfiles import check_apart, check_output, read_text
 
 _REQUIRED = dataclasses.MISSING
 
@@ -229,11 +227,27 @@ class Parser(argparse.ArgumentParser):
 
 @dataclass(frozen=True)
 class Parsed:
-    """A face's sections, built; ``explicit``: the flat names set by a flag, the preset or the launcher."""
+    """A face's sections, built; ``command``: the subcommand that built them."""
 
     sections: dict
-    explicit: frozenset[str]
     command: str | None = None
+
+
+@dataclass(frozen=True)
+class Values:
+    """A face's flat values before any section is built: the defaults, then a record, then the ``--config``
+    preset (from ``config``), then the flags; ``given``: the flat names the flags set."""
+
+    values: dict
+    given: frozenset[str]
+    preset: dict
+    config: str | None = None
+
+    def under(self, layer: Mapping) -> Values:
+        """These values over ``layer`` (flat names): it sets what no flag or preset set (a run's record)."""
+        asked = self.given | set(self.preset)
+        taken = {k: v for k, v in layer.items() if k in self.values and k not in asked}
+        return dataclasses.replace(self, values={**self.values, **taken})
 
 
 class Face:
@@ -268,14 +282,18 @@ class Face:
     def flag(self, flat: str) -> str:
         return "--" + flat.replace("_", "-")
 
+    def options(self, flat: str) -> list[str]:
+        """A field's option strings: its flag, then its aliases under its section's prefix (``--eval-cfg-scale``)."""
+        attr, f = self.fields[flat]
+        prefix = "--" + self.sections[attr][1].replace("_", "-")
+        return [self.flag(flat), *(a.replace("--", prefix, 1) for a in f.metadata["aliases"])]
+
     def spelled(self, flat: str) -> str:
         """A flag as an error names it: with its first alias, the official spelling users may have typed."""
         if flat not in self.fields:
             return flat
-        attr, f = self.fields[flat]
-        prefix = self.sections[attr][1].replace("_", "-")
-        aliases = [a.replace("--", "--" + prefix, 1) for a in f.metadata["aliases"]]
-        return f"{self.flag(flat)} ({aliases[0]})" if aliases else self.flag(flat)
+        flags = self.options(flat)
+        return f"{flags[0]} ({flags[1]})" if len(flags) > 1 else flags[0]
 
     def of(self, **flat) -> dict:
         """The sections from flat options (``max_steps=10``), for library callers; an unknown name is a
@@ -300,8 +318,7 @@ class Face:
 
     def _add_arguments(self, parser: argparse.ArgumentParser) -> None:
         for flat, (attr, f) in self.fields.items():
-            cls, prefix = self.sections[attr]
-            hint, _ = _unwrap(_hints(cls)[f.name])
+            hint, _ = _unwrap(_hints(self.sections[attr][0])[f.name])
             meta = f.metadata
             help_text = meta.get("help", "")
             help_text = (help_text() if callable(help_text) else help_text).replace("%", "%%")  # argparse: %
@@ -312,10 +329,7 @@ class Face:
                 kw = {"nargs": "*", "default": default} if many else optional
                 parser.add_argument(flat, choices=meta.get("choices") if not many else None, help=help_text, **kw)
                 continue
-            flags = [
-                self.flag(flat),
-                *(a.replace("--", "--" + prefix.replace("_", "-"), 1) for a in meta["aliases"]),
-            ]
+            flags = self.options(flat)
             kw = {"dest": flat, "help": help_text}
             if default is _REQUIRED:
                 kw["required"] = True
@@ -342,43 +356,54 @@ class Face:
 
     # ---- parsing --------------------------------------------------------------------------------------
 
-    def parse(self, argv: list[str] | None = None, record: Mapping | None = None) -> Parsed:
-        """Build the sections from the defaults, then ``record`` (flat or nested by section), then the
-        ``--config`` preset, then ``argv``; a check that fails names the flag or preset key at fault."""
+    def parse(self, argv: list[str] | None = None) -> Parsed:
+        """The sections from the defaults, then the ``--config`` preset, then ``argv``; a check that fails names
+        the flag or preset key at fault."""
         argv = list(argv) if argv is not None else None
         if self.commands:
             argv = sys.argv[1:] if argv is None else argv
             if not argv or argv[0] not in self.commands:
                 self.parser().parse_args(argv)  # --help, or the error naming the commands
             return dataclasses.replace(self.commands[argv[0]].parse(argv[1:]), command=argv[0])
+        v = self.values(argv)
+        return Parsed(self.build(v.values, self.speller(v)))
+
+    def values(self, argv: list[str] | None = None) -> Values:
+        """The flat values ``parse`` builds: the flags given win; then the preset; then the fields' defaults
+        (argparse's defaults are the fields', so that a preset's string is checked by its section, not
+        converted by argparse)."""
+        argv = list(sys.argv[1:] if argv is None else argv)
         pre = argparse.ArgumentParser(add_help=False)
         pre.add_argument("--config")
-        known, _ = pre.parse_known_args(argv)
-        preset = self.flatten(load_preset(known.config), str(known.config)) if known.config else {}
-        base = {**(self.flatten(record, "the run's record", strict=False) if record else {}), **preset}
-        parser = self.parser()
-        given = vars(parser.parse_args(argv))
-        flags = _given(parser, argv)
-        # The flags given win; then the preset and the record; then the fields' defaults (argparse's defaults
-        # are the fields', so that a preset's string is checked by its section, not converted by argparse).
-        ns = {k: given[k] if k in flags or k not in base else base[k] for k in self.fields}
-        explicit = flags | set(preset)
-        launcher = launcher_precision() if "precision" in self.fields else None
-        if launcher is not None and ns["precision"] != launcher:
-            if "precision" in explicit:
-                raise UserError(
-                    f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
-                    f"{ns['precision']}: drop one of them (--precision alone decides under torchrun)."
-                )
-            ns["precision"] = launcher
-            explicit.add("precision")
+        config = pre.parse_known_args(argv)[0].config
+        preset = self.flatten(load_preset(config), str(config)) if config else {}
+        parsed, given = vars(self.parser().parse_args(argv)), self.given(argv)
+        values = {k: parsed[k] if k in given or k not in preset else preset[k] for k in self.fields}
+        return Values(values, frozenset(given), preset, config)
 
-        def spell(flat: str) -> str:
-            if flat in preset and flat not in flags:
-                return f"{known.config}: {flat}"
-            return self.spelled(flat)
+    def given(self, argv: list[str]) -> set[str]:
+        """The flat names ``argv``'s options set, as argparse reads them: a flag, an alias, ``--no-x``, a unique
+        abbreviation (``--max-st``), ``--flag=value``; nothing after ``--``. Positionals are not counted."""
+        names: dict[str, str | None] = {"--config": None, "--help": None}  # argparse's own, for abbreviations
+        for flat, (attr, f) in self.fields.items():
+            if f.metadata["positional"]:
+                continue
+            switch = _unwrap(_hints(self.sections[attr][0])[f.name])[0] is bool  # BooleanOptionalAction's --no-x
+            names.update({s: flat for s in self.options(flat)})
+            names.update({"--no-" + s[2:]: flat for s in self.options(flat) if switch})
+        out = set()
+        for token in argv[: argv.index("--")] if "--" in argv else argv:
+            word = token.split("=", 1)[0]
+            hits = {names[word]} if word in names else {flat for s, flat in names.items() if s.startswith(word)}
+            if token.startswith("--") and len(hits) == 1:
+                out |= hits
+        return out - {None}
 
-        return Parsed(self.build(ns, spell), frozenset(explicit))
+    def speller(self, v: Values) -> Callable[[str], str]:
+        """How errors name a field: by the preset's key where the preset set it, else by its flag."""
+        return lambda flat: (
+            f"{v.config}: {flat}" if flat in v.preset and flat not in v.given else self.spelled(flat)
+        )
 
     def build(self, values: Mapping, spell: Callable[[str], str] | None = None) -> dict:
         """The sections from flat ``values`` (missing fields: their defaults); errors spelled by ``spell``."""
@@ -394,14 +419,17 @@ class Face:
                 for source in sources:
                     if isinstance(given[out_flat], str) and isinstance(source, str):
                         check_apart(given[out_flat], spell(out_flat), source, spell(in_flat), kind)
-        out = {}
-        for attr, (cls, prefix) in self.sections.items():
-            kw = {f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
-            try:
-                out[attr] = cls(**kw)
-            except FieldError as e:
-                raise UserError(e.spelled(lambda name, p=prefix: spell(p + name))) from None
-        return out
+        return {attr: self.section(attr, values, spell) for attr in self.sections}
+
+    def section(self, attr: str, values: Mapping, spell: Callable[[str], str] | None = None) -> Section:
+        """One section from flat ``values`` (train.py reads its checkpoint section first, to find a record)."""
+        cls, prefix = self.sections[attr]
+        try:
+            return cls(
+                **{f.name: values[prefix + f.name] for f in dataclasses.fields(cls) if prefix + f.name in values}
+            )
+        except FieldError as e:
+            raise UserError(e.spelled(lambda name: (spell or self.spelled)(prefix + name))) from None
 
     def flatten(self, data: Mapping | None, source: str, strict: bool = True) -> dict:
         """Flat names from a preset or a record: ``key: value`` or ``section: {key: value}`` (the layout
@@ -425,19 +453,6 @@ class Face:
         return {k: v for k, v in flat.items() if k in self.fields}
 
 
-def _given(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
-    """The destinations ``argv`` names: parsed again with every default suppressed."""
-    saved = {a.dest: a.default for a in parser._actions}
-    required = {a.dest: a.required for a in parser._actions}
-    try:
-        for a in parser._actions:
-            a.default, a.required = argparse.SUPPRESS, False
-        return set(vars(parser.parse_known_args(argv)[0])) - {"config", "help"}
-    finally:
-        for a in parser._actions:
-            a.default, a.required = saved[a.dest], required[a.dest]
-
-
 def load_preset(path: str | Path) -> dict:
     text = read_text(path, "config file", "pass a YAML preset such as configs/DiT-XL-2-256.yaml")
     try:
@@ -452,60 +467,3 @@ def load_preset(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of option names to values.")
     return data
-
-
-def check_output(path: str, kind: str, flag: str) -> None:
-    """Before the expensive work: ``path`` (a ``"file"`` or a ``"folder"``) can be created or written here.
-
-    A name longer than the file system takes, a folder given for a file (or a file for a folder), and a
-    parent that cannot be written (no permission, a read-only file system) are one line naming the flag,
-    not an OSError once the work is done."""
-    target = Path(path)
-    try:
-        name_max = os.pathconf(_existing_ancestor(target), "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    long = next((part for part in target.parts if len(os.fsencode(part)) > name_max), None)
-    if long is not None:
-        raise UserError(
-            f"{flag} {path}: the name {long[:24]}... is {len(os.fsencode(long))} bytes, longer than the file "
-            f"system takes ({name_max}): pass a shorter name."
-        )
-    if kind == "file" and os.path.isdir(target):
-        raise UserError(f"{flag} {path} is a folder: pass a file name, e.g. {target / 'out.png'}.")
-    if kind == "folder" and os.path.exists(target) and not os.path.isdir(target):
-        raise UserError(f"{flag} {path} is a file: pass a folder.")
-    folder = _existing_ancestor(target if kind == "folder" else target.parent)
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {path}: {folder} is not a writable folder; pass a path you can write.")
-
-
-def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
-    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole.
-
-    A latent store or a run folder written inside the image folder became an extra class on the next scan
-    (and then refused the resume of the extraction that wrote it); an output file equal to an input file
-    writes over what is being read. Both paths are compared with their links resolved. The other way round
-    is allowed: an input inside an output folder (the images kept under a results folder) is never touched,
-    since a command writes only its own names there and deletes only files it wrote (its temporary files,
-    checkpoints past ``--keep-last``). A ``source`` that does not exist is not a path here (a hub id, the
-    name ``ema``) or is missing, which its reader reports."""
-    if not os.path.exists(source):
-        return
-    out, src = Path(output).resolve(), Path(source).resolve()
-    if out == src:
-        raise UserError(
-            f"{output_flag} {output} is {source_flag} {source}, which this command reads: pass another {output_flag}."
-        )
-    if kind == "folder" and src in out.parents:
-        raise UserError(
-            f"{output_flag} {output} is inside {source_flag} {source}, a folder read whole: what is written there "
-            f"would be read as part of it (an image folder's extra class); pass a {output_flag} outside {source}."
-        )
-
-
-def _existing_ancestor(path: Path) -> Path:
-    """``path`` or its nearest folder above that exists (``.`` for a relative path none of which exists)."""
-    while not os.path.lexists(path) and path != path.parent:
-        path = path.parent
-    return path

@@ -1,7 +1,8 @@
 """The small files a user names (presets, calibrations, class names, a VAE's config.json), read at one point:
 a missing one, a folder, a binary file (a PNG given as YAML) or malformed JSON is one line naming the file and
 the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside; and the named float arrays of an
-``.npz`` another face wrote (kept features), checked on reading. Torch-free, as dit.io.config is."""
+``.npz`` another face wrote (kept features), checked on reading; and the paths a face will write, checked
+before any work (``check_output``, ``check_apart``). Torch-free, as dit.io.config is."""
 
 from __future__ import annotations
 
@@ -99,3 +100,60 @@ def read_matrices(
             continue
         raise UserError(f"{what} {path}: {key} {problem}: {fix}.")
     return arrays
+
+
+def check_output(path: str, kind: str, flag: str) -> None:
+    """Before the expensive work: ``path`` (a ``"file"`` or a ``"folder"``) can be created or written here.
+
+    A name longer than the file system takes, a folder given for a file (or a file for a folder), and a
+    parent that cannot be written (no permission, a read-only file system) are one line naming the flag,
+    not an OSError once the work is done."""
+    target = Path(path)
+    try:
+        name_max = os.pathconf(_existing_ancestor(target), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    long = next((part for part in target.parts if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise UserError(
+            f"{flag} {path}: the name {long[:24]}... is {len(os.fsencode(long))} bytes, longer than the file "
+            f"system takes ({name_max}): pass a shorter name."
+        )
+    if kind == "file" and os.path.isdir(target):
+        raise UserError(f"{flag} {path} is a folder: pass a file name, e.g. {target / 'out.png'}.")
+    if kind == "folder" and os.path.exists(target) and not os.path.isdir(target):
+        raise UserError(f"{flag} {path} is a file: pass a folder.")
+    folder = _existing_ancestor(target if kind == "folder" else target.parent)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: {folder} is not a writable folder; pass a path you can write.")
+
+
+def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
+    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole.
+
+    A latent store or a run folder written inside the image folder became an extra class on the next scan
+    (and then refused the resume of the extraction that wrote it); an output file equal to an input file
+    writes over what is being read. Both paths are compared with their links resolved. The other way round
+    is allowed: an input inside an output folder (the images kept under a results folder) is never touched,
+    since a command writes only its own names there and deletes only files it wrote (its temporary files,
+    checkpoints past ``--keep-last``). A ``source`` that does not exist is not a path here (a hub id, the
+    name ``ema``) or is missing, which its reader reports."""
+    if not os.path.exists(source):
+        return
+    out, src = Path(output).resolve(), Path(source).resolve()
+    if out == src:
+        raise UserError(
+            f"{output_flag} {output} is {source_flag} {source}, which this command reads: pass another {output_flag}."
+        )
+    if kind == "folder" and src in out.parents:
+        raise UserError(
+            f"{output_flag} {output} is inside {source_flag} {source}, a folder read whole: what is written there "
+            f"would be read as part of it (an image folder's extra class); pass a {output_flag} outside {source}."
+        )
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` or its nearest folder above that exists (``.`` for a relative path none of which exists)."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path

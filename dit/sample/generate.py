@@ -66,13 +66,21 @@ class SamplingModel:
                                              self.config.learn_sigma, self.time_shift)  # fmt: skip
 
     @classmethod
-    def from_run(
-        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict, latent_norm=None
+    def from_objective(
+        cls,
+        model: DiT,
+        weights: str,
+        image_size: int,
+        vae,
+        vae_spec: str | None,
+        objective: Objective,
+        latent_norm: ChannelNorm | None = None,
     ) -> SamplingModel:
-        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective;
+        """``model`` sampled as ``objective`` (the one it trained with, or a checkpoint's record's) says;
         ``latent_norm``: the run's ``ChannelNorm`` (None: the VAE's scaling rule)."""
-        fields = objectives.from_record(run, model.config.learn_sigma, latent_dim(model.config)).sampling_fields()
-        return cls(model, weights, image_size, vae, vae_spec, **fields, latent_norm=latent_norm)
+        return cls(
+            model, weights, image_size, vae, vae_spec, **objective.sampling_fields(), latent_norm=latent_norm
+        )
 
 
 # ---- checks on what the user asked for --------------------------------------------------------------------

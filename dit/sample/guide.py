@@ -11,7 +11,7 @@ from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.sample.generate import SamplingModel
-from dit.sample.loading import read_model
+from dit.sample.loading import read_model, recorded_objective
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,9 @@ def load_guide(g: GuideSection, sm: SamplingModel, device) -> DiT | None:
         raise UserError(f"guide checkpoint {g.ckpt} is not a file: pass the path of a .pt file (--guide-ckpt).")
     net, which, run, latent_norm = read_model(g.ckpt, use_ema=g.ema, device=device)
     image_size = run.get("image_size") or net.config.input_size * (sm.image_size // sm.config.input_size)
-    guide = SamplingModel.from_run(net, which, image_size, None, None, run, latent_norm)
+    guide = SamplingModel.from_objective(
+        net, which, image_size, None, None, recorded_objective(run, net.config), latent_norm
+    )
     differences = task_differences(sm, guide)
     if differences:
         raise UserError(

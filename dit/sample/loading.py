@@ -14,7 +14,8 @@ from dit.io.config import Section, flatten_record, option
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
 from dit.model.dit import DiT
-from dit.objectives import OBJECTIVES
+from dit.objectives import OBJECTIVES, from_record
+from dit.objectives.times import latent_dim
 from dit.sample.generate import SamplingModel
 
 
@@ -113,7 +114,8 @@ def load_sampling_model(
     factor = 1 if vae_module is None else latent_downsample(vae_module)
     image_size = _agree("--image-size", image_size, run.get("image_size")) or net.config.input_size * factor
     _check_fits(net.config, image_size, factor, vae_spec, vae_module)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run, latent_norm)
+    objective = recorded_objective(run, net.config)
+    return SamplingModel.from_objective(net, which, image_size, vae_module, vae_spec, objective, latent_norm)
 
 
 def read_model(
@@ -137,6 +139,11 @@ def read_model(
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
     return net.to(device).eval().requires_grad_(False), which, run, _latent_norm(ckpt, run)
+
+
+def recorded_objective(run: dict, cfg: DiTConfig):
+    """The objective a checkpoint's record (``read_model``'s ``run``) says its model was trained with."""
+    return from_record(run, cfg.learn_sigma, latent_dim(cfg))
 
 
 def _latent_norm(ckpt: dict, run: dict) -> ChannelNorm | None:

@@ -3,10 +3,10 @@
 Each section is owned by the component that reads it (the model's shape by ``dit.model.config``, the
 objective by ``dit.objective``, the data by ``dit.train.data``, the recipe by ``dit.train.optim``, ...);
 ``TrainConfig`` only composes them and checks what spans two of them. A run writes its resolved
-configuration beside its checkpoints (``config.yaml``) and inside each one; ``parse_train_config`` reads
-a resumed run's record so that ``--resume auto`` needs no flag the run recorded (a flag given anyway is
-applied where that is safe and named in the log; the model, the data order and the recipe are checked
-against the record by the trainer).
+configuration beside its checkpoints (``config.yaml``) and inside each one; ``resolve`` builds train.py's
+config once, a resumed run's from its record so that ``--resume auto`` needs no flag the run recorded (a
+flag given anyway is applied where that is safe and named in the log; ``resume_point`` checks the model,
+the data order and the recipe against the record).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from dit.checkpoint import CheckpointSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import Face, FieldError, Section, Values, option
 from dit.io.errors import UserError
+from dit.io.launcher import launcher_precision
 from dit.model.config import DiTConfig, ModelSection
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.section import ObjectiveSection
@@ -118,50 +119,17 @@ class TrainConfig:
 
     def replace(self, **flat) -> TrainConfig:
         """This config with flat options changed (``cfg.replace(max_steps=20)``)."""
-        return TrainConfig.of(**{**self.flat(), **flat})
+        return TrainConfig.of(**{**TRAIN_FACE.flatten(self.record(), "the config"), **flat})
 
-    def flat(self) -> dict:
-        """Every option by its flat name (``eval_every``, ``lr``), as flags and presets name them."""
-        out = {}
-        for attr, (_, prefix) in TRAIN_FACE.sections.items():
-            section = getattr(self, attr)
-            out.update({prefix + f.name: getattr(section, f.name) for f in dataclasses.fields(section)})
-        return out
-
-    def record(self, **resolved) -> dict:
-        """The resolved configuration, nested by section, for config.yaml and every checkpoint; ``resolved``
-        replaces flat options by what the run found (a latent store's VAE)."""
-        cfg = self.replace(**resolved) if resolved else self
-        return TRAIN_FACE.record(cfg.__dict__)
+    def record(self) -> dict:
+        """The configuration as plain data, nested by section: config.yaml and every checkpoint keep it."""
+        return TRAIN_FACE.record(self.__dict__)
 
     def model_config(self, in_channels: int, input_size: int) -> DiTConfig:
         """The DiT this run trains, for data of ``in_channels`` x ``input_size`` x ``input_size``."""
         return self.model.dit_config(
             in_channels, input_size, learn_sigma=self.objective.implementation.learns_sigma
         )
-
-    def resume_conflicts(self, saved: dict) -> list[str]:
-        """The options of a checkpoint's flat record (``saved``) this run may not change, as 'name: a -> b'."""
-        allowed, mine = set(self.checkpoint.allow_changes or ()), self.flat()
-        return [
-            f"{name}: {saved[name]!r} -> {mine[name]!r}"
-            for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
-            if name in saved and saved[name] != mine[name] and name not in allowed
-        ]
-
-    def changed_from(self, saved: dict) -> list[str]:
-        """The other options that differ from the record: applied on a resume, and named in its log."""
-        skip = {*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until", *CheckpointSection.START_ONLY}
-        mine = self.flat()
-        return [
-            f"{TRAIN_FACE.flag(name)} {mine[name]!r} (recorded {saved[name]!r})"
-            for name in sorted(saved)
-            if name in mine and name not in skip and _plain(saved[name]) != _plain(mine[name])
-        ]
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 TRAIN_FACE = Face(
@@ -211,35 +179,54 @@ def run_record(ckpt: dict) -> dict:
     return flat
 
 
-def parse_train_config(argv: list[str] | None = None) -> TrainConfig:
-    """train.py's flags (and ``--config`` preset) as a ``TrainConfig``. A resume takes every option it was
-    not given from the checkpoint's record; a fresh run on a latent store takes the image size and the class
-    count from the store where no flag or preset sets them."""
-    parsed = TRAIN_FACE.parse(argv)
-    cfg = _compose(parsed.sections)
-    path = cfg.checkpoint.resume_path()
+def resolve(argv: list[str] | None = None) -> TrainConfig:
+    """train.py's flags (and ``--config`` preset) as the run's ``TrainConfig``, built and checked once.
+
+    A resume takes every option no flag or preset sets from its checkpoint's record (read without the weights),
+    and a change the record does not allow is refused here, before the trainer locks the folder or reads the
+    data. A latent store gives its VAE, and on a fresh run its image size and class count where no flag or
+    preset sets them. ``accelerate launch --mixed_precision`` sets the precision where no flag or preset does."""
+    v = TRAIN_FACE.values(argv)
+    spell = TRAIN_FACE.speller(v)
+    path = TRAIN_FACE.section("checkpoint", v.values, spell).resume_path()
     if path is not None:
         from dit.checkpoint import load_training_checkpoint
 
-        saved = {k: v for k, v in run_record(load_training_checkpoint(path, mmap=True)).items()
-                 if k not in CheckpointSection.START_ONLY}  # fmt: skip
-        return _compose(TRAIN_FACE.parse(argv, record=saved).sections)
-    store = cfg.data.feature_path
-    taken = {k for k in ("image_size", "num_classes") if k not in parsed.explicit}
-    if store and taken and not cfg.checkpoint.resume:
+        saved = run_record(load_training_checkpoint(path, mmap=True))
+        v = v.under({k: x for k, x in saved.items() if k not in CheckpointSection.START_ONLY})
+    store = v.values["feature_path"]
+    if store and isinstance(store, str):  # another type is the data section's error, below
         from dit.data.store import read_manifest
 
         manifest = read_manifest(store)
         found = {"image_size": manifest["image_size"], "num_classes": len(manifest["class_to_index"])}
-        return _compose(TRAIN_FACE.parse(argv, record={k: found[k] for k in taken}).sections)
+        v = v.under({} if path else found)
+        v = dataclasses.replace(v, values={**v.values, "vae": manifest["vae_id"]})  # the VAE its latents are of
+    cfg = _compose(TRAIN_FACE.build(_launcher_precision(v).values, spell))
+    if path is not None:
+        resume_changes(TRAIN_FACE.flatten(cfg.record(), "the run"), saved, cfg.checkpoint, path)
     return cfg
 
 
-def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
+def _launcher_precision(v: Values) -> Values:
+    """accelerate's ``--mixed_precision`` decides the precision, unless ``--precision`` (or the preset) disagrees."""
+    launcher = launcher_precision()
+    if launcher is None or v.values["precision"] == launcher:
+        return v
+    if "precision" in v.given or "precision" in v.preset:
+        raise UserError(
+            f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
+            f"{v.values['precision']}: drop one of them (--precision alone decides under torchrun)."
+        )
+    return dataclasses.replace(v, values={**v.values, "precision": launcher})
+
+
+def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
     """(path, checkpoint, changed options) to continue from, or (None, None, []) for a fresh run in an empty
     folder. A resume continues the same run: the model, the data order (seed, batch, data set), the latent
-    space and the recipe must match the checkpoint's, or every difference is listed; recipe fields may
-    change when ``--allow-changes`` names them; any other option that differs is returned, to be named."""
+    space and the recipe of ``record`` (the run as resolved) must match the checkpoint's, or every difference
+    is listed; recipe fields may change when ``--allow-changes`` names them; any other option that differs is
+    returned, to be named."""
     from dit.checkpoint import latest_checkpoint, load_training_checkpoint
     from dit.model.config import describe
 
@@ -263,17 +250,34 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
             f"{path} was trained as {describe(saved)}, but this run builds {describe(model_cfg)}: pass the "
             "same --model, --image-size, --num-classes and data."
         )
-    run = run_record(ckpt)
-    conflicts = cfg.resume_conflicts(run)
-    if "vae" in run and latent_space(run["vae"]) != latent_space(vae_spec):
-        conflicts.append(f"vae (the latent space): {run['vae']!r} -> {vae_spec!r}")
+    return path, ckpt, resume_changes(TRAIN_FACE.flatten(record, "the run"), run_record(ckpt), start, path)
+
+
+# What a resume checks against its record: the model and data order, the recipe, and when token dropping ends.
+GUARDED_FIELDS = (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
+
+
+def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> list[str]:
+    """The options of ``mine`` (flat) that differ from a checkpoint's flat record ``saved``, as '--flag new
+    (recorded old)'. A guarded one the start's ``--allow-changes`` does not name, or another latent space,
+    is refused in one line listing every one (its checkpoint ``path`` named)."""
+    allowed = set(start.allow_changes or ())
+    differ = [n for n in sorted(saved) if n in mine and _plain(saved[n]) != _plain(mine[n])]
+    conflicts = [f"{n}: {saved[n]!r} -> {mine[n]!r}" for n in GUARDED_FIELDS if n in differ and n not in allowed]
+    if "vae" in saved and latent_space(saved["vae"]) != latent_space(mine["vae"]):
+        conflicts.append(f"vae (the latent space): {saved['vae']!r} -> {mine['vae']!r}")
     if conflicts:
         raise UserError(
             f"{path} was trained with other settings: {'; '.join(conflicts)}. A resume continues the same run: "
             "pass the checkpoint's values (recipe fields may change with --allow-changes NAME ...), or start a new "
             "run in another --results-dir. Nothing was written."
         )
-    return path, ckpt, cfg.replace(vae=vae_spec or "none").changed_from(run)
+    skip = {*GUARDED_FIELDS, *CheckpointSection.START_ONLY}
+    return [f"{TRAIN_FACE.flag(n)} {mine[n]!r} (recorded {saved[n]!r})" for n in differ if n not in skip]
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def latent_space(vae_spec: str | None) -> str | None:

@@ -86,11 +86,12 @@ class Trainer:
                 f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
                 f"images = --max-steps {self.total_steps:,}"
             )
-        # What the run is, as resolved here (a latent store's own VAE): config.yaml, every checkpoint, samplers.
-        self.record = cfg.record(vae=self.data.vae_spec or "none")
-        self.run_flat = {**cfg.flat(), "vae": self.data.vae_spec or "none"}
+        # What the run is: config.yaml and every checkpoint. Its VAE is the data's (a data set given to train()
+        # is what it is, whatever the data section says).
+        self.record = cfg.record()
+        self.record["data"]["vae"] = self.data.vae_spec or "none"
         model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
-        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
+        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.record)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
         # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
         kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
@@ -190,8 +191,8 @@ class Trainer:
 
             self.evaluation = InLoopEval(
                 cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
-                run=self.run_flat, runtime=self.runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
-                latent_norm=self.data.latent_norm,
+                objective=self.objective, runtime=self.runtime, model=model, vae=self.decoder,
+                vae_spec=self.data.vae_spec, latent_norm=self.data.latent_norm,
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
 
@@ -452,13 +453,13 @@ class Trainer:
         if not self.runtime.is_main:
             return
         cfg = self.cfg
-        sm = SamplingModel.from_run(
+        sm = SamplingModel.from_objective(
             ema,
             "ema",
             cfg.model.image_size,
             self.decoder,
             self.data.vae_spec,
-            self.run_flat,
+            self.objective,
             self.data.latent_norm,
         )
         labels = list(range(min(mc.num_classes, 16)))
