@@ -204,6 +204,18 @@ class MemoryArgs(Section):
     )
     json: bool = option(False, "print JSON")
 
+    def check(self) -> None:
+        if self.batch_size is None and self.global_batch_size is None:
+            raise FieldError("pass --batch-per-device, or {global_batch_size} with {num_gpus}.")
+        if self.batch_size is None and self.global_batch_size % self.num_gpus:
+            raise FieldError(
+                f"{{global_batch_size}} {self.global_batch_size} does not split over {self.num_gpus} GPUs."
+            )
+
+    @property
+    def batch_per_device(self) -> int:
+        return self.batch_size if self.batch_size is not None else self.global_batch_size // self.num_gpus
+
     @property
     def sharding(self) -> str:
         return "fsdp" if self.fsdp else "ddp"
@@ -244,6 +256,14 @@ class PlotArgs(Section):
     memory_gib: float | None = option(None, "device memory, if --gpu does not say", gt=0)
     traced_batches: str | None = option(None, "comma-separated batches to trace as points, e.g. 8,64")
 
+    def check(self) -> None:
+        if self.chart == "quality" and not self.runs:
+            raise FieldError(
+                "dit-cost plot quality needs run folders: dit-cost plot quality RUN [RUN ...] --out FILE."
+            )
+        if self.chart == "quality" and self.labels and len(self.labels) != len(self.runs):
+            raise FieldError(f"{{labels}} gives {len(self.labels)} labels for {len(self.runs)} runs: one per run.")
+
 
 @dataclass(frozen=True, kw_only=True)
 class QualityArgs(Section):
@@ -257,3 +277,7 @@ class QualityArgs(Section):
     precision: str = option("bf16", "the precision the peak is read for, with --gpu", choices=peaks.PRECISIONS)
     mfu: float | None = option(None, "MFU on --gpu, in (0, 1]", gt=0, le=1)
     json: bool = option(False, "print JSON")
+
+    def check(self) -> None:
+        if (self.gpu is None) != (self.mfu is None):
+            raise FieldError("a time on another device needs {gpu} and {mfu} in (0, 1].")

@@ -65,8 +65,6 @@ def model_for_image(
     """The DiT config for images of ``image_size`` pixels: latents of the VAE's size and channel count
     (``vae`` True: the SD VAE, image/8 x 4 channels; a dict: that AutoencoderKL config), the pixels
     themselves (3 channels) for ``vae`` False/None. ``model`` None builds a custom config from overrides."""
-    if image_size is None or image_size <= 0:
-        raise UserError(f"--image-size must be a positive number of pixels, got {image_size}.")
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
     if vae_config is not None:
         down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
@@ -79,8 +77,6 @@ def model_for_image(
                 f"pick a multiple of {down}, or pass --latent-size / --vae none."
             )
         latent_size = image_size // down
-    elif latent_size <= 0:
-        raise UserError(f"--latent-size must be positive, got {latent_size}.")
     fields = {"input_size": latent_size, "in_channels": in_channels or channels}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if model is None:
@@ -166,16 +162,9 @@ def _mfu_and_device(
             "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
             "--calibration FILE from a benchmark; drop --gpu for the compute alone."
         )
-    if not 0 < mfu <= 1:
-        raise UserError(f"--mfu must be in (0, 1], got {mfu}.")
     if device is None:
         raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
     return mfu, "given", device
-
-
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise UserError(f"{name} must be positive, got {value}.")
 
 
 # The time-and-money keys of a plan: null when no device and MFU (or calibration) were given.
@@ -253,13 +242,6 @@ def plan_training(
     once per stored view when latents are pre-extracted (extract_features.py). ``repa``: REPA's auxiliary
     FLOPs, apart from the DiT's (the encoder's forward left out of the steps when ``repa_cached``); the time
     counts them at the same MFU."""
-    for name, value in (
-        ("--global-batch-size", global_batch_size),
-        ("--max-steps", steps),
-        ("--num-gpus", num_devices),
-    ):
-        _positive(name, value)
-    _positive("--price-per-hour", price_per_device_hour)
     if global_batch_size % num_devices:
         raise UserError(
             f"--global-batch-size {global_batch_size} does not split over --num-gpus {num_devices}: "
@@ -350,9 +332,6 @@ def plan_sampling(
     ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each. ``path_drop``: the
     unconditional pass skips the sparse blocks (SPRINT's path-drop guidance); ``guide``: autoguidance's guide,
     whose forward replaces the unconditional pass."""
-    _positive("--num-images", num_images)
-    _positive("--num-gpus", num_devices)
-    _positive("--price-per-hour", price_per_device_hour)
     if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
         raise UserError(
             "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
@@ -423,8 +402,6 @@ def plan_memory(
 ) -> dict:
     """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
     that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
-    if batch_per_device < 1:
-        raise UserError(f"the batch per device must be >= 1, got {batch_per_device}.")
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
     if checkpointed_blocks == "auto":
