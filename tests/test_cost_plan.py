@@ -7,6 +7,7 @@ import pytest
 from dit.cost.__main__ import main
 from dit.cost.analytic import forward_macs, vae_flops
 from dit.cost.plan import (
+    Budget,
     Calibration,
     load_calibration,
     model_for_image,
@@ -49,17 +50,19 @@ def test_issue_command_prints_flops_hours_and_days(capsys):
 
 def test_price_and_memory_lines():
     cfg = model_for_image("DiT-XL/2", 256)
-    plan = plan_training(cfg, 256, 256, 1000, 8, "NVIDIA H100 80GB HBM3", mfu=0.4, price_per_device_hour=2.5)
-    assert plan["cost"] == pytest.approx(plan["device_hours"] * 2.5)
-    assert 10 < plan["memory_gib_per_device"] < plan["device_memory_gib"] == 80
+    plan = plan_training(
+        cfg, 256, 256, 1000, Budget(8, "NVIDIA H100 80GB HBM3", mfu=0.4, price_per_device_hour=2.5)
+    )
+    assert plan.timing.cost == pytest.approx(plan.timing.device_hours * 2.5)
+    assert 10 < plan.memory.memory_gib_per_device < plan.memory.device_memory_gib == 80
 
 
 def test_precision_changes_the_peak_not_the_flops():
     cfg = model_for_image("DiT-XL/2", 256)
-    bf16 = plan_training(cfg, 256, 256, 1000, 8, "A100", mfu=0.4)
-    tf32 = plan_training(cfg, 256, 256, 1000, 8, "A100", precision="tf32", mfu=0.4)
-    assert tf32["total_flops"] == bf16["total_flops"]
-    assert tf32["days"] == pytest.approx(2 * bf16["days"])  # A100: 156 vs 312 TFLOP/s
+    bf16 = plan_training(cfg, 256, 256, 1000, Budget(8, "A100", mfu=0.4))
+    tf32 = plan_training(cfg, 256, 256, 1000, Budget(8, "A100", precision="tf32", mfu=0.4))
+    assert tf32.total_flops == bf16.total_flops
+    assert tf32.timing.days == pytest.approx(2 * bf16.timing.days)  # A100: 156 vs 312 TFLOP/s
 
 
 def test_calibration_round_trip_and_matching(tmp_path):
@@ -70,14 +73,14 @@ def test_calibration_round_trip_and_matching(tmp_path):
     assert load_calibration(path).mfu == 0.41
     assert json.load(open(path))["batch_per_device"] == 32
     cfg = model_for_image("DiT-XL/2", 256)
-    plan = plan_training(cfg, 256, 256, 1000, 8, calibration=path)
-    assert plan["mfu"] == 0.41 and plan["device"] == "H100 SXM" and path in plan["mfu_source"]
+    plan = plan_training(cfg, 256, 256, 1000, Budget(8, calibration=path))
+    assert plan.timing.mfu == 0.41 and plan.timing.device == "H100 SXM" and path in plan.timing.mfu_source
     with pytest.raises(UserError, match="does not carry over"):
-        plan_training(model_for_image("DiT-B/2", 256), 256, 256, 1000, 8, calibration=path)
+        plan_training(model_for_image("DiT-B/2", 256), 256, 256, 1000, Budget(8, calibration=path))
     with pytest.raises(UserError, match="measured on"):
-        plan_training(cfg, 256, 256, 1000, 8, device="A100", calibration=path)
+        plan_training(cfg, 256, 256, 1000, Budget(8, "A100", calibration=path))
     with pytest.raises(UserError, match="not both"):
-        plan_training(cfg, 256, 256, 1000, 8, device="A100", mfu=0.3, calibration=path)
+        plan_training(cfg, 256, 256, 1000, Budget(8, "A100", mfu=0.3, calibration=path))
 
 
 @pytest.mark.parametrize(
@@ -99,12 +102,12 @@ def test_bad_calibration_files(tmp_path, content, match):
 
 def test_sampling_plan():
     cfg = model_for_image("DiT-XL/2", 256)
-    plan = plan_sampling(cfg, 256, 50_000, 250, 1.5, 8, "H100-SXM", mfu=0.4)
+    plan = plan_sampling(cfg, 256, 50_000, 250, 1.5, Budget(8, "H100-SXM", mfu=0.4))
     per_image = 250 * 2 * forward_macs(cfg).flops + vae_flops(SD_VAE_CONFIG, 256).decode
-    assert plan["total_flops"] == pytest.approx(50_000 * per_image)
-    assert plan["seconds"] == pytest.approx(50_000 * per_image / (8 * 989.4e12 * 0.4))
-    unguided = plan_sampling(cfg, 256, 50_000, 250, 1.0, 8, "H100-SXM", mfu=0.4, vae_config=None)
-    assert unguided["total_flops"] == pytest.approx(50_000 * 250 * forward_macs(cfg).flops)
+    assert plan.total_flops == pytest.approx(50_000 * per_image)
+    assert plan.timing.seconds == pytest.approx(50_000 * per_image / (8 * 989.4e12 * 0.4))
+    unguided = plan_sampling(cfg, 256, 50_000, 250, 1.0, Budget(8, "H100-SXM", mfu=0.4), vae_config=None)
+    assert unguided.total_flops == pytest.approx(50_000 * 250 * forward_macs(cfg).flops)
 
 
 def test_pixel_space_and_custom_models():
@@ -120,9 +123,9 @@ def test_pixel_space_and_custom_models():
         (lambda: model_for_image("DiT-S/2", 100), "--image-size"),
         (lambda: model_for_image(None, 256, depth=4), "--hidden-size"),
         (lambda: model_for_image("DiT-Q/2", 256), "DiT-XL/2"),
-        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 6, "A100", mfu=0.4), "--num-gpus"),
-        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 8, "A100"), "--mfu"),
-        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, 8, mfu=0.4), "--gpu"),
+        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, Budget(6, "A100", mfu=0.4)), "--num-gpus"),
+        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, Budget(8, "A100")), "--mfu"),
+        (lambda: plan_training(model_config("DiT-S/2"), 256, 256, 5, Budget(8, mfu=0.4)), "--gpu"),
     ],
 )
 def test_bad_numbers_name_the_argument(call, match):
@@ -152,10 +155,10 @@ def test_bad_numbers_are_refused_at_their_flag(capsys, argv, match):
 def test_unknown_gpu_lists_devices_and_the_override():
     cfg = model_config("DiT-S/2")
     with pytest.raises(UserError) as err:
-        plan_training(cfg, 256, 256, 5, 8, "Imaginary X9000", mfu=0.4)
+        plan_training(cfg, 256, 256, 5, Budget(8, "Imaginary X9000", mfu=0.4))
     assert "H100 SXM" in str(err.value) and "--peak-tflops" in str(err.value)
-    plan = plan_training(cfg, 256, 256, 5, 8, "Imaginary X9000", mfu=0.4, peak_tflops=500)
-    assert plan["peak_tflops_per_device"] == 500 and plan["peak_source"] == "override"
+    plan = plan_training(cfg, 256, 256, 5, Budget(8, "Imaginary X9000", mfu=0.4, peak_tflops=500))
+    assert plan.timing.peak_tflops_per_device == 500 and plan.timing.peak_source == "override"
 
 
 def test_compute_without_a_device_has_the_same_keys(capsys):

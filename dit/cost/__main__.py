@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from dit.cost import analytic, peaks, plan
 from dit.cost.args import (
@@ -26,62 +27,14 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
+from dit.cost.report import Evaluations, RepaUse, num, print_pairs, print_table, show
 from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
-from dit.model.config import describe, model_names
+from dit.model.config import model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_plan import FidSamplingSection
-
-# ---- output ---------------------------------------------------------------------------------------------
-
-
-def _print_table(rows: list[list], headers: list[str]) -> None:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for n, row in enumerate(cells):
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
-
-
-def _print_pairs(pairs: list[tuple[str, object]]) -> None:
-    width = max(len(k) for k, _ in pairs)
-    for key, value in pairs:
-        print(f"{key.ljust(width)}  {value}")
-
-
-def _num(x: float, digits: int = 2) -> str:
-    return f"{x:,.{digits}f}"
-
-
-def _money(amount: float) -> str:
-    return f"{amount:,.2f}" if amount >= 1 else f"{amount:.3g}"
-
-
-def _budget_pairs(r: dict) -> list[tuple[str, object]]:
-    if r["seconds"] is None:
-        return [("time and cost", "pass --gpu and --mfu (or --calibration) for throughput, hours and price")]
-    pairs = [
-        ("devices", f"{r['num_devices']} x {r['device']}, peak {_num(r['peak_tflops_per_device'], 1)} TFLOP/s "
-                    f"{r['precision']} ({r['peak_source']})"),
-        ("MFU", f"{r['mfu']:.3f} ({r['mfu_source']})"),
-        ("throughput", f"{_num(r['images_per_sec'], 2)} images/s"),
-        ("device-hours", _num(r["device_hours"], 1)),
-        ("wall-clock", f"{_num(r['days'], 3)} days ({_num(r['seconds'] / 3600, 2)} h)"),
-    ]  # fmt: skip
-    if r["cost"] is not None:
-        pairs.append(("cost", f"{_num(r['cost'], 2)} at {r['price_per_device_hour']} per device-hour"))
-    return pairs
-
-
-def _emit(result, as_json: bool, pairs) -> None:
-    if as_json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_pairs(pairs(result))
-
 
 # ---- commands -------------------------------------------------------------------------------------------
 
@@ -110,12 +63,12 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     if o.json:
         print(json.dumps(summaries if o.all else summaries[0], indent=2))
     elif o.all:
-        _print_table(
+        print_table(
             [
-                [s["model"], s["tokens"], _num(s["params"] / 1e6, 1), _num(s["forward_gmacs"], 3),
-                 _num(s["forward_gflops"], 3), _num(s["train_gflops_per_image"], 2), _num(100 * s["attention_share"], 1),
+                [s["model"], s["tokens"], num(s["params"] / 1e6, 1), num(s["forward_gmacs"], 3),
+                 num(s["forward_gflops"], 3), num(s["train_gflops_per_image"], 2), num(100 * s["attention_share"], 1),
                  f"{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):+.0f}%"]
-                + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
+                + ([num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
                 for s in summaries
             ],
             ["model", "tokens", "params (M)", "fwd GMACs", "fwd GFLOPs", "train GFLOPs/img", "attn %", "6NT error"]
@@ -125,43 +78,41 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     else:
         s = summaries[0]
         print(f"{s['description']}: {s['tokens']} tokens, {s['params']:,} parameters\n")
-        _print_table(
+        print_table(
             [
-                [k, _num(v, 4), _num(2 * v, 4), _num(100 * v / s["forward_gmacs"], 2)]
+                [k, num(v, 4), num(2 * v, 4), num(100 * v / s["forward_gmacs"], 2)]
                 for k, v in s["components"].items()
             ],
             ["component", "GMACs", "GFLOPs", "%"],
         )
         six = s["six_nt_gflops_per_image"]
         pairs = [
-            ("forward GMACs (paper 'Gflops')", _num(s["forward_gmacs"], 4)),
-            ("forward GFLOPs", _num(s["forward_gflops"], 4)),
-            ("training GFLOPs / image (3x)", _num(s["train_gflops_per_image"], 3)),
+            ("forward GMACs (paper 'Gflops')", num(s["forward_gmacs"], 4)),
+            ("forward GFLOPs", num(s["forward_gflops"], 4)),
+            ("training GFLOPs / image (3x)", num(s["train_gflops_per_image"], 3)),
             (f"hardware GFLOPs / image ({s['checkpointed_blocks']} ckpt blocks, {s['hardware_attention']} attention)",
-             _num(s["hardware_gflops_per_image"], 3)),
-            ("6*N*T estimate (wrong for DiT)", f"{_num(six, 1)} (+{100 * (six / s['train_gflops_per_image'] - 1):.1f}%)"),
+             num(s["hardware_gflops_per_image"], 3)),
+            ("6*N*T estimate (wrong for DiT)", f"{num(six, 1)} (+{100 * (six / s['train_gflops_per_image'] - 1):.1f}%)"),
         ]  # fmt: skip
         if o.measure:
-            pairs.append(("FlopCounterMode on meta, forward GFLOPs", _num(s["measured_forward_gflops"], 4)))
-            pairs.append(
-                ("FlopCounterMode on meta, fwd+bwd GFLOPs", _num(s["measured_train_gflops_per_image"], 3))
-            )
+            pairs.append(("FlopCounterMode on meta, forward GFLOPs", num(s["measured_forward_gflops"], 4)))
+            pairs.append(("FlopCounterMode on meta, fwd+bwd GFLOPs", num(s["measured_train_gflops_per_image"], 3)))
         if o.fvcore:
             fv, ln, bare = s["fvcore_gmacs"], s["fvcore_layer_norm_gmacs"], s["fvcore_without_sdpa_handle_gmacs"]
             pairs.append(
                 (
                     "fvcore + SDPA handle, GMACs",
-                    f"{_num(fv, 4)} (LayerNorm {_num(ln, 4)}; less LN {_num(fv - ln, 4)})",
+                    f"{num(fv, 4)} (LayerNorm {num(ln, 4)}; less LN {num(fv - ln, 4)})",
                 )
             )
             pairs.append(
                 (
                     "fvcore as shipped (no SDPA), GMACs",
-                    f"{_num(bare, 4)} ({100 * (bare / s['forward_gmacs'] - 1):+.1f}%)",
+                    f"{num(bare, 4)} ({100 * (bare / s['forward_gmacs'] - 1):+.1f}%)",
                 )
             )
         print()
-        _print_pairs(pairs)
+        print_pairs(pairs)
 
 
 def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
@@ -185,46 +136,13 @@ def cmd_train(
     cfg = m.config()
     repa, repa_size = _repa_flops(repa_encoder, repa_section, cfg) or (None, None)
     result = plan.plan_training(
-        cfg, m.image_size, o.global_batch_size, o.max_steps, h.num_gpus, **h.budget(),
+        cfg, m.image_size, o.global_batch_size, o.max_steps, h.budget(),
         checkpointed_blocks=m.checkpointed(cfg, o.activation_checkpointing), vae_config=plan.vae_config_for(m.vae),
         repa=repa, repa_cached=o.repa_cached_features,
     )  # fmt: skip
     if repa is not None:
-        result.update(repa_encoder=repa_encoder.encoder, repa_input_size=repa_size)
-
-    def pairs(r):
-        out = [
-            ("model", f"{r['description']} at {r['image_size']} px"),
-            ("run", f"{r['steps']:,} steps x global batch {r['global_batch_size']} = {r['images']:,} images"),
-            ("DiT / image", f"{_num(r['train_gflops_per_image'], 2)} GFLOP = {_num(r['train_gmacs_per_image'], 2)} GMAC "
-                            f"(3 x forward {_num(r['forward_gflops_per_image'], 2)} GFLOP)"),
-            ("DiT / step", f"{r['step_flops']:.4e} FLOP"),
-            ("total FLOPs (DiT)", f"{r['total_flops']:.4e} FLOP = {r['total_macs']:.4e} MAC (paper 'flops')"),
-        ]  # fmt: skip
-        if r["vae_encode_gflops_per_image"] is not None:
-            enc = r["vae_encode_gflops_per_image"]
-            out.append(
-                ("VAE encode", f"{_num(enc, 2)} GFLOP = {_num(enc / 2, 2)} GMAC per image: "
-                 f"{r['vae_encode_flops_per_step']:.4e} FLOP per step and {r['vae_encode_total_flops_on_the_fly']:.4e} "
-                 "in total if encoded on the fly; once per image view if pre-extracted (extract_features.py)")
-            )  # fmt: skip
-        if r["repa_encoder_forward_gflops_per_image"] is not None:
-            enc, proj = r["repa_encoder_forward_gflops_per_image"], r["repa_projector_train_gflops_per_image"]
-            where = "once per image view, at extraction" if r["repa_features_cached"] else "in every step"
-            out.append(
-                ("REPA (auxiliary)", f"{r['repa_encoder']} at {r['repa_input_size']} px forward {_num(enc, 2)} GFLOP "
-                 f"per image ({where}) + projector {_num(proj, 2)} GFLOP (trained, 3x forward) = "
-                 f"{_num(r['aux_gflops_per_image'], 2)} GFLOP per training image, {r['aux_share_of_dit']:.1%} of the "
-                 f"DiT's; {r['aux_total_flops']:.4e} FLOP in total (time below counts it; mfu is the DiT's)")
-            )  # fmt: skip
-        out += _budget_pairs(r)
-        if "memory_gib_per_device" in r:
-            cap = f" of {_num(r['device_memory_gib'], 0)} GiB" if r["device_memory_gib"] else ""
-            out.append(("memory / device", f"{_num(r['memory_gib_per_device'], 1)} GiB{cap} (analytic, AdamW + EMA, "
-                                           f"{r['batch_per_device']} images per device)"))  # fmt: skip
-        return out
-
-    _emit(result, o.json, pairs)
+        result = replace(result, repa=RepaUse(repa_encoder.encoder, repa_size))
+    show(result, o.json)
 
 
 def cmd_sample(
@@ -233,64 +151,21 @@ def cmd_sample(
     m, h, o = model, hardware, args
     cfg = m.config()
     guide = m.config(o.guide_model) if o.guide_model is not None else None
-    vae = plan.vae_config_for(m.vae)
     schedule = plan_of(m, sampling, o.guide_model)
     nfe, unguided = evaluations(m, sampling, o, schedule)
     result = plan.plan_sampling(
-        cfg,
-        m.image_size,
-        o.num_images,
-        nfe,
-        planned_guidance(m, sampling, o.guide_model),
-        h.num_gpus,
-        **h.budget(),
-        vae_config=vae,
-        unguided_nfe=unguided,
-        path_drop=sampling.guidance_path_drop,
+        cfg, m.image_size, o.num_images, nfe, planned_guidance(m, sampling, o.guide_model), h.budget(),
+        vae_config=plan.vae_config_for(m.vae), unguided_nfe=unguided, path_drop=sampling.guidance_path_drop,
         guide=guide,
-    )
-    result.update(
-        num_sampling_steps=sampling.num_sampling_steps,
-        sampler=schedule.sampler,
-        guidance_interval=list(sampling.guidance_interval) if sampling.guidance_interval else None,
-        nfe=nfe,
-        guided_nfe=nfe - unguided,
-        unguided_nfe=unguided,
-    )
-
-    def pairs(r):
-        guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided_nfe"] else " (no guidance)"
-        if r["guidance_interval"]:
-            guided += f", guided in [{r['guidance_interval'][0]:g}, {r['guidance_interval'][1]:g}]"
-        passes = f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP"
-        if guide is not None:
-            guided = (
-                f" (autoguidance {r['guidance_scale']:g}: the second pass the guide's)"
-                if r["guided_nfe"]
-                else guided
-            )
-            passes = (f"{r['nfe']} passes x {_num(r['forward_gflops'], 2)} GFLOP + {r['guided_nfe']} guide passes x "
-                      f"{_num(r['guide_forward_gflops'], 2)} GFLOP")  # fmt: skip
-        out = [
-            ("model", f"{describe(cfg)} at {r['image_size']} px"),
-            *([("guide", describe(guide))] if guide is not None else []),
-            ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps): "
-                            f"{r['guided_nfe']} guided x 2 passes + {r['unguided_nfe']} unguided x 1 pass{guided} = "
-                            f"{passes} = "
-                            f"{_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP = {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
-        ]  # fmt: skip
-        if vae is not None:
-            out.append(("VAE decode / image", f"{_num(r['vae_decode_gflops_per_image'], 2)} GFLOP"))
-        out += [
-            ("total", f"{r['total_flops']:.4e} FLOP for {r['num_images']:,} images (DiT {r['total_model_flops']:.4e}, "
-                      f"VAE {r['total_vae_flops']:.4e}) = {r['total_macs']:.4e} MAC"),
-            *_budget_pairs(r),
-        ]  # fmt: skip
-        if r["seconds"] is not None and vae is not None:
-            out.append(("note", "the VAE decode is assumed to run at the DiT's MFU"))
-        return out
-
-    _emit(result, o.json, pairs)
+    )  # fmt: skip
+    interval = list(sampling.guidance_interval) if sampling.guidance_interval else None
+    show(
+        replace(
+            result, num_sampling_steps=sampling.num_sampling_steps,
+            evaluations=Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided),
+        ),
+        o.json,
+    )  # fmt: skip
 
 
 def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
@@ -307,31 +182,11 @@ def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
 def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
     m, o = model, args
     cfg = m.config()
-    batch = o.batch_per_device
     r = plan.plan_memory(
-        cfg, batch, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True), o.ema, o.sharding,
-        o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
+        cfg, o.batch_per_device, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True),
+        o.ema, o.sharding, o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
     )  # fmt: skip
-    if o.json:
-        print(json.dumps(r, indent=2))
-        return
-    print(
-        f"{r['model']}, batch {batch} per device, {o.precision}, {r['checkpointed_blocks']} checkpointed blocks, "
-        f"{'EMA, ' if o.ema else ''}{o.sharding} x {o.num_gpus}\n"
-    )
-    _print_table([[k, _num(v / 2**30, 3)] for k, v in r["estimate_parts"].items()], ["part", "GiB"])
-    pairs = [("analytic peak", f"{_num(r['estimate_bytes'] / 2**30, 3)} GiB (at the {r['peak_phase']})")]
-    if o.trace:
-        ratio = r["estimate_bytes"] / r["traced_bytes"]
-        pairs.append(
-            ("traced peak (FakeTensor)", f"{_num(r['traced_bytes'] / 2**30, 3)} GiB (analytic/traced {ratio:.3f})")
-        )
-    if "device_memory_bytes" in r:
-        pairs.append(("device memory", f"{_num(r['device_memory_bytes'] / 2**30, 1)} GiB, "
-                                       f"{_num(r['reserve_bytes'] / 2**30, 1)} GiB kept for context and allocator"))  # fmt: skip
-        pairs.append(("largest batch per device that fits", r["max_batch_per_device"]))
-    print()
-    _print_pairs(pairs)
+    show(r, o.json)
 
 
 def cmd_peaks(args: PeaksArgs) -> None:
@@ -360,7 +215,7 @@ def cmd_peaks(args: PeaksArgs) -> None:
     if o.json:
         print(json.dumps(rows, indent=2))
         return
-    _print_table(
+    print_table(
         [[r["device"], *("-" if r[k] is None else r[k] for k in (*peaks.PRECISIONS, "memory_gib"))] for r in rows],
         ["device", *(f"{p} TF" for p in peaks.PRECISIONS), "GiB"],
     )
@@ -386,6 +241,10 @@ def cmd_plot(model: CostModelSection, args: PlotArgs) -> None:
             o.out, m.config(), o.precision, _device_memory(o.gpu, o.memory_gib), traced_batches=traced
         )
     )
+
+
+def _money(amount: float) -> str:
+    return f"{amount:,.2f}" if amount >= 1 else f"{amount:.3g}"
 
 
 def cmd_quality(args: QualityArgs) -> None:
@@ -425,7 +284,7 @@ def cmd_quality(args: QualityArgs) -> None:
             planned_cost = f", {_money(p['cost'])}" if p["cost"] is not None else ""
             pairs.append(("planned", f"{duration(p['seconds'])} on {p['num_devices']} x {p['device']} at MFU "
                                      f"{p['mfu']:g} = {p['device_hours']:.4g} device-hours{planned_cost}"))  # fmt: skip
-    _print_pairs(pairs)
+    print_pairs(pairs)
 
 
 # Each command: its function and the sections it reads (train.py's, where the thing is the same).

@@ -68,14 +68,15 @@ class HardwareSection(Section):
     peak_tflops: float | None = option(None, "dense peak TFLOP/s per device, overriding the table", gt=0)
     price_per_hour: float | None = option(None, "price of one device-hour, for the cost line", gt=0)
 
-    def budget(self) -> dict:
-        return dict(
-            device=self.gpu,
-            precision=self.precision,
-            mfu=self.mfu,
-            calibration=self.calibration,
-            price_per_device_hour=self.price_per_hour,
-            peak_tflops=self.peak_tflops,
+    def budget(self) -> plan.Budget:
+        return plan.Budget(
+            self.num_gpus,
+            self.gpu,
+            self.precision,
+            self.mfu,
+            self.calibration,
+            self.price_per_hour,
+            self.peak_tflops,
         )
 
 

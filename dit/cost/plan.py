@@ -26,6 +26,7 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
+from dit.cost.report import Fit, GuideCost, MemoryPlan, SampleBudget, Timing, Traced, TrainingPlan, TrainMemory
 from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
@@ -167,54 +168,44 @@ def _mfu_and_device(
     return mfu, "given", device
 
 
-# The time-and-money keys of a plan: null when no device and MFU (or calibration) were given.
-BUDGET_KEYS = (
-    "device", "peak_tflops_per_device", "peak_source", "mfu", "mfu_source", "images_per_sec", "seconds",
-    "device_hours", "days", "cost",
-)  # fmt: skip
-
-
-def _budget(
-    cfg: DiTConfig,
-    image_size: int,
-    total_flops: float,
-    images: int,
-    num_devices: int,
-    device: str | None,
-    precision: str,
-    mfu: float | None,
-    calibration: str | None,
-    price_per_device_hour: float | None,
-    peak_tflops: float | None,
-) -> dict:
-    """Time and money for ``total_flops`` on ``num_devices`` at an MFU of the peak; nulls without a device."""
-    if device is None and mfu is None and calibration is None:
-        if price_per_device_hour is not None:
-            raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
-        return dict.fromkeys(BUDGET_KEYS)
-    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, precision, device, mfu, calibration)
-    peak = (
-        resolve_peak(device, precision, peak_tflops) if peak_tflops is not None else table_peak(device, precision)
-    )
-    seconds = total_flops / (num_devices * peak.flops * mfu)
-    device_hours = seconds * num_devices / 3600
-    return {
-        "device": peak.device,
-        "peak_tflops_per_device": peak.flops / 1e12,
-        "peak_source": peak.source,
-        "mfu": mfu,
-        "mfu_source": mfu_source,
-        "images_per_sec": images / seconds,
-        "seconds": seconds,
-        "device_hours": device_hours,
-        "days": seconds / 86400,
-        "cost": device_hours * price_per_device_hour if price_per_device_hour is not None else None,
-    }
-
-
 # --------------------------------------------------------------------------------------------------------
 # Plans: the compute always; time, device-hours and money when a device and an MFU are given
 # --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan runs on: the devices, the precision their peak is read for, the MFU (or a calibration that
+    gives it), the peak if not the table's, and the price of a device-hour."""
+
+    num_devices: int = 1
+    device: str | None = None
+    precision: str = "bf16"
+    mfu: float | None = None
+    calibration: str | None = None
+    price_per_device_hour: float | None = None
+    peak_tflops: float | None = None
+
+
+def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, budget: Budget) -> Timing:
+    """Time and money for ``total_flops`` on the budget's devices at an MFU of the peak; nulls without a device."""
+    b = budget
+    if b.device is None and b.mfu is None and b.calibration is None:
+        if b.price_per_device_hour is not None:
+            raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
+        return Timing()
+    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, b.precision, b.device, b.mfu, b.calibration)
+    peak = (
+        resolve_peak(device, b.precision, b.peak_tflops)
+        if b.peak_tflops is not None
+        else table_peak(device, b.precision)
+    )
+    seconds = total_flops / (b.num_devices * peak.flops * mfu)
+    device_hours = seconds * b.num_devices / 3600
+    return Timing(
+        peak.device, peak.flops / 1e12, peak.source, mfu, mfu_source, images / seconds, seconds, device_hours,
+        seconds / 86400, device_hours * b.price_per_device_hour if b.price_per_device_hour is not None else None,
+    )  # fmt: skip
 
 
 def plan_training(
@@ -222,26 +213,21 @@ def plan_training(
     image_size: int,
     global_batch_size: int,
     steps: int,
-    num_devices: int = 1,
-    device: str | None = None,
-    precision: str = "bf16",
-    mfu: float | None = None,
-    calibration: str | None = None,
-    price_per_device_hour: float | None = None,
-    peak_tflops: float | None = None,
+    budget: Budget = Budget(),
     checkpointed_blocks: int = 0,
     vae_config: dict | None = SD_VAE_CONFIG,
     fused_attention: bool = True,
     repa: RepaFlops | None = None,
     repa_cached: bool = False,
-) -> dict:
+) -> TrainingPlan:
     """FLOPs and MACs per image, per step and in total (DiT and VAE encode apart), memory per device, and
     time and cost when a device and an MFU (or a calibration) are given.
 
     The VAE line is the encoder's forward per image: paid every step when images are encoded on the fly,
     once per stored view when latents are pre-extracted (extract_features.py). ``repa``: REPA's auxiliary
     FLOPs, apart from the DiT's (the encoder's forward left out of the steps when ``repa_cached``); the time
-    counts them at the same MFU."""
+    counts them at the same MFU (the plan's mfu stays the DiT's)."""
+    num_devices, precision = budget.num_devices, budget.precision
     if global_batch_size % num_devices:
         raise UserError(
             f"--global-batch-size {global_batch_size} does not split over --num-gpus {num_devices}: "
@@ -251,62 +237,29 @@ def plan_training(
     images = global_batch_size * steps
     total_flops = float(train.model) * images
     aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
+    encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
+    timing = _timing(cfg, image_size, total_flops + aux * images, images, budget)
     batch_per_device = global_batch_size // num_devices
-    budget = _budget(
-        cfg, image_size, total_flops + aux * images, images, num_devices, device, precision, mfu, calibration,
-        price_per_device_hour, peak_tflops,
-    )  # fmt: skip
-    plan = {
-        "model": registry_name(cfg) or "custom",
-        "description": describe(cfg),
-        "image_size": image_size,
-        "global_batch_size": global_batch_size,
-        "batch_per_device": batch_per_device,
-        "num_devices": num_devices,
-        "precision": precision,
-        "steps": steps,
-        "images": images,
-        "forward_gflops_per_image": train.forward / 1e9,
-        "train_gflops_per_image": train.model / 1e9,
-        "train_gmacs_per_image": train.model / 2e9,
-        "hardware_gflops_per_image": train.hardware / 1e9,
-        "hardware_attention": "fused" if fused_attention else "explicit",
-        "checkpointed_blocks": checkpointed_blocks,
-        "step_flops": float(train.model) * global_batch_size,
-        "total_flops": total_flops,
-        "total_macs": total_flops / 2,  # the DiT paper's "Gflops" convention
-        **_beside_the_dit(image_size, global_batch_size, images, vae_config, repa, repa_cached, train.model),
-        **budget,
-        "price_per_device_hour": price_per_device_hour,
-    }
+    memory = None
     if precision in MEMORY_PRECISIONS:
-        memory = estimate_training_memory(
+        estimate = estimate_training_memory(
             cfg, batch_per_device, precision, checkpointed_blocks, world_size=num_devices
         )
-        plan["memory_gib_per_device"] = memory.total / 2**30
-        capacity = device_memory_bytes(plan["device"]) if plan["device"] else None
-        plan["device_memory_gib"] = capacity / 2**30 if capacity else None
-    return plan
-
-
-def _beside_the_dit(
-    image_size: int, global_batch_size: int, images: int, vae_config: dict | None, repa: RepaFlops | None,
-    repa_cached: bool, dit_flops: int,
-) -> dict:  # fmt: skip
-    """A training plan's FLOPs apart from the DiT's: the VAE encoder's, and REPA's (the plan's mfu stays the DiT's)."""
-    encode = vae_flops(vae_config, image_size).encode if vae_config is not None else None
-    aux = float(repa.per_step_image(repa_cached)) if repa is not None else 0.0
-    return {
-        "vae_encode_gflops_per_image": encode / 1e9 if encode is not None else None,
-        "vae_encode_flops_per_step": encode * global_batch_size if encode is not None else None,
-        "vae_encode_total_flops_on_the_fly": encode * images if encode is not None else None,
-        "repa_encoder_forward_gflops_per_image": repa.encoder_forward / 1e9 if repa is not None else None,
-        "repa_projector_train_gflops_per_image": repa.projector_train / 1e9 if repa is not None else None,
-        "repa_features_cached": repa_cached if repa is not None else None,
-        "aux_gflops_per_image": aux / 1e9,
-        "aux_share_of_dit": aux / dit_flops,
-        "aux_total_flops": aux * images,
-    }
+        capacity = device_memory_bytes(timing.device) if timing.device else None
+        memory = TrainMemory(estimate.total / 2**30, capacity / 2**30 if capacity else None)
+    return TrainingPlan(
+        registry_name(cfg) or "custom", describe(cfg), image_size, global_batch_size, batch_per_device,
+        num_devices, precision, steps, images, train.forward / 1e9, train.model / 1e9, train.model / 2e9,
+        train.hardware / 1e9, "fused" if fused_attention else "explicit", checkpointed_blocks,
+        float(train.model) * global_batch_size, total_flops, total_flops / 2,
+        encode / 1e9 if encode is not None else None,
+        encode * global_batch_size if encode is not None else None,
+        encode * images if encode is not None else None,
+        repa.encoder_forward / 1e9 if repa is not None else None,
+        repa.projector_train / 1e9 if repa is not None else None,
+        repa_cached if repa is not None else None,
+        aux / 1e9, aux / train.model, aux * images, timing, budget.price_per_device_hour, memory,
+    )  # fmt: skip
 
 
 def plan_sampling(
@@ -315,18 +268,12 @@ def plan_sampling(
     num_images: int,
     num_sampling_steps: int,
     guidance_scale: float,
-    num_devices: int = 1,
-    device: str | None = None,
-    precision: str = "bf16",
-    mfu: float | None = None,
-    calibration: str | None = None,
-    price_per_device_hour: float | None = None,
-    peak_tflops: float | None = None,
+    budget: Budget = Budget(),
     vae_config: dict | None = SD_VAE_CONFIG,
     unguided_nfe: int = 0,
     path_drop: bool = False,
     guide: DiTConfig | None = None,
-) -> dict:
+) -> SampleBudget:
     """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
     time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU).
     ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each. ``path_drop``: the
@@ -343,49 +290,19 @@ def plan_sampling(
         path_drop=path_drop, guide=guide,
     )  # fmt: skip
     total = per_image.total * num_images
-    return {
-        "model": registry_name(cfg) or "custom",
-        "description": describe(cfg),
-        "image_size": image_size,
-        "num_images": num_images,
-        "num_devices": num_devices,
-        "precision": precision,
-        "num_sampling_steps": num_sampling_steps,
-        "guidance_scale": guidance_scale,
-        "guided": guidance_scale > 1,
-        "forward_passes_per_image": per_image.forward_passes,
-        "forward_gflops": forward_macs(cfg, ratio=0).flops / 1e9,
-        **(
-            {
-                "guide_model": registry_name(guide) or "custom",
-                "guide_forward_gflops": forward_macs(guide, ratio=0).flops / 1e9,
-            }
-            if guide is not None
-            else {}
-        ),
-        "model_gflops_per_image": per_image.model / 1e9,
-        "model_gmacs_per_image": per_image.model / 2e9,
-        "vae_decode_gflops_per_image": per_image.vae_decode / 1e9,
-        "gflops_per_image": per_image.total / 1e9,
-        "total_model_flops": per_image.model * num_images,
-        "total_vae_flops": per_image.vae_decode * num_images,
-        "total_flops": total,
-        "total_macs": total / 2,
-        **_budget(
-            cfg,
-            image_size,
-            total,
-            num_images,
-            num_devices,
-            device,
-            precision,
-            mfu,
-            calibration,
-            price_per_device_hour,
-            peak_tflops,
-        ),  # fmt: skip
-        "price_per_device_hour": price_per_device_hour,
-    }
+    guide_cost = None
+    if guide is not None:
+        guide_cost = GuideCost(
+            registry_name(guide) or "custom", forward_macs(guide, ratio=0).flops / 1e9, describe(guide)
+        )
+    return SampleBudget(
+        registry_name(cfg) or "custom", describe(cfg), image_size, num_images, budget.num_devices, budget.precision,
+        num_sampling_steps, guidance_scale, guidance_scale > 1, per_image.forward_passes,
+        forward_macs(cfg, ratio=0).flops / 1e9, guide_cost, per_image.model / 1e9, per_image.model / 2e9,
+        per_image.vae_decode / 1e9, per_image.total / 1e9, per_image.model * num_images,
+        per_image.vae_decode * num_images, total, total / 2, _timing(cfg, image_size, total, num_images, budget),
+        budget.price_per_device_hour,
+    )  # fmt: skip
 
 
 def plan_memory(
@@ -399,7 +316,7 @@ def plan_memory(
     capacity_bytes: int | None = None,
     reserve_gib: float | None = None,
     trace: bool = False,
-) -> dict:
+) -> MemoryPlan:
     """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
     that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
@@ -412,22 +329,16 @@ def plan_memory(
         checkpointed_blocks = fewest_checkpointed_blocks(cfg, batch_per_device, usable, **options)
     options["checkpointed_blocks"] = checkpointed_blocks
     estimate = estimate_training_memory(cfg, batch_per_device, **options)
-    result = {
-        "model": describe(cfg),
-        "batch_per_device": batch_per_device,
-        **options,
-        "estimate_bytes": estimate.total,
-        "estimate_parts": estimate.parts,
-        "peak_phase": estimate.phase,
-    }
+    traced = fit = None
     if trace:
         if world_size > 1:
             raise UserError("--trace runs one device; drop --num-gpus (sharding is analytic only).")
-        traced = trace_training_memory(cfg, batch_per_device, precision, checkpointed_blocks, ema=ema)
-        result["traced_bytes"] = traced.peak_bytes
-        result["traced_parts"] = traced.at_peak
+        peak = trace_training_memory(cfg, batch_per_device, precision, checkpointed_blocks, ema=ema)
+        traced = Traced(peak.peak_bytes, peak.at_peak)
     if capacity_bytes is not None:
-        result["device_memory_bytes"] = capacity_bytes
-        result["reserve_bytes"] = capacity_bytes - usable
-        result["max_batch_per_device"] = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
-    return result
+        largest = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
+        fit = Fit(capacity_bytes, capacity_bytes - usable, largest)
+    return MemoryPlan(
+        describe(cfg), batch_per_device, **options, estimate_bytes=estimate.total, estimate_parts=estimate.parts,
+        peak_phase=estimate.phase, traced=traced, fit=fit,
+    )  # fmt: skip
