@@ -188,8 +188,6 @@ def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
     """What a training step may use of a device: all but a reserve for the CUDA context and the caching
     allocator's fragmentation. One rule for ``--activation-checkpointing auto`` and ``dit-cost memory``:
     ``reserve_gib`` if given, else 10% of the device and at least 2 GiB."""
-    if reserve_gib is not None and reserve_gib < 0:
-        raise UserError(f"--memory-reserve-gib must be >= 0, got {reserve_gib}.")
     reserve = reserve_gib * 2**30 if reserve_gib is not None else max(2 * 2**30, 0.1 * capacity_bytes)
     return int(capacity_bytes - reserve)
 
