@@ -48,7 +48,22 @@ RECIPES = {
     # REPA with the digit encoder (not the judge), on block 2 of 6 (REPA's third of the depth), a 256-wide
     # projector (REPA's 2048 would cost 3.9x the DiT's own FLOPs at this width: docs/repa.md)
     "repa": {"repa_encoder": "digits-mae", "repa_depth": 2, "repa_projector_dim": 256, "repa_coeff": 0.5},
+    # The frontier's recipes (issue 38, docs/recipes.md), each alone. SPRINT's layout at R = 0.5: depth 6 has its
+    # 2 + 2 dense blocks and a sparse middle of 2; the drop runs to the end (no full-token second stage, which
+    # would sit between the evaluations of a continued budget). The evaluation samples at full tokens.
+    "token-drop": {"token_drop": 0.5, "token_drop_layout": "sprint"},
+    # RAE's dimension rule, a = sqrt(784 / 4096) = 0.44 for 28 x 28 x 1: no value tuned on the study itself.
+    "time-shift": {"time_shift": "auto"},
+    # On x0 (the digits' target) as on eps: the velocity the prediction implies (dit/objectives/section.py). The
+    # cosine is over the channels at each position, and a digit has one channel: docs/recipes.md says what
+    # that leaves of the term.
+    "cos-loss": {"cos_loss_weight": 1.0},
+    "adam-beta2": {"adam_beta2": 0.95},  # LightningDiT's
 }
+# configs/frontier.yaml's stack, where it applies to the digits: its flow objective is the study's other axis
+# (--objectives), and its batch, lr, EMA and steps are ImageNet's (the digits recipe keeps its own).
+FRONTIER = ("blocks", "logit-normal", "token-drop", "time-shift", "cos-loss", "adam-beta2")
+RECIPES["frontier"] = {k: v for part in FRONTIER for k, v in RECIPES[part].items()}
 
 
 def recipe_options(recipe: str) -> dict:
@@ -62,7 +77,8 @@ def recipe_options(recipe: str) -> dict:
 
 def flops_per_step(cfg, batch: int) -> tuple[float, float]:
     """(the DiT's training FLOPs, the auxiliary ones: REPA's encoder forward and projector) per step, and the
-    upstream FLOPs paid before the run (the encoder's own training)."""
+    upstream FLOPs paid before the run (the encoder's own training). The DiT's are the ledger's: each block at
+    the tokens it sees (a token-drop step is cheaper)."""
     model = cfg.model_config(1, cfg.model.image_size)
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:
@@ -127,8 +143,9 @@ FACE = Face(
 
 
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, recipe: str = "baseline"):
-    """Train (or resume, or reuse) one run; its folder and the steps of this budget. A recipe with
-    auxiliary or upstream FLOPs gets fewer steps: the budget is of total FLOPs."""
+    """Train (or resume, or reuse) one run; its folder and the steps of this budget. The budget is of total
+    FLOPs: a recipe with auxiliary or upstream FLOPs gets fewer steps, one with cheaper steps (token dropping)
+    more."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
     folder = Path(c.results_dir) / run_name(name, objective, seed, recipe)
@@ -143,17 +160,21 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
         eval_samples=c.eval_num_samples,
         sample_steps=c.eval_num_sampling_steps // per_step,
     )  # fmt: skip
-    cfg = cfg.replace(
-        eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
-        ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
-        objective=objective, eval_sampler=sampler, eval_guidance_interval=None,
-        **recipe_options(recipe),
-    )  # fmt: skip
+    cfg = cfg.replace(**study_options(c, objective, seed, steps, every), **recipe_options(recipe))
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
         result = train(cfg, DigitDataset(preset.image_size))
         if result.get("signal"):
             raise SystemExit(EXIT_CODES[result["signal"]])
     return folder, steps
+
+
+def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every: int) -> dict:
+    """The options every run of the study shares, whatever its recipe (a recipe sets none of them)."""
+    return dict(
+        eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
+        ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
+        objective=objective, eval_sampler=OBJECTIVES[objective].fast_sampler, eval_guidance_interval=None,
+    )  # fmt: skip
 
 
 def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> str:
