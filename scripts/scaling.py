@@ -28,7 +28,7 @@ from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.objectives import OBJECTIVES
 from dit.objectives.sampling_plan import sampling_plan
@@ -132,13 +132,25 @@ class ScalingConfig(Section):
     )
     plot: str | None = option(None, "write the FID-against-FLOPs chart here (PNG)")
     out: str | None = option(None, "write the summary here (JSON)")
+    verdict: str | None = option(
+        None, "write the verdict here (JSON): per recipe, the training FLOPs to the --against recipe's final "
+        "quality under both judges, their ratio and whether the seeds are apart",
+    )  # fmt: skip
+    against: str = option("baseline", "the recipe the verdict measures the others against")
+
+    def check(self) -> None:
+        if self.verdict and self.against not in [spec.partition(":")[0] for spec in self.recipes]:
+            raise FieldError(
+                f"{{verdict}} measures the recipes against {self.against}, which {{recipes}} does not run: add "
+                f"{self.against}:2 to {{recipes}}, or name one of them in {{against}}."
+            )
 
 
 FACE = Face(
     "scripts/scaling.py",
     __doc__,
     sections={"scaling": ScalingConfig},
-    outputs={"results_dir": "folder", "plot": "file", "out": "file"},
+    outputs={"results_dir": "folder", "plot": "file", "out": "file", "verdict": "file"},
 )
 
 
@@ -192,20 +204,79 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
         for t in targets:
             reached = [r["to_target"][str(t)] for r in mine]
-            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            flops = [reached_pflops(x) for x in reached if x["reached"]]
             row[f"pflops_to_fid_{t:g}"] = (
                 flops if len(flops) == len(mine) else None
             )  # None: a seed never got there
             row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
         for t in judge_targets:
             reached = [r["to_judge_target"][str(t)] for r in mine]
-            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            flops = [reached_pflops(x) for x in reached if x["reached"]]
             row[f"pflops_to_fd_judge_{t:g}"] = flops if len(flops) == len(mine) else None
             row[f"pflops_to_fd_judge_{t:g}_range"] = [min(flops), max(flops)] if len(flops) == len(mine) else None
         final = [r["evaluations"][-1].get("fd_judge") for r in mine]
         row["fd_judge_at_budget"] = final
         out[recipe] = row
     return out
+
+
+def reached_pflops(result: dict) -> float:
+    """The PFLOPs at which a ``compute_to_target`` result reached its target, whichever FLOPs it counted."""
+    return result.get("total_pflops", result.get("total_model_pflops"))
+
+
+JUDGES = ("fid", "fd_judge")  # the digit FID and the digit judge's FD (docs/evaluation.md: the rule)
+
+
+def recipe_verdict(runs: dict, against: str, count: str, targets=(), judge_targets=()) -> dict:
+    """Per recipe, the training FLOPs its seeds need to reach the ``against`` recipe's final quality under each
+    judge, and their ratio to the ``against`` recipe's own (ranges over the seeds), with the compute to each
+    target of ``recipe_summary``.
+
+    The quality to reach, under each judge, is the worse of the ``against`` seeds' final scores: a quality each
+    of them reached within its budget (the worse seed at its budget). A seed that never reaches it has None,
+    and counts as above every FLOPs that did. A claim (``fewer`` or ``more``) holds only where, under both
+    judges, the seeds' ranges do not overlap in the same direction."""
+    base = [r for r in runs.values() if r["recipe"] == against]
+    quality = {}
+    for judge in JUDGES:
+        finals = [r["evaluations"][-1][judge] for r in base]
+        if None in finals:
+            raise UserError(
+                f"--against {against}: its final evaluations have no {judge}; score them under both judges."
+            )
+        quality[judge] = max(finals)
+    to_targets = recipe_summary(runs, targets, judge_targets)
+    flops = {recipe: {judge: [_flops_to(r, quality[judge], count, judge) for r in runs.values()
+                              if r["recipe"] == recipe] for judge in JUDGES} for recipe in to_targets}  # fmt: skip
+    out = {"against": against, "flops_counted": count, "baseline_quality": quality, "recipes": {}}
+    for recipe, mine in flops.items():
+        row = {"seeds": len(mine["fid"]), "flops_to_baseline_quality": mine, "flops_ratio": {}, "seeds_apart": {}}
+        directions = set()
+        for judge in JUDGES:
+            row["flops_ratio"][judge], direction = _compare(mine[judge], flops[against][judge])
+            row["seeds_apart"][judge] = direction is not None
+            directions.add(direction)
+        row["both_judges"] = len(directions) == 1 and None not in directions
+        row["claim"] = directions.pop() if row["both_judges"] else "within noise"
+        out["recipes"][recipe] = {**row, "to_targets": to_targets[recipe]}
+    return out
+
+
+def _flops_to(run: dict, target: float, count: str, judge: str) -> float | None:
+    """The training FLOPs at which ``run`` first reached ``target`` under ``judge`` (None: it never did)."""
+    result = compute_to_target(run["folder"], target, up_to_step=run["steps"], count=count, score=judge)
+    return reached_pflops(result) * 1e15 if result["reached"] else None
+
+
+def _compare(mine: list, base: list) -> tuple[list | None, str | None]:
+    """([lowest, highest] ratio of ``mine``'s FLOPs to ``base``'s over the seeds, None for an end a seed never
+    reached), and ``fewer`` or ``more`` where the two ranges do not overlap (None where they do)."""
+    inf = float("inf")
+    lo, hi = min(x if x is not None else inf for x in mine), max(x if x is not None else inf for x in mine)
+    b_lo, b_hi = min(x if x is not None else inf for x in base), max(x if x is not None else inf for x in base)
+    ratio = [lo / b_hi if lo < inf else None, hi / b_lo if hi < inf else None]
+    return ratio, "fewer" if hi < b_lo else "more" if lo > b_hi else None
 
 
 def finished(folder: Path, steps: int) -> bool:
@@ -276,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         groups = [recipe_of[k] for k in runs] if len(set(recipe_of.values())) > 1 else None
         plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()],
                      count=count, groups=groups)  # fmt: skip
+    if c.verdict:
+        verdict = recipe_verdict(summary["runs"], c.against, count, c.targets, c.judge_targets)
+        atomic_write_bytes(
+            c.verdict, (json.dumps({"command": summary["command"], **verdict}, indent=1) + "\n").encode()
+        )
     text = json.dumps(summary, indent=1)
     if c.out:
         atomic_write_bytes(c.out, (text + "\n").encode())
