@@ -104,3 +104,13 @@ def test_a_verdict_against_a_recipe_the_study_does_not_run_is_one_line(tmp_path,
     code, _, err = run_face("scripts/scaling.py", argv, capsys)
     assert code == 2 and err.startswith("error: --verdict") and "baseline:2" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_the_benchmark_times_the_digits_model_at_the_steps_the_study_counts(tmp_path):
+    from dit.bench.steps import bench_train
+
+    rows = bench_train(model="digits", batch_size=2, steps=1, warmup=0, device="cpu", peak_tflops=1.0,
+                       token_drops=(0.0, 0.5))  # fmt: skip
+    study = [scaling.flops_per_step(_config(recipe, tmp_path), 2)[0] for recipe in ("baseline", "token-drop")]
+    assert [r["model_flops_per_step"] for r in rows] == pytest.approx(study, rel=1e-12)
+    assert {r["image_size"] for r in rows} == {28} and [r["token_drop"] for r in rows] == [0.0, 0.5]
