@@ -99,7 +99,7 @@ def test_the_verdict_measures_each_recipe_to_the_baselines_final_quality(tmp_pat
     assert base["flops_ratio"]["fid"] == pytest.approx([16 / 24, 24 / 16]) and base["claim"] == "within noise"
 
 
-def test_a_verdict_against_a_recipe_the_study_does_not_run_is_one_line(tmp_path, capsys):
+def test_67_a_verdict_against_a_recipe_the_study_does_not_run_is_one_line(tmp_path, capsys):
     argv = ["--recipes", "blocks:2", "--verdict", str(tmp_path / "v.json"), "--results-dir", str(tmp_path / "r")]
     code, _, err = run_face("scripts/scaling.py", argv, capsys)
     assert code == 2 and err.startswith("error: --verdict") and "baseline:2" in err and len(err.splitlines()) == 1
