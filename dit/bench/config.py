@@ -17,7 +17,10 @@ OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"
 class TrainBench(Section):
     """Training steps through ``Trainer.train_step`` on synthetic latents, precisions taking turns."""
 
-    model: tuple[str, ...] = option(["DiT-S/2"], "registry names")
+    model: tuple[str, ...] = option(
+        ["DiT-S/2"], "registry names, or digits: the digits recipe's model (the quick start's: depth 6, width "
+        "128, patch 4) and objective on 28 px, 1-channel images (--image-size does not apply)",
+    )  # fmt: skip
     global_batch_size: tuple[int, ...] = option([8], "images per step (one process)")
     precision: tuple[str, ...] = option(["fp32"], "precisions, timed in turns step by step", choices=PRECISIONS)
     image_size: int = option(256, "pixels (latents are image / 8)")
