@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
+from dit.checkpoint.posthoc import snapshot_folder
 from dit.checkpoint.section import CheckpointSection
 from dit.io.atomic import CannotWrite
 
@@ -23,8 +24,9 @@ class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
         self.folder, self.runtime = section.folder, runtime
         self.retention = (section.keep_last, section.keep_every)
+        self.snapshot_every = section.ema_snapshot_every
         self.background = section.async_checkpoint
-        self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
+        self.pending = None  # (temp, final, step, record, future, retention) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
         self._group = self._asking = None
 
@@ -33,24 +35,38 @@ class Checkpointer:
         file, within the group's timeout (``--dist-timeout-min``). A write the OS refuses (a full disk) is one
         ``CannotWrite`` on rank 0, a ``ReportedByRankZero`` on the others, and nothing partial is left."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
+        self._write(state, payload, self.folder, self.retention, self.background)
+
+    def snapshot_due(self, state, last: bool) -> bool:
+        """Whether ``state`` (with post-hoc EMA profiles) is snapshot now: every ``ema_snapshot_every`` steps, and
+        at the ``last`` step, which a reconstruction at the end needs."""
+        return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
+
+    def snapshot(self, state) -> None:
+        """``state``'s post-hoc EMA profiles in ``checkpoints/ema/`` (every rank calls it), written as a checkpoint
+        is (atomic, checksummed, sharded under FSDP) and kept for good: a reconstruction needs every one."""
+        self._write(state, state.snapshot_dict(self.runtime), snapshot_folder(self.folder), (0, 0), False)
+
+    def _write(self, state, payload, folder: Path, retention: tuple[int, int], background: bool) -> None:
+        """``payload`` as step ``state.step`` in ``folder``: one file from rank 0, or every rank's shards."""
         if not state.sharded:
             refused = None
             if payload is not None:
                 try:
-                    path = save_training_checkpoint(self.folder, state.step, payload, *self.retention)
-                    self.saved.append((state.step, str(path)))
+                    path = save_training_checkpoint(folder, state.step, payload, *retention)
+                    self.saved += [(state.step, str(path))] if folder == self.folder else []
                 except CannotWrite as e:
                     refused = e
             self.runtime.raise_together(refused)
             return
         self.wait()
-        final = checkpoint_path(self.folder, state.step, sharded=True)
+        final = checkpoint_path(folder, state.step, sharded=True)
         temp = sharded.temp_folder(final)
         tensors, record = sharded.split(payload)
         with self._written(temp, final):
-            future = sharded.write(temp, tensors, self._async_group(), background=self.background)
-        self.pending = (temp, final, state.step, stamped(state.step, record), future)
-        if not self.background:
+            future = sharded.write(temp, tensors, self._async_group(), background=background)
+        self.pending = (temp, final, state.step, stamped(state.step, record), future, retention)
+        if not background:
             self.wait()
 
     def wait(self) -> None:
@@ -58,7 +74,7 @@ class Checkpointer:
         writes the record and the manifest, renames the folder into place and applies ``keep_last`` and ``keep_every``."""
         if self.pending is None:
             return
-        temp, final, step, record, future = self.pending
+        temp, final, step, record, future, retention = self.pending
         self.pending = None
         if future is not None:
             with self._written(temp, final):
@@ -68,8 +84,8 @@ class Checkpointer:
         if self.runtime.is_main:
             try:
                 sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
-                retire(self.folder, step, *self.retention)
-                self.saved.append((step, str(final)))
+                retire(final.parent, step, *retention)
+                self.saved += [(step, str(final))] if final.parent == self.folder else []
             except (CannotWrite, OSError) as e:
                 refused = e if isinstance(e, CannotWrite) else CannotWrite(final, e)
                 shutil.rmtree(temp, ignore_errors=True)

@@ -40,6 +40,10 @@ class EvalSection(Section):
     judge_ref: str | None = option(None, "a second judge's statistics (FD_DINOv2's, python -m dit.eval ref)")
     dinov2_weights: str | None = option(None, "DINOv2 ViT-L/14 weights file, for a FD_DINOv2 --eval-judge-ref")
 
+    sigma_rel: float | None = option(
+        None, "score this --ema-profiles profile (one of the tracked ones) instead of the classic EMA", gt=0
+    )
+
     def check(self) -> None:
         if self.every and not self.ref:
             raise FieldError("{every} needs {ref}: reference statistics (python -m dit.eval ref --help).")
@@ -185,4 +189,5 @@ class InLoopEval:
             "eval_judge_pflops": result["flops_breakdown"]["judges"] / 1e15,  # part of eval_feature_pflops
             "eval_seconds": seconds,
             "eval_sampling_seconds": seconds - result["seconds"],
+            **({"ema_sigma_rel": c.sigma_rel} if c.sigma_rel is not None else {}),
         }

@@ -102,6 +102,12 @@ class TrainConfig:
                 f"{{allow_changes}} {' '.join(unknown)}: only recipe fields may change on a resume "
                 f"({', '.join(CHANGEABLE_FIELDS)}); the seed, the batch, the data and the model may not."
             )
+        tracked = self.optim.ema_profiles or ()
+        if self.eval.sigma_rel is not None and self.eval.sigma_rel not in tracked:
+            raise FieldError(
+                f"{{eval_sigma_rel}} {self.eval.sigma_rel:g} scores a tracked profile: pass one of {{ema_profiles}} "
+                f"({' '.join(f'{s:g}' for s in tracked) or 'none set'}); `python -m dit.checkpoint ema` reconstructs others."
+            )
         if self.token_drop.token_drop_until is not None and not self.model.token_drop:
             raise FieldError("{token_drop_until} ends token dropping: it needs {token_drop} R > 0.")
         if self.model.token_drop and self.repa_encoder.encoder:
@@ -145,7 +151,7 @@ class TrainConfig:
         return [
             f"{name}: {saved[name]!r} -> {mine[name]!r}"
             for name in (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
-            if name in saved and saved[name] != mine[name] and name not in allowed
+            if name in saved and _plain(saved[name]) != _plain(mine[name]) and name not in allowed
         ]
 
     def changed_from(self, saved: dict) -> list[str]:

@@ -215,10 +215,10 @@ class Parallelism:
         self.section, self.runtime = section, runtime
         self.module: nn.Module | None = None  # what the step calls, set by ``wrap``
 
-    def wrap(self, model: DiT, trained: nn.Module, ema: nn.Module, checkpointed: int) -> nn.Module:
+    def wrap(self, model: DiT, trained: nn.Module, ema: list[nn.Module], checkpointed: int) -> nn.Module:
         """Make ``model`` ready to train (``parallelize``, its first ``checkpointed`` blocks recomputed: ``fit``'s
         choice) and return what the step calls in place of ``trained`` (the model, or the model and REPA's
-        projector). ``ema`` is the EMA copy, placed as the model is."""
+        projector). ``ema`` are the EMA copies, placed as the model is."""
         parallelize(model, checkpointed, self.section.compile, self.split, self.runtime.precision.amp_dtype)
         self.module = trained
         return trained
@@ -307,7 +307,8 @@ class FSDP(Parallelism):
     def wrap(self, model, trained, ema, checkpointed):
         super().wrap(model, trained, ema, checkpointed)  # every rank built the same weights: each keeps its part
         self.reduced = [model]  # the modules whose gradients are reduce-scattered
-        shard(ema)
+        for copy in ema:
+            shard(copy)
         projector = getattr(trained, "projector", None)
         if projector is not None:
             shard(projector)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dit.checkpoint.posthoc import PROFILES
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.runtime import Runtime
@@ -78,7 +79,20 @@ class TrainState:
         }
         if self.projector is not None:
             state["repa_projector"] = model_state(self.projector, self.sharded)
+        if self.ema.profiles:
+            state[PROFILES] = self._profiles()
         return state
+
+    def _profiles(self) -> dict:
+        return {key: model_state(p.model, self.sharded) for key, p in self.ema.profiles.items()}
+
+    def snapshot_dict(self, runtime: Runtime) -> dict | None:
+        """A post-hoc EMA snapshot's payload (``dit.checkpoint.posthoc``): the profiles, and what the run is; on
+        rank 0 alone, or under FSDP on every rank with its own shards."""
+        if not (self.sharded or runtime.is_main):
+            return None
+        return {PROFILES: self._profiles(), "config": self.record, "model_config": self.model.config.to_dict(),
+                "lineage": self.lineage}  # fmt: skip
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
         """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
@@ -106,6 +120,7 @@ class TrainState:
         load_model_state(self.model, state["model"], self.sharded, source)
         load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
         self.ema.num_updates = int(state["ema_updates"])
+        self._load_profiles(state.get(PROFILES) or {}, source)
         if self.projector is not None:
             if "repa_projector" not in state:
                 raise UserError(f"{source} holds no REPA projector: resume it without --repa-encoder.")
@@ -120,3 +135,17 @@ class TrainState:
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return notes
+
+    def _load_profiles(self, saved: dict, source: str) -> None:
+        """The post-hoc EMA profiles; one this run tracks that ``source`` lacks is refused (its average would miss
+        the steps before; a profile an --allow-changes resume no longer tracks is dropped)."""
+        new = sorted(set(self.ema.profiles) - set(saved))
+        if new:
+            raise UserError(
+                f"{source} tracks no post-hoc EMA profile {' '.join(new)}: a profile averages the run from its first "
+                "step, so it cannot start on a resume. Resume with the checkpoint's --ema-profiles "
+                f"({' '.join(saved) or 'none'}), or start a new run."
+            )
+        for key, profile in self.ema.profiles.items():
+            load_model_state(profile.model, saved[key], self.sharded, f"{source} (EMA profile {key})")
+            profile.num_updates = self.ema.num_updates
