@@ -34,7 +34,7 @@ class ExportConfig(Section):
 class EmaConfig(Section):
     """The post-hoc EMA of any width, reconstructed from a run's snapshots (docs/ema.md)."""
 
-    run: str = option(
+    run_folder: str = option(
         help="a run folder trained with --ema-profiles (its checkpoints/ema/ snapshots)", positional=True
     )
     sigma_rel: float = option(0.1, "the EMA's width relative to the training length (EDM2: 0.05 to 0.15)", gt=0)
@@ -65,7 +65,7 @@ FACE = Face(
             "python -m dit.checkpoint ema",
             EmaConfig.__doc__,
             sections={"ema": EmaConfig},
-            inputs={"run": "file"},
+            inputs={"run_folder": "file"},
             outputs={"out": "file"},
         ),
     },
@@ -85,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def posthoc_ema(c: EmaConfig) -> int:
-    if not Path(c.run).is_dir():
-        raise UserError(f"{c.run} is not a folder: pass a run folder (train.py's --results-dir).")
-    ckpt = reconstruct(c.run, c.sigma_rel, c.step)
+    if not Path(c.run_folder).is_dir():
+        raise UserError(f"{c.run_folder} is not a folder: pass a run folder (train.py's --results-dir).")
+    ckpt = reconstruct(c.run_folder, c.sigma_rel, c.step)
     made = ckpt["posthoc_ema"]
-    out = c.out or Path(c.run) / f"ema-{c.sigma_rel:g}-{made['step']:07d}.pt"
+    out = c.out or Path(c.run_folder) / f"ema-{c.sigma_rel:g}-{made['step']:07d}.pt"
     path = atomic_torch_save(ckpt, out)
     print(
         f"wrote {path}: the EMA of sigma_rel {c.sigma_rel:g} at step {made['step']} from "
