@@ -93,10 +93,12 @@ def estimate_training_memory(
     sharding: str = "ddp",
     world_size: int = 1,
     gradient_as_bucket_view: bool = False,
+    ema_profiles: int = 0,
     attention: str = "fused",
     ratio: float | None = None,
 ) -> MemoryEstimate:
-    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA, autocast for bf16/fp16.
+    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA (and one more fp32 copy per
+    post-hoc EMA profile, ``ema_profiles``), autocast for bf16/fp16.
 
     The peak is the largest of three moments: the start of backward (every activation saved), the
     backward of the last checkpointed block (all gradients, every checkpointed input and one recomputed
@@ -135,6 +137,8 @@ def estimate_training_memory(
         "optimizer": 8 * trainable,
         "ema": 4 * total_params if ema else 0,
     }
+    if ema_profiles:
+        static["ema_profiles"] = 4 * total_params * ema_profiles
     if sharding == "fsdp" and world_size > 1:
         static["fsdp_unsharded"] = 2 * 2 * 4 * block_params  # two blocks in flight: weights and gradients
     if sharding == "ddp" and world_size > 1:
@@ -163,6 +167,13 @@ def estimate_training_memory(
     phases["optimizer step"] = {"gradients": grads, "optimizer_step_temp": 4 * trainable}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
     return MemoryEstimate(parts={**static, **phases[phase]}, phase=phase)
+
+
+def snapshot_disk(cfg: DiTConfig, profiles: int, steps: int, every: int) -> tuple[int, int]:
+    """A run's post-hoc EMA snapshots (``dit.checkpoint.posthoc``): (how many, bytes each). One every ``every``
+    steps and one at the end, each the fp32 weights of every profile, all kept."""
+    count = steps // every + (1 if steps % every else 0)
+    return count, 4 * param_counts(cfg).total * profiles
 
 
 def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) -> int:
