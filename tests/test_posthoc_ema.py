@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_face
+from test_sharded_checkpoint import fsdp
 from test_train import Pixels, tiny_config
+from test_train_cli import image_folder  # noqa: F401 (a fixture)
 from torch import nn
 
 from dit.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, model_weights, verify_checkpoint
@@ -112,7 +114,9 @@ sys.path.insert(0, {str(ROOT / "tests")!r})
 import torch
 from pathlib import Path
 import dit.checkpoint.format as fmt
+from test_sharded_checkpoint import fsdp
 from test_train import Pixels, tiny_config
+from test_train_cli import image_folder  # noqa: F401 (a fixture)
 from dit.train import train
 real = torch.save
 def dying(obj, f, *a, **k):
@@ -208,3 +212,24 @@ def test_a_resume_with_other_profiles_needs_allow_changes_and_never_adds_one(pro
         train(tiny_config(tmp_path, max_steps=6, ema_profiles=[0.05, 0.1, 0.2], **allowed), Pixels())
     train(tiny_config(tmp_path, max_steps=6, ema_profiles=[0.05], ema_snapshot_every=2, **allowed), Pixels())
     assert set(load_checkpoint(list_snapshots(run / "checkpoints")[-1][1])["ema_profiles"]) == {"0.05"}
+
+
+def test_fsdp_snapshots_are_sharded_folders_that_resume_exactly_and_rebuild(image_folder, tmp_path, capsys):  # noqa: F811
+    """Two FSDP processes: each snapshot is a sharded folder with its manifest, a resume writes the same shards'
+    contents, and the reconstruction reads the folders on one process."""
+    extra = ("--ema-profiles", "0.05", "0.1", "--ema-snapshot-every", "2")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fsdp(image_folder, straight, 4, *extra)
+    fsdp(image_folder, resumed, 3, *extra)
+    fsdp(image_folder, resumed, 4, "--resume", "auto", *extra)
+    a, b = (f / "checkpoints" for f in (straight, resumed))
+    assert [(s, p.is_dir()) for s, p in list_snapshots(a)] == [(2, True), (4, True)]
+    assert all(verify_checkpoint(p) for _, p in list_snapshots(a) + list_snapshots(b))
+    sa, sb = (load_checkpoint(f / "ema" / "0000004")["ema_profiles"] for f in (a, b))
+    for k in ("0.05", "0.1"):
+        _weights_equal(sa[k], sb[k])
+    out = tmp_path / "ema.pt"
+    code, _, err = run_face(CLI, ["ema", str(straight), "--sigma-rel", "0.1", "--out", str(out)], capsys)
+    assert code == 0, err
+    for k, v in load_checkpoint(a / "0000004")["ema_profiles"]["0.1"].items():
+        torch.testing.assert_close(load_checkpoint(out)["ema"][k], v, rtol=0, atol=1e-6)
