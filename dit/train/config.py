@@ -276,6 +276,14 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, vae_spec: str | None):
             "pass the checkpoint's values (recipe fields may change with --allow-changes NAME ...), or start a new "
             "run in another --results-dir. Nothing was written."
         )
+    saved_profiles = {f"{s:g}" for s in run.get("ema_profiles") or ()}
+    added = sorted({f"{s:g}" for s in cfg.optim.ema_profiles or ()} - saved_profiles)
+    if added:  # with --allow-changes ema_profiles: a profile may be dropped, never added
+        raise UserError(
+            f"{path} tracks no post-hoc EMA profile {' '.join(added)}: a profile averages the run from its first "
+            "step, so it cannot start on a resume. Resume with the checkpoint's --ema-profiles "
+            f"({' '.join(sorted(saved_profiles)) or 'none'}), or start a new run. Nothing was written."
+        )
     return path, ckpt, cfg.replace(vae=vae_spec or "none").changed_from(run)
 
 

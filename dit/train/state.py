@@ -137,15 +137,8 @@ class TrainState:
         return notes
 
     def _load_profiles(self, saved: dict, source: str) -> None:
-        """The post-hoc EMA profiles; one this run tracks that ``source`` lacks is refused (its average would miss
-        the steps before; a profile an --allow-changes resume no longer tracks is dropped)."""
-        new = sorted(set(self.ema.profiles) - set(saved))
-        if new:
-            raise UserError(
-                f"{source} tracks no post-hoc EMA profile {' '.join(new)}: a profile averages the run from its first "
-                "step, so it cannot start on a resume. Resume with the checkpoint's --ema-profiles "
-                f"({' '.join(saved) or 'none'}), or start a new run."
-            )
+        """The post-hoc EMA profiles this run tracks (``resume_point`` refused one ``source`` lacks; one an
+        --allow-changes resume no longer tracks is dropped)."""
         for key, profile in self.ema.profiles.items():
             load_model_state(profile.model, saved[key], self.sharded, f"{source} (EMA profile {key})")
             profile.num_updates = self.ema.num_updates
