@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_face
+from test_eval_inloop import digits, digits_ref, eval_config, records  # noqa: F401 (digits_ref: a fixture)
 from test_sharded_checkpoint import fsdp
 from test_train import Pixels, tiny_config
 from test_train_cli import image_folder  # noqa: F401 (a fixture)
@@ -114,6 +115,7 @@ sys.path.insert(0, {str(ROOT / "tests")!r})
 import torch
 from pathlib import Path
 import dit.checkpoint.format as fmt
+from test_eval_inloop import digits, digits_ref, eval_config, records  # noqa: F401 (digits_ref: a fixture)
 from test_sharded_checkpoint import fsdp
 from test_train import Pixels, tiny_config
 from test_train_cli import image_folder  # noqa: F401 (a fixture)
@@ -234,3 +236,14 @@ def test_fsdp_snapshots_are_sharded_folders_that_resume_exactly_and_rebuild(imag
     assert code == 0, err
     for k, v in load_checkpoint(a / "0000004")["ema_profiles"]["0.1"].items():
         torch.testing.assert_close(load_checkpoint(out)["ema"][k], v, rtol=0, atol=1e-6)
+
+
+def test_the_in_loop_evaluation_scores_the_named_profile(tmp_path, digits_ref):  # noqa: F811
+    """--eval-sigma-rel: the record names the profile, and its scores are the profile's, not the classic EMA's."""
+    scores = {}
+    for name, kw in (("classic", {}), ("profile", {"eval_sigma_rel": 0.1})):
+        cfg = eval_config(tmp_path / name, digits_ref, max_steps=2, ema_profiles=[0.05, 0.1], **kw)
+        train(cfg, digits())
+        (scores[name],) = [r for r in records(tmp_path / name / "run") if r["kind"] == "eval"]
+    assert scores["profile"]["ema_sigma_rel"] == 0.1 and "ema_sigma_rel" not in scores["classic"]
+    assert scores["profile"]["fid"] != scores["classic"]["fid"]
