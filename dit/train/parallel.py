@@ -223,11 +223,14 @@ class Parallelism:
         self.module = trained
         return trained
 
-    def fit(self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str) -> tuple[int, str | None]:
+    def fit(
+        self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str, ema_profiles: int = 0
+    ) -> tuple[int, str | None]:
         """The blocks to recompute, checked against the device's memory before anything is built or written:
         (blocks, a line saying why, or None). ``auto`` (the default) takes the fewest whose estimated step
         (``dit.cost.memory``) fits; a fixed count (none, all, N) is kept. A run that does not fit stops here,
-        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs."""
+        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs,
+        ``ema_profiles`` the post-hoc EMA profiles (one fp32 copy each)."""
         section, runtime = self.section, self.runtime
         try:
             policy = parse_activation_checkpointing(section.activation_checkpointing, cfg.depth)
@@ -238,6 +241,7 @@ class Parallelism:
         options = dict(
             precision=runtime.precision.name, world_size=runtime.world, sharding=self.memory_layout,
             gradient_as_bucket_view=True, attention="explicit" if attention in ("explicit", "math") else "fused",
+            **({"ema_profiles": ema_profiles} if ema_profiles else {}),
         )  # fmt: skip
         blocks, estimate = fit_checkpointing(cfg, micro, usable, policy, **options)
         gpu = runtime.device.type == "cuda"

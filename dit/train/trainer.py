@@ -93,10 +93,10 @@ class Trainer:
         resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.data.vae_spec)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
         # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
-        kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
+        kernel, accum, ema = cfg.parallel.attention, cfg.optim.grad_accum_steps, len(cfg.optim.ema_profiles or ())
         self.attention = attention_kernel(kernel, runtime.device.type, runtime.precision.compute_dtype)
         self.parallel = parallelism(cfg.parallel, runtime)
-        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention)
+        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention, ema)
         notes += [why] if why else []
         if runtime.is_main:
             text = yaml.safe_dump(self.record, sort_keys=False)
