@@ -84,6 +84,20 @@ def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
     return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
 
 
+def _check_step(cfg: DiTConfig, batch: int, precision: str, checkpointed: int, sharding: str, world: int) -> None:
+    """``estimate_training_memory``'s arguments, each a ``UserError`` naming the value."""
+    if batch < 1:
+        raise UserError(f"batch_per_device must be >= 1, got {batch}.")
+    if precision not in MEMORY_PRECISIONS:
+        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
+    if not 0 <= checkpointed <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed}.")
+    if sharding not in ("ddp", "fsdp"):
+        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
+    if world < 1:
+        raise UserError(f"world_size must be >= 1, got {world}.")
+
+
 def estimate_training_memory(
     cfg: DiTConfig,
     batch_per_device: int,
@@ -108,17 +122,7 @@ def estimate_training_memory(
     ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
     Each block keeps what its tokens make (``DiTConfig.block_tokens`` at ``ratio``, default the config's).
     """
-    if batch_per_device < 1:
-        raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
-    if precision not in MEMORY_PRECISIONS:
-        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
-    if not 0 <= checkpointed_blocks <= cfg.depth:
-        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
-    if sharding not in ("ddp", "fsdp"):
-        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
-    if world_size < 1:
-        raise UserError(f"world_size must be >= 1, got {world_size}.")
-
+    _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
