@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     with Runtime.of(cfg.runtime) as runtime:
         report = write_fid_samples(cfg, runtime)
     if report.npz is not None:
-        print(f"wrote {report.npz} ({cfg.fid.num_fid_samples} samples; PNGs in {report.folder})")
+        print(
+            f"wrote {report.npz} ({cfg.fid.num_fid_samples} samples, {report.labels} labels; PNGs in {report.folder})"
+        )
         if report.cost is not None:
             print(f"rank 0 {report.cost.summary()}")
     return 0

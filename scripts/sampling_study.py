@@ -4,10 +4,11 @@ guidance scale x guidance interval, from one checkpoint.
 
 The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``scripts/scaling.py``
 (digits in pixel space). Each setting draws ``--num-samples`` images (image i of every setting has the label
-and noise of (seed, i)), scored by the digit classifier and by the digit judge against the 4,000 training
-digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
+and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and
+by the digit judge against the 4,000 training digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
 JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
-guided evaluation, one per unguided one (``dit.objectives.sampling_plan``). Finished rows are kept in the ``--out``
+guided evaluation, one per unguided one (``dit.objectives.sampling_plan``); with ``--guide-ckpt`` every guided
+setting is autoguidance, its second pass the guide's (docs/sampling.md). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
 
@@ -42,7 +43,9 @@ from dit.io.userfiles import inside, read_json
 from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
-from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
+from dit.sample.generate import Guidance, Sampler, generate, noise_seed
+from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guide
+from dit.sample.labels import LABEL_MODES, resumed_mode, set_labels
 from dit.sample.loading import load_sampling_model
 
 SPECS = (
@@ -92,6 +95,10 @@ class StudyConfig(Section):
     num_samples: int = option(1000, "samples per setting (docs/evaluation.md: the sample count)", ge=65)
     batch_size: int = option(250, "samples per batch", ge=1)
     seed: int = option(0, "image i has the label and noise of (seed, i) in every setting", ge=0)
+    labels: str | None = option(
+        None, "class labels: balanced (N/C per class) or random (DiT's); default: a resumed study's own, balanced "
+        "for a new one", choices=LABEL_MODES,
+    )  # fmt: skip
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
     precision: str = option("tf32", "sampling precision (on a CPU tf32 is fp32)", choices=("fp32", "tf32", "bf16"))
 
@@ -99,9 +106,9 @@ class StudyConfig(Section):
 FACE = Face(
     "scripts/sampling_study.py",
     __doc__,
-    sections={"study": StudyConfig},
+    sections={"study": StudyConfig, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"out": "file", "plot": "file"},
-    inputs={"ckpt": "file"},
+    inputs={"ckpt": "file", **GUIDE_INPUTS},
 )
 
 
@@ -166,18 +173,19 @@ def key(row: dict) -> tuple:
     return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
 
 
-def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision) -> dict:
+def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, mode: str, guide=None) -> dict:
+    """One setting's scores, with ``mode`` labels; ``guide``: autoguidance's guide model (None: classifier-free guidance)."""
     kind, method = split_sampler(setting["sampler"])
     interval = setting["interval_times"]
-    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval))
+    guidance = Guidance(setting["guidance_scale"], 3, None if interval is None else tuple(interval), guide=guide)
     sampler = Sampler(sm, setting["steps"], kind, method=method, guidance=guidance)
-    classes, sampling_s = sm.config.num_classes, 0.0
+    every_label, sampling_s = set_labels(mode, c.seed, c.num_samples, sm.config.num_classes), 0.0
 
     def batches():
         nonlocal sampling_s
         for start in range(0, c.num_samples, c.batch_size):
             index = range(start, min(start + c.batch_size, c.num_samples))
-            labels = [fid_label(c.seed, i, classes) for i in index]
+            labels = [every_label[i] for i in index]
             began = time.perf_counter()
             images = generate(sm, sampler, labels, [noise_seed(c.seed, i) for i in index], precision=precision)
             sampling_s += time.perf_counter() - began
@@ -186,9 +194,10 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
     result = evaluator.evaluate(batches(), keep_features=True)
     np.savez(buffer := io.BytesIO(), **result["features"])
     atomic_write_bytes(features_path(c, setting), buffer.getvalue())
-    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe)
+    model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe, guidance)
     return {
         **setting,
+        "labels": mode,
         "nfe": sampler.mean_nfe,
         "guided_nfe": sampler.mean_guided_nfe,
         "unguided_nfe": sampler.mean_unguided_nfe,
@@ -205,16 +214,23 @@ def features_path(c: StudyConfig, setting: dict) -> Path:
     return inside(Path(c.out).with_suffix(".features"), name, c.out, "setting", fix, one_name=True)
 
 
-def load_rows(path: Path, header: dict) -> list[dict]:
+def read_study(path: Path) -> dict | None:
+    """A study's JSON (None before its first row); one recorded before the label modes drew random labels."""
     if not path.is_file():
-        return []
+        return None
     data = read_json(path, "study", "pass another --out, or remove that file")
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise UserError(f"{path} is not a sampling study: pass another --out, or remove that file.")
+    return {"labels": "random", **data}
+
+
+def load_rows(path: Path, data: dict | None, header: dict) -> list[dict]:
+    if data is None:
+        return []
     if {k: data.get(k) for k in header} != header:
         raise UserError(
             f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --num-samples, --seed, --precision and judges."
+            "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
         )
     return data["rows"]
 
@@ -225,16 +241,23 @@ def interval(row: dict, score: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = FACE.parse(argv).sections["study"]
+    sections = FACE.parse(argv).sections
+    c, g = sections["study"], sections["guide"]
     out = Path(c.out)
     with Runtime(c.device, c.precision) as runtime:
         sm = load_sampling_model(c.ckpt, vae="none", device=runtime.device)
+        guide = load_guide(g, sm, runtime.device)
         net = load_digit_classifier()
         reference = digits_reference(net)  # on the CPU, as the quick start's
         judges = judges_for(net.name, device=runtime.device)
+        study = read_study(out)
+        mode = resumed_mode(c.labels, study and study["labels"], out, "another --out")
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
-                  "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)]}  # fmt: skip
-        rows = load_rows(out, header)
+                  "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)],
+                  "labels": mode}  # fmt: skip
+        # None without a guide: the studies written before guides had none, and match
+        header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
+        rows = load_rows(out, study, header)
         rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
         done = {key(r) for r in rows}
         todo = [s for s in settings(c, sm) if key(s) not in done]
@@ -244,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         evaluator.check_count(c.num_samples)
         for setting in todo:
-            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision))
+            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
             r = rows[-1]
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
-                  f"{r['guidance_scale']:g} {r['interval']}: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
+                  f"{r['guidance_scale']:g} {r['interval']}, {mode} labels: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
                   f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip

@@ -100,8 +100,20 @@ def load(
     training seed, sampled with one sampling seed (so row i of every set has the same noise and label)."""
     data = [read_study(p) for p in studies]
     shared = ("seed",) if recipes else ("ckpt_sha256",)
-    if len({(*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"])) for d in data}) != 1:
-        raise UserError(f"the studies must share the {' and '.join(shared)}, the sample count and the judges.")
+    modes = [d.get("labels", "random") for d in data]  # a study written before the label modes drew random ones
+    if (
+        len(
+            {
+                (*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"]), m)
+                for d, m in zip(data, modes)
+            }
+        )
+        != 1
+    ):
+        raise UserError(
+            f"the studies must share the {' and '.join(shared)}, the sample count, the judges and the labels "
+            "(balanced or random)."
+        )
     if len({d["ckpt_sha256" if recipes else "seed"] for d in data}) != len(data):
         raise UserError("two studies of one seed: give one study per seed.")
     per = [{name(r): r for r in d["rows"]} for d in data]

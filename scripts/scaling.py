@@ -231,7 +231,14 @@ def main(argv: list[str] | None = None) -> int:
             "folder": str(folder),
             "recipe": recipe_of[name],
             "steps": evals[-1]["step"],
-            "evaluations": [{**{k: e.get(k) for k in keys}, "total_pflops": pflops_of(e, "total")} for e in evals],
+            "evaluations": [
+                {
+                    **{k: e.get(k) for k in keys},
+                    "total_pflops": pflops_of(e, "total"),
+                    "eval_labels": e.get("eval_labels", "random"),  # a row from before the label modes: random
+                }
+                for e in evals
+            ],
             "mean_mfu": sum(r["mfu"] for r in train_rows if not r["in_warmup"])
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
             "to_target": {

@@ -10,6 +10,8 @@ import pytest
 import torch
 from helpers import build_tiny_vae, random_inception_weights, write_our_checkpoint
 
+pytest_plugins = ("gpu",)  # the cuda marker: skipped without a device, the CPU in the dry run (tests/gpu.py)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():

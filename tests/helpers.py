@@ -22,6 +22,16 @@ DATA = Path(__file__).resolve().parent / "data"  # ground truth copied from the 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=4, num_classes=10)
 
 
+def block_option_sets() -> dict[str, dict]:
+    """Each block option alone (every registry entry but the official first, every switch) and all of them
+    together, read from ``dit.model.options``: a new option is tested without editing a list."""
+    from dit.model.options import CHOICES, SWITCHES
+
+    sets = {entry: {field: entry} for field, registry in CHOICES.items() for entry in list(registry)[1:]}
+    sets.update({name: {name: True} for name in SWITCHES})
+    return {**sets, "all": {k: v for options in sets.values() for k, v in options.items()}}
+
+
 def spec_rows() -> list[dict]:
     """The 13 rows of tests/data/dit_configs.csv (official parameter counts and forward GMACs)."""
     with open(DATA / "dit_configs.csv") as f:
@@ -108,7 +118,6 @@ FACE_MODULES = {
     "dit.eval": "dit/eval/__main__.py",
     "dit.quickstart": "dit/quickstart/__init__.py",
     "dit.checkpoint": "dit/checkpoint/__main__.py",
-    "scripts/gpu_validate.py": "scripts/gpu_validate.py",
     "scripts/train_digit_classifier.py": "scripts/train_digit_classifier.py",
     "scripts/train_digit_encoder.py": "scripts/train_digit_encoder.py",
     "scripts/train_digit_judge.py": "scripts/train_digit_judge.py",

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import spec_rows
+from helpers import block_option_sets, spec_rows
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import (
@@ -14,7 +14,7 @@ from dit.cost.analytic import (
     training_flops_per_image,
     vae_flops,
 )
-from dit.cost.vae_facts import SD_VAE_CONFIG
+from dit.cost.vae_facts import SD_VAE_CONFIG, VAVAE_CONFIG
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, model_config
 from dit.model.dit import DiT
@@ -65,15 +65,14 @@ def test_param_counts_equal_the_built_model(cfg):
     _assert_param_counts_equal_the_built_model(cfg)
 
 
-@pytest.mark.parametrize(
-    "options",
-    [dict(norm="rmsnorm"), dict(mlp="swiglu"), dict(rope=True), dict(qk_norm=True),
-     dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True), dict(mlp="swiglu", mlp_ratio=2.0)],
-    ids=["rmsnorm", "swiglu", "rope", "qk_norm", "all", "swiglu-ratio-2"],
-)  # fmt: skip
-@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2"])
+OPTIONS = {**block_option_sets(), "swiglu-ratio-2": dict(mlp="swiglu", mlp_ratio=2.0)}
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2", "DiT-XL/1"])
 def test_param_counts_equal_the_built_model_with_block_options(name, options):
-    _assert_param_counts_equal_the_built_model(model_config(name, **options))
+    latents = dict(input_size=16, in_channels=32) if name.endswith("/1") else {}  # XL/1 on VA-VAE's latents
+    _assert_param_counts_equal_the_built_model(model_config(name, **latents, **options))
 
 
 def _assert_param_counts_equal_the_built_model(cfg):
@@ -159,8 +158,9 @@ def _meta_vae_flops(config: dict, image_size: int) -> tuple[int, int]:
             32,
         ),
         (SD_VAE_CONFIG, 256),
+        (VAVAE_CONFIG, 256),
     ],
-    ids=["tiny", "sd-vae"],
+    ids=["tiny", "sd-vae", "va-vae"],
 )
 def test_vae_flops_equal_flop_counter_on_meta(config, size):
     analytic = vae_flops(config, size)

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import block_option_sets
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import ATTENTION_COMPONENTS, forward_macs, param_counts, training_flops_per_image
@@ -29,6 +30,8 @@ CONFIGS = {
     "B/4": model_config("DiT-B/4"),
     "XL/2": model_config("DiT-XL/2"),
     "XL/2@512": model_config("DiT-XL/2", input_size=64),
+    "S/1": model_config("DiT-S/1"),
+    "B/1-vavae": model_config("DiT-B/1", input_size=16, in_channels=32, learn_sigma=False),
     "custom": CUSTOM,
 }
 
@@ -98,14 +101,15 @@ def test_fvcore_with_sdpa_handle_agrees_once_layernorm_is_set_aside():
 
 # Each block option alone and all together. Only SwiGLU changes a matmul; norms, RoPE, QK-norm and the gate
 # product are elementwise, which neither the formulas nor FlopCounterMode count: the counts are equal, exactly.
-BLOCK_OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "swiglu": dict(mlp="swiglu"), "rope": dict(rope=True),
-                 "qk_norm": dict(qk_norm=True), "all": dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True)}  # fmt: skip
+BLOCK_OPTIONS = block_option_sets()
 
 
 @pytest.mark.parametrize("options", BLOCK_OPTIONS.values(), ids=BLOCK_OPTIONS.keys())
-@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2"])
+@pytest.mark.parametrize("name", ["DiT-S/2", "DiT-L/4", "DiT-XL/2", "DiT-XL/1"])
 def test_block_options_meta_count_equals_the_analytic_one(name, options):
-    cfg = model_config(name, **options)
+    """XL/1 on 16x16 latents: LightningDiT's model on VA-VAE's 32 channels."""
+    latents = dict(input_size=16, in_channels=32) if name.endswith("/1") else {}
+    cfg = model_config(name, **latents, **options)
     measured = measure_flops(cfg, batch_size=2, checkpointed_blocks=2)
     analytic = forward_macs(cfg)
     assert measured["forward_flops_per_image"] == analytic.flops

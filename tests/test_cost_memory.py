@@ -1,6 +1,7 @@
 """Analytic training memory against a FakeTensor trace of one real step; sharding and batch search."""
 
 import pytest
+from helpers import block_option_sets
 
 from dit.cost.memory import estimate_training_memory, max_batch_that_fits, trace_training_memory
 from dit.io.errors import UserError
@@ -120,8 +121,7 @@ def test_bad_input_names_the_argument(kwargs, match):
         max_batch_that_fits(model_config("DiT-S/2"), 0)
 
 
-BLOCK_OPTIONS = {"rmsnorm": dict(norm="rmsnorm"), "swiglu": dict(mlp="swiglu"), "rope": dict(rope=True),
-                 "qk_norm": dict(qk_norm=True), "all": dict(norm="rmsnorm", mlp="swiglu", rope=True, qk_norm=True)}  # fmt: skip
+BLOCK_OPTIONS = block_option_sets()
 
 
 @pytest.mark.slow

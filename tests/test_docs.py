@@ -150,7 +150,8 @@ OTHER_TOOLS = {"--nproc_per_node": "torchrun", "--nnodes": "torchrun", "--node_r
                "--rdzv-endpoint": "torchrun", "--rdzv_backend": "torchrun", "--rdzv_endpoint": "torchrun",
                "--rdzv_id": "torchrun", "--signals-to-handle": "torchrun", "--shutdown-timeout": "torchrun",
                "--num_processes": "accelerate", "--mixed_precision": "accelerate", "--signal": "sbatch",
-               "--local-dir": "huggingface-cli", "--logdir": "tensorboard", "--no-deps": "pip", "--isolated": "pip"}  # fmt: skip
+               "--local-dir": "huggingface-cli", "--logdir": "tensorboard", "--no-deps": "pip", "--isolated": "pip",
+               "--collect-only": "pytest", "--dry-run": "scripts/gpu_validate.sh"}  # fmt: skip
 FACE_NAMES = [*FACE_MODULES, "dit.checkpoint", *(f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.py"))]
 
 

@@ -15,7 +15,7 @@ from test_train import Pixels, tiny_config
 
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.io.errors import UserError
-from dit.model.config import MODEL_NAMES, model_config, model_config_from_shapes
+from dit.model.config import model_config, model_config_from_shapes, model_names
 from dit.model.dit import DiT_models
 from dit.runtime import Runtime
 from dit.train import TrainConfig, Trainer, train
@@ -97,7 +97,7 @@ def test_init_from_refuses_what_it_cannot_adapt(official_s2, four_classes, vae_d
         finetune_config(tmp_path / "b", four_classes, vae_dir, official_s2, resume="auto")
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", model_names())
 def test_a_bare_state_dict_says_which_model_it_is(name):
     with torch.device("meta"):
         model = DiT_models[name](input_size=32, num_classes=1000)

@@ -8,7 +8,7 @@ import torch
 from helpers import DATA, spec_rows
 
 from dit.io.errors import UserError
-from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.config import _SIZES, PATCH_SIZES, DiTConfig, describe, model_config, model_names
 from dit.model.dit import DiT, DiT_models
 from dit.model.layers import (
     ATTENTION_BACKENDS,
@@ -33,8 +33,9 @@ def tiny(**kw):
     return DiT(**args)
 
 
-def test_registry_has_twelve_configs():
-    assert len(DiT_models) == 12 == len(set(MODEL_NAMES))
+def test_registry_has_every_size_at_every_patch():
+    assert list(DiT_models) == list(model_names()) and len(set(model_names())) == len(_SIZES) * len(PATCH_SIZES)
+    assert {"DiT-XL/1", "DiT-S/1", "DiT-XL/2", "DiT-S/8"} <= set(DiT_models)
     assert model_config("DiT-L/4").hidden_size == 1024 and model_config("DiT-L/4").depth == 24
 
 

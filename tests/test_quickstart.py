@@ -57,7 +57,7 @@ def test_exits_cleanly_and_says_where_everything_is(run):
     assert "EMA weights" in printed
     assert "training cost:" in printed and "MFU" in printed
     assert re.search(
-        r"quality: MNIST FID [\d.]+ \[[\d.]+, [\d.]+\], digit judge FD [\d.e+-]+ \[[\d.e+-]+, [\d.e+-]+\] .*and class accuracy [\d.]+% over 70 EMA samples",
+        r"quality: MNIST FID [\d.]+ \[[\d.]+, [\d.]+\], digit judge FD [\d.e+-]+ \[[\d.e+-]+, [\d.e+-]+\] .*and class accuracy [\d.]+% over 70 EMA samples \(balanced labels, ",
         printed,
     )
 

@@ -17,7 +17,7 @@ from helpers import face, run_face
 from dit.io.cli import run_cli
 from dit.io.errors import UserError
 from dit.sample.fid_set import pack_npz, png_path
-from dit.sample.generate import fid_label
+from dit.sample.labels import set_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 N, BATCH = 6, 2
@@ -45,10 +45,10 @@ def one_rank(our_ckpt, tmp_path_factory) -> Path:  # noqa: F811
 def test_npz_has_the_evaluator_format(one_rank):
     npz, folder = the_set(one_rank)
     with np.load(npz) as f:
-        assert list(f.keys()) == ["arr_0", "arr_1"]
+        assert list(f.keys()) == ["arr_0", "arr_1", "label_mode"]
         arr, labels = f["arr_0"], f["arr_1"]
     assert arr.dtype == np.uint8 and arr.shape == (N, 64, 64, 3)
-    assert labels.dtype == np.int64 and labels.tolist() == [fid_label(0, i, 10) for i in range(N)]
+    assert labels.dtype == np.int64 and labels.tolist() == set_labels("balanced", 0, N, 10)
     assert sorted(p.name for p in folder.glob("*.png")) == [f"{i:06d}.png" for i in range(N)]
     assert len({arr[i].tobytes() for i in range(N)}) == N, "every sample must be its own image"
 

@@ -22,8 +22,9 @@ from dit.model.dit import DiT, DiT_models
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.fid_set import batches
-from dit.sample.generate import Guidance, Sampler, fid_label, generate, noise_seed
+from dit.sample.generate import Guidance, Sampler, generate, noise_seed
 from dit.sample.grid import run_sample
+from dit.sample.labels import fid_label
 from dit.sample.loading import load_sampling_model
 
 STEPS = "10"

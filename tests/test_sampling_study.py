@@ -4,6 +4,7 @@ rerun resumed; its kept features judged by scripts/sampling_verdicts.py and meas
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +38,10 @@ def test_two_settings_are_scored_plotted_and_not_run_again(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"] == rows
     code, _, err = run_face("scripts/sampling_study.py", [*argv, "--seed", "1"], capsys)
     assert code == 2 and "holds a study of other settings" in err
+    study = json.loads(out.read_text())  # balanced by default, recorded in the study and in every row
+    assert study["labels"] == "balanced" and {r["labels"] for r in rows} == {"balanced"}
+    code, _, err = run_face("scripts/sampling_study.py", [*argv, "--labels", "random"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "made with balanced labels, not random" in err
 
     seed1 = tmp_path / "study_s1.json"
     argv1 = [*argv[:2], "--out", str(seed1), *argv[4:], "--seed", "1"]
@@ -165,3 +170,19 @@ def test_a_study_out_that_is_cut_short_is_one_error_line(tmp_path, capsys):
         argv = ["--ckpt", str(ckpt), "--out", str(out), "--samplers", "ddim", "--nfe", "5", "--num-samples", "70"]
         code, _, err = run_face("scripts/sampling_study.py", argv, capsys)
         assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+
+
+def test_verdicts_refuse_studies_of_two_label_modes(tmp_path, capsys):
+    """A study without a label mode drew random labels: judged against a balanced one, the pairs would mix."""
+    paths, _ = _studies(tmp_path)
+    second = json.loads(Path(paths[1]).read_text())
+    Path(paths[1]).write_text(json.dumps({**second, "labels": "balanced"}))
+    code, _, err = run_face(
+        "scripts/sampling_verdicts.py", ["--studies", *paths, "--baseline", "ddim-5-g1-all"], capsys
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "the labels (balanced or random)" in err
+    Path(paths[0]).write_text(json.dumps({**json.loads(Path(paths[0]).read_text()), "labels": "balanced"}))
+    assert (
+        run_face("scripts/sampling_verdicts.py", ["--studies", *paths, "--baseline", "ddim-5-g1-all"], capsys)[0]
+        == 0
+    )

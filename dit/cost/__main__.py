@@ -30,7 +30,7 @@ from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
-from dit.model.config import MODEL_NAMES, describe
+from dit.model.config import describe, model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_plan import FidSamplingSection
 
@@ -89,7 +89,7 @@ def _emit(result, as_json: bool, pairs) -> None:
 def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     m, o = model, args
     summaries = []
-    for name in MODEL_NAMES if o.all else [m.model]:
+    for name in model_names() if o.all else [m.model]:
         cfg = m.config(name)
         fused = o.attention == "fused"
         summary = analytic.flops_summary(cfg, m.image_size, m.checkpointed(cfg, o.activation_checkpointing), fused)
@@ -114,7 +114,7 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
             [
                 [s["model"], s["tokens"], _num(s["params"] / 1e6, 1), _num(s["forward_gmacs"], 3),
                  _num(s["forward_gflops"], 3), _num(s["train_gflops_per_image"], 2), _num(100 * s["attention_share"], 1),
-                 f"+{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):.0f}%"]
+                 f"{100 * (s['six_nt_gflops_per_image'] / s['train_gflops_per_image'] - 1):+.0f}%"]
                 + ([_num(s["measured_forward_gflops"] / s["forward_gflops"], 5)] if o.measure else [])
                 for s in summaries
             ],
@@ -238,20 +238,22 @@ def cmd_sample(
 ) -> None:
     m, h, o = model, hardware, args
     cfg = m.config()
+    guide = m.config(o.guide_model) if o.guide_model is not None else None
     vae = plan.vae_config_for(m.vae)
-    schedule = plan_of(m, sampling)
+    schedule = plan_of(m, sampling, o.guide_model)
     nfe, unguided = evaluations(m, sampling, o, schedule)
     result = plan.plan_sampling(
         cfg,
         m.image_size,
         o.num_images,
         nfe,
-        planned_guidance(m, sampling),
+        planned_guidance(m, sampling, o.guide_model),
         h.num_gpus,
         **h.budget(),
         vae_config=vae,
         unguided_nfe=unguided,
         path_drop=sampling.guidance_path_drop,
+        guide=guide,
     )
     result.update(
         num_sampling_steps=sampling.num_sampling_steps,
@@ -266,11 +268,21 @@ def cmd_sample(
         guided = f" (guidance {r['guidance_scale']:g} doubles the batch)" if r["guided_nfe"] else " (no guidance)"
         if r["guidance_interval"]:
             guided += f", guided in [{r['guidance_interval'][0]:g}, {r['guidance_interval'][1]:g}]"
+        passes = f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP"
+        if guide is not None:
+            guided = (
+                f" (autoguidance {r['guidance_scale']:g}: the second pass the guide's)"
+                if r["guided_nfe"]
+                else guided
+            )
+            passes = (f"{r['nfe']} passes x {_num(r['forward_gflops'], 2)} GFLOP + {r['guided_nfe']} guide passes x "
+                      f"{_num(r['guide_forward_gflops'], 2)} GFLOP")  # fmt: skip
         out = [
             ("model", f"{describe(cfg)} at {r['image_size']} px"),
+            *([("guide", describe(guide))] if guide is not None else []),
             ("DiT / image", f"{r['nfe']} network evaluations (NFE; {r['sampler']}, {r['num_sampling_steps']} steps): "
                             f"{r['guided_nfe']} guided x 2 passes + {r['unguided_nfe']} unguided x 1 pass{guided} = "
-                            f"{r['forward_passes_per_image']} passes x {_num(r['forward_gflops'], 2)} GFLOP = "
+                            f"{passes} = "
                             f"{_num(r['model_gflops_per_image'] / 1e3, 4)} TFLOP = {_num(r['model_gmacs_per_image'] / 1e3, 4)} TMAC"),
         ]  # fmt: skip
         if vae is not None:

@@ -167,12 +167,13 @@ def sampling_flops_per_image(
     *,
     unguided_nfe: float = 0,
     path_drop: bool = False,
+    guide: DiTConfig | None = None,
 ) -> SampleFlops:
     """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
     uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun;
     ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone). Sampling
     runs at full tokens; ``path_drop`` (SPRINT's path-drop guidance) runs the unconditional pass without the
-    sparse blocks."""
+    sparse blocks; ``guide`` (autoguidance) runs that model's forward in place of the unconditional pass."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if guidance_scale < 1.0:
@@ -183,8 +184,11 @@ def sampling_flops_per_image(
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
     full = forward_macs(cfg, ratio=0).flops
-    uncond = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
-    model = (num_steps * full) + guided * uncond
+    if guide is not None:
+        weak = forward_macs(guide, ratio=0).flops
+    else:
+        weak = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
+    model = (num_steps * full) + guided * weak
     return SampleFlops(model=float(model), vae_decode=float(vae_decode_flops), forward_passes=passes)
 
 
@@ -275,18 +279,23 @@ def _resnet(hw: int, c_in: int, c_out: int) -> int:
     )
 
 
+def _attention(hw: int, c: int) -> int:
+    # single-head self-attention over the hw positions: q, k, v, out + QK^T + A.V
+    return 4 * hw * c * c + 2 * hw * hw * c
+
+
 def _mid_block(hw: int, c: int, attention: bool) -> int:
-    # resnet, single-head self-attention over the hw positions (q, k, v, out + QK^T + A.V), resnet
-    return 2 * _resnet(hw, c, c) + ((4 * hw * c * c + 2 * hw * hw * c) if attention else 0)
+    return 2 * _resnet(hw, c, c) + (_attention(hw, c) if attention else 0)
 
 
 def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
-    """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict)."""
+    """Encode and decode FLOPs for one image of a diffusers ``AutoencoderKL`` config (its config.json dict); an
+    ``Attn`` block adds an attention after each of its resnets."""
     cfg = {**AUTOENCODER_KL_DEFAULTS, **vae_config}
     kinds = set(cfg["down_block_types"]) | set(cfg["up_block_types"])
-    if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D"}:
+    if not kinds <= {"DownEncoderBlock2D", "UpDecoderBlock2D", "AttnDownEncoderBlock2D", "AttnUpDecoderBlock2D"}:
         raise UserError(
-            f"vae_flops counts DownEncoderBlock2D/UpDecoderBlock2D VAEs only, got {sorted(kinds)}: "
+            f"vae_flops counts (Attn)DownEncoderBlock2D/(Attn)UpDecoderBlock2D VAEs only, got {sorted(kinds)}: "
             "count this VAE with dit.cost.measured (FlopCounterMode on meta) instead."
         )
     chans, layers, latent = list(cfg["block_out_channels"]), cfg["layers_per_block"], cfg["latent_channels"]
@@ -300,6 +309,7 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     for i, c_out in enumerate(chans):
         for _ in range(layers):
             macs += _resnet(side * side, c_in, c_out)
+            macs += _attention(side * side, c_out) if cfg["down_block_types"][i].startswith("Attn") else 0
             c_in = c_out
         if i < len(chans) - 1:  # stride-2 3x3 conv after asymmetric (0, 1) padding: side -> side / 2
             side //= 2
@@ -313,6 +323,7 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     for i, c_out in enumerate(reversed(chans)):
         for _ in range(layers + 1):
             macs += _resnet(side * side, c_in, c_out)
+            macs += _attention(side * side, c_out) if cfg["up_block_types"][i].startswith("Attn") else 0
             c_in = c_out
         if i < len(chans) - 1:  # nearest x2, then a 3x3 conv at the new size
             side *= 2

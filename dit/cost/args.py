@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dit.cost import memory, peaks, plan
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
-from dit.model.config import ModelSection, parse_activation_checkpointing
+from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
 from dit.objectives.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
 from dit.objectives.times import latent_dim, shift_factor
@@ -26,7 +26,8 @@ class CostModelSection(ModelSection):
 
     vae: str = option(
         "ema",
-        "the latent space: ema or mse (the SD VAE), a folder with an AutoencoderKL config.json, or none (pixel space)",
+        "the latent space: ema or mse (the SD VAE), vavae (VA-VAE f16d32: 32 channels at 16x), a folder with an "
+        "AutoencoderKL config.json, or none (pixel space)",
     )
     latent_size: int | None = option(
         None, "the model's input size, if not image size / the VAE's downsampling", ge=1
@@ -127,23 +128,36 @@ class SampleArgs(Section):
     nfe: int | None = option(
         None, "network evaluations per image, for the adaptive dopri5 (read a run's log)", ge=1
     )
+    guide_model: str | None = option(
+        None, "autoguidance (sample.py's --guide-ckpt): the guide's size, a model of the same classes, images and "
+        "latents whose forward replaces the unconditional pass of each guided evaluation (a registry name)",
+    )  # fmt: skip
     json: bool = option(False, "print JSON")
 
+    def check(self) -> None:
+        if self.guide_model is not None:
+            try:
+                model_config(self.guide_model)
+            except UserError as e:
+                raise FieldError("{guide_model}: " + str(e)) from None
 
-def planned_guidance(model: CostModelSection, sampling: FidSamplingSection) -> float:
-    """The guidance a model of this section gets by default (1.5 with a null class: an FID set's)."""
+
+def planned_guidance(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> float:
+    """The guidance a model of this section gets by default (1.5 with a null class, or with a ``guide``: an FID
+    set's)."""
     try:
-        return sampling.guidance(model.num_classes > 0 and model.class_dropout_prob > 0)
+        return sampling.guidance(model.num_classes > 0 and model.class_dropout_prob > 0 or guide is not None)
     except FieldError as e:
         raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
 
 
-def plan_of(model: CostModelSection, sampling: FidSamplingSection) -> SamplingPlan:
-    """Which evaluations the sampler makes and which are guided (the run follows the same plan)."""
+def plan_of(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> SamplingPlan:
+    """Which evaluations the sampler makes and which are guided (the run follows the same plan); ``guide``:
+    autoguidance's guide model."""
     kind = objective_for_sampler(sampling.sampler).sampler(sampling.sampler, fast=sampling.FAST)
     return sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
-        guidance_scale=planned_guidance(model, sampling), interval=sampling.guidance_interval,
+        guidance_scale=planned_guidance(model, sampling, guide), interval=sampling.guidance_interval,
         time_shift=planned_shift(model, sampling),
     )  # fmt: skip
 
@@ -165,7 +179,7 @@ def evaluations(model: CostModelSection, sampling: FidSamplingSection, args: Sam
         raise UserError(
             f"{sampling.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
         )
-    guided = planned_guidance(model, sampling) > 1
+    guided = planned_guidance(model, sampling, args.guide_model) > 1
     if sampling.guidance_interval is not None and guided:
         raise UserError(
             "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "

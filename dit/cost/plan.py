@@ -26,7 +26,7 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
-from dit.cost.vae_facts import SD_VAE_CONFIG, is_sd_vae, latent_channels_of, latent_downsample_of
+from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
 from dit.io.userfiles import read_json
@@ -34,17 +34,17 @@ from dit.model.config import DiTConfig, describe, model_config, registry_name
 
 
 def vae_config_for(spec: str | None) -> dict | None:
-    """The AutoencoderKL config a ``--vae`` value means: the SD VAE for ema/mse (and their hub ids), a
-    folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
+    """The AutoencoderKL config a ``--vae`` value means: a known VAE's by alias or hub id (ema, mse, vavae),
+    a folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
     if spec is None or str(spec).lower() == "none":
         return None
-    if is_sd_vae(spec):
-        return SD_VAE_CONFIG
+    if (known := known_vae_config(spec)) is not None:
+        return known
     path = Path(spec).expanduser() / "config.json"
     if not path.is_file():
         raise UserError(
-            f"--vae {spec!r}: pass ema, mse, none, or a folder with an AutoencoderKL config.json (hub ids other "
-            "than the SD VAEs are not looked up offline; download the folder and pass it)."
+            f"--vae {spec!r}: pass ema, mse, vavae, none, or a folder with an AutoencoderKL config.json (other hub "
+            "ids are not looked up offline; download the folder and pass it)."
         )
     config = read_json(path, "the VAE's config", "pass a folder that save_pretrained wrote")
     if not isinstance(config, dict):
@@ -343,20 +343,25 @@ def plan_sampling(
     vae_config: dict | None = SD_VAE_CONFIG,
     unguided_nfe: int = 0,
     path_drop: bool = False,
+    guide: DiTConfig | None = None,
 ) -> dict:
     """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
     time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU).
     ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each. ``path_drop``: the
-    unconditional pass skips the sparse blocks (SPRINT's path-drop guidance)."""
+    unconditional pass skips the sparse blocks (SPRINT's path-drop guidance); ``guide``: autoguidance's guide,
+    whose forward replaces the unconditional pass."""
     _positive("--num-images", num_images)
     _positive("--num-gpus", num_devices)
     _positive("--price-per-hour", price_per_device_hour)
-    if cfg.num_classes == 0 and guidance_scale > 1:
-        raise UserError("an unconditional model (--num-classes 0) has nothing to guide: pass --guidance-scale 1.")
+    if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
+        raise UserError(
+            "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
+            "--guidance-scale 1, or a --guide-model."
+        )
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(
         cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode, unguided_nfe=unguided_nfe,
-        path_drop=path_drop,
+        path_drop=path_drop, guide=guide,
     )  # fmt: skip
     total = per_image.total * num_images
     return {
@@ -371,6 +376,14 @@ def plan_sampling(
         "guided": guidance_scale > 1,
         "forward_passes_per_image": per_image.forward_passes,
         "forward_gflops": forward_macs(cfg, ratio=0).flops / 1e9,
+        **(
+            {
+                "guide_model": registry_name(guide) or "custom",
+                "guide_forward_gflops": forward_macs(guide, ratio=0).flops / 1e9,
+            }
+            if guide is not None
+            else {}
+        ),
         "model_gflops_per_image": per_image.model / 1e9,
         "model_gmacs_per_image": per_image.model / 2e9,
         "vae_decode_gflops_per_image": per_image.vae_decode / 1e9,

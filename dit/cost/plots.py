@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dit.cost.analytic import forward_macs, param_counts
 from dit.cost.memory import estimate_training_memory, trace_training_memory
-from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.config import PATCH_SIZES, DiTConfig, describe, model_config, model_names
 
 
 def _pyplot():
@@ -35,11 +35,13 @@ def _plain_ticks(axis, ticks) -> None:
 def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     """Forward GFLOPs per image against parameters for every registry config: size by colour, patch by marker."""
     plt = _pyplot()
-    colours = {"S": "tab:blue", "B": "tab:orange", "L": "tab:green", "XL": "tab:red"}
-    markers = {2: "o", 4: "s", 8: "^"}
+    names = [name.removeprefix("DiT-").split("/") for name in model_names()]
+    sizes = dict.fromkeys(size for size, _ in reversed(names))  # smallest first, as _SIZES lists them
+    colours = {size: f"C{i}" for i, size in enumerate(sizes)}
+    markers = dict(zip(PATCH_SIZES, "Dos^v<>p"))
     fig, ax = plt.subplots(figsize=(7, 5))
-    for name in MODEL_NAMES:
-        size, patch = name.removeprefix("DiT-").split("/")
+    for size, patch in names:
+        name = f"DiT-{size}/{patch}"
         cfg = model_config(name, input_size=image_size // 8)
         x, y = param_counts(cfg).total / 1e6, forward_macs(cfg).flops / 1e9
         ax.scatter(x, y, c=colours[size], marker=markers[int(patch)], s=60, zorder=3)

@@ -1,5 +1,5 @@
 """What the planner and the VAE loader must agree on about the autoencoders, without torch or diffusers:
-the SD VAE's aliases and config, diffusers' AutoencoderKL defaults, and the downsampling a config implies.
+the SD VAE's aliases and config, VA-VAE's, diffusers' AutoencoderKL defaults, and the downsampling a config implies.
 ``dit.data.vae`` loads and runs VAEs from these; ``dit.cost`` counts their FLOPs and latent shapes from them."""
 
 from __future__ import annotations
@@ -16,6 +16,23 @@ SD_VAE_CONFIG = {
     "layers_per_block": 2,
     "down_block_types": ["DownEncoderBlock2D"] * 4,
     "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "norm_num_groups": 32,
+    "act_fn": "silu",
+}
+
+# VA-VAE, LightningDiT's f16d32 tokenizer (32 latent channels at 16x): its LDM config (LightningDiT's
+# tokenizer/configs/vavae_f16d32.yaml: ch 128, ch_mult 1 1 2 2 4, 2 res blocks, attention at 16 px, z 32)
+# written as the diffusers AutoencoderKL with the same layers. The release is an LDM checkpoint, not a
+# diffusers folder: the planner prices it by name; training needs it converted to a diffusers folder.
+VAVAE_ID = "hustvl/vavae-imagenet256-f16d32-dinov2"
+VAVAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 32,
+    "block_out_channels": [128, 128, 256, 256, 512],
+    "layers_per_block": 2,
+    "down_block_types": ["DownEncoderBlock2D"] * 4 + ["AttnDownEncoderBlock2D"],
+    "up_block_types": ["AttnUpDecoderBlock2D"] + ["UpDecoderBlock2D"] * 4,
     "norm_num_groups": 32,
     "act_fn": "silu",
 }
@@ -38,6 +55,18 @@ AUTOENCODER_KL_DEFAULTS = {
 def is_sd_vae(spec: str | None) -> bool:
     """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space."""
     return spec in (*VAE_ALIASES, *VAE_ALIASES.values())
+
+
+def is_vavae(spec: str | None) -> bool:
+    """VA-VAE by its alias (vavae) or hub id."""
+    return spec in ("vavae", VAVAE_ID)
+
+
+def known_vae_config(spec: str | None) -> dict | None:
+    """The config of a VAE known by alias or hub id (the SD VAEs, VA-VAE), priced without a download; else None."""
+    if is_sd_vae(spec):
+        return SD_VAE_CONFIG
+    return VAVAE_CONFIG if is_vavae(spec) else None
 
 
 def latent_downsample_of(config) -> int:

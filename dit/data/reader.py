@@ -17,6 +17,7 @@ from dit.data.store import (
     sha256_file,
     sha256_files,
 )
+from dit.data.vae import ChannelNorm
 from dit.data.vae import sample_posterior as draw_posterior
 from dit.io.errors import UserError
 
@@ -51,8 +52,24 @@ def _map_shard(file: str) -> dict[str, np.ndarray]:
     return views
 
 
+def channel_norm(manifest: dict, path: str) -> ChannelNorm:
+    """The store's ``--latent-norm channel``, refused for a store written before it recorded its statistics."""
+    if "latent_stats" not in manifest:
+        raise UserError(
+            f"latent store {path} records no per-channel statistics, which --latent-norm channel needs: write them "
+            f"with `python extract_features.py --feature-path {path} --stats`, or train with --latent-norm scalar."
+        )
+    if not all(s > 0 for s in manifest["latent_stats"]["std"]):
+        raise UserError(
+            f"latent store {path} has a latent channel of std 0 (constant), which --latent-norm channel cannot "
+            "divide by: train with --latent-norm scalar."
+        )
+    return ChannelNorm.of(manifest["latent_stats"])
+
+
 class LatentStoreDataset(Dataset):
-    """((latent - shift) x scale as float32 CxHxW, label) from a finished store.
+    """((latent - shift) x scale as float32 CxHxW, label) from a finished store; with ``latent_norm`` "channel",
+    (latent - mean_c) / std_c with the store's per-channel statistics (``ChannelNorm``).
 
     Every access draws a fresh posterior sample (``sample_posterior``) and a random flip (``flip``): the stored
     flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly
@@ -64,7 +81,14 @@ class LatentStoreDataset(Dataset):
     the features of the same view as the latent: the flipped image's own when the latent is flipped.
     """
 
-    def __init__(self, path: str, flip: bool = True, sample_posterior: bool = True, features: bool = False):
+    def __init__(
+        self,
+        path: str,
+        flip: bool = True,
+        sample_posterior: bool = True,
+        features: bool = False,
+        latent_norm: str = "scalar",
+    ):
         manifest = read_manifest(path)
         if not manifest["complete"]:
             raise UserError(
@@ -91,6 +115,7 @@ class LatentStoreDataset(Dataset):
         self.flip, self.sample_posterior, self.features = flip, sample_posterior, features
         self.scale = float(manifest["scaling_factor"])
         self.shift = float(manifest.get("shift_factor", 0.0))
+        self.channel = channel_norm(manifest, path) if latent_norm == "channel" else None
         self.latent_shape = tuple(manifest["latent_shape"])
         self.classes = sorted(manifest["class_to_index"], key=manifest["class_to_index"].get)
         self.offsets = np.cumsum([0] + [s["num_images"] for s in manifest["shards"]])
@@ -206,7 +231,11 @@ class LatentStoreDataset(Dataset):
                 features[row] = tensors["features"][j, v]  # the same view as the latent
         moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
         mean, std = moments[:, 0], moments[:, 1]
-        if self.sample_posterior:
+        if self.channel is not None:  # the unscaled draw (x 1 - 0: exact), normalised per channel
+            latents = self.channel.normalize(
+                draw_posterior(mean, std, 1.0) if self.sample_posterior else mean.float()
+            )
+        elif self.sample_posterior:
             latents = draw_posterior(mean, std, self.scale, shift=self.shift)
         else:
             latents = (mean.float() - self.shift) * self.scale

@@ -1,7 +1,8 @@
 """The latent store: VAE posterior moments of every image (and of its flip), sharded, checksummed, memory-mapped.
 
 A store folder holds
-  manifest.json                    what made the store and what it holds (docs/latent_store.md)
+  manifest.json                    what made the store, what it holds, and each latent channel's mean and std
+                                   (docs/latent_store.md)
   shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata,
                                    and with REPA ``features`` [n, views, tokens, width] (a frozen encoder's)
   shard-00000.safetensors.sha256   a ``sha256sum -c`` line, written after its shard: the shard's completion mark
@@ -26,6 +27,7 @@ import safetensors.torch
 import torch
 
 from dit import __version__
+from dit.data.stats import latent_stats, stats_problem
 from dit.io.atomic import atomic_write_bytes, stale_temp_files
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.io.userfiles import inside
@@ -210,6 +212,8 @@ def validate_manifest(manifest: dict, path: str) -> None:
             problems.append("shard_size or image_size is out of range")
         if not isinstance(manifest.get("shift_factor", 0.0), (int, float)):
             problems.append(f"shift_factor {manifest['shift_factor']!r} is not a number")
+        if "latent_stats" in manifest and (problem := stats_problem(manifest["latent_stats"], shape[0])):
+            problems.append(problem)
         feats = manifest.get("features")
         if feats is not None and not (
             isinstance(feats, dict)
@@ -312,7 +316,8 @@ def write_shard(
 
 
 def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, str]]) -> dict:
-    """Gather every shard's count, size, checksum and skipped files into the final manifest (written atomically)."""
+    """Gather every shard's count, size, checksum and skipped files, and the latents' per-channel statistics
+    (``dit.data.stats``), into the final manifest (written atomically)."""
     shards, skipped = [], [tuple(s) for s in scan_skipped]
     for index in range(spec.num_shards):
         path = os.path.join(folder, shard_file(index))
@@ -338,6 +343,9 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
         "skipped": [{"path": path, "reason": reason} for path, reason in sorted(skipped)],
         "shards": shards,
     }
+    paths = [os.path.join(folder, s["file"]) for s in shards]
+    if (stats := latent_stats(paths, spec.latent_shape[0])) is not None:
+        manifest["latent_stats"] = stats
     write_manifest(folder, manifest)
     return read_manifest(folder)
 

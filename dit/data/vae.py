@@ -2,7 +2,8 @@
 
 This module is the ONE place the latent scaling rule lives: latent = (posterior sample - ``shift_factor``) x
 ``scaling_factor``, both read from the VAE's own config (the SD VAEs have no shift; the SD3 and FLUX VAEs,
-16 latent channels, do), so the trainer, the latent store and the sampler cannot disagree about it.
+16 latent channels, do), so the trainer, the latent store and the sampler cannot disagree about it. Its
+alternative, ``--latent-norm channel`` (``ChannelNorm``), lives here too.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 import os
 import re
 import typing
+from dataclasses import dataclass
 
 import torch
 
 if typing.TYPE_CHECKING:  # diffusers loads on first use: the trainer and sampler run without it in pixel space
     from diffusers import AutoencoderKL
 
-from dit.cost.vae_facts import VAE_ALIASES, latent_downsample_of
+from dit.cost.vae_facts import VAE_ALIASES, VAVAE_ID, is_vavae, latent_downsample_of
 from dit.io.errors import UserError, require
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -41,6 +43,12 @@ def resolve_vae_spec(spec: str) -> str:
 
 def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> AutoencoderKL:
     """Load a frozen AutoencoderKL in eval mode; failures become a UserError that names the source and the fix."""
+    if is_vavae(spec):
+        raise UserError(
+            f"VA-VAE's release ({VAVAE_ID}) is an LDM checkpoint, which diffusers does not load: convert it to a "
+            "diffusers AutoencoderKL folder (its layers: dit.cost.vae_facts.VAVAE_CONFIG) and pass --vae DIR "
+            "(dit-cost prices --vae vavae by name)."
+        )
     source = resolve_vae_spec(spec)
     is_folder = os.path.isabs(source)
     if is_folder and not os.path.isfile(os.path.join(source, "config.json")):
@@ -139,8 +147,55 @@ def encode(
     return sample_posterior(*encode_moments(vae, images), scaling_factor(vae), generator, shift_factor(vae), eps)
 
 
+@dataclass(frozen=True)
+class ChannelNorm:
+    """``--latent-norm channel``: each channel of the unscaled latent z to zero mean and unit variance with a
+    latent store's statistics (``dit.data.stats``), z' = (z - mean_c) / std_c, in place of the scalar rule.
+
+    LightningDiT's ``latent_norm`` (datasets/img_latent_dataset.py) times its ``latent_multiplier``, which its
+    VA-VAE configs set to 1.0; that is what this is. Both directions compute in float32 with the statistics
+    rounded once to float32, so undoing is exact up to the rounding of one division and one multiplication."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, stats: dict) -> ChannelNorm:
+        """From a store's or a checkpoint's record (``{"mean": [...], "std": [...]}``)."""
+        return cls(tuple(float(m) for m in stats["mean"]), tuple(float(s) for s in stats["std"]))
+
+    def record(self) -> dict:
+        """What a checkpoint keeps, so that its samples can be decoded without the store."""
+        return {"kind": "channel", "mean": list(self.mean), "std": list(self.std)}
+
+    def describe(self) -> str:
+        """A line for the run's log."""
+        means, stds = (", ".join(f"{v:.4g}" for v in values) for values in (self.mean, self.std))
+        return f"latents normalised per channel (--latent-norm channel): means {means}; stds {stds}"
+
+    def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = (
+            torch.tensor(v, dtype=torch.float32, device=z.device).view(-1, 1, 1) for v in (self.mean, self.std)
+        )
+        return mean, std
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """Unscaled latents ``[..., C, H, W]`` to the model's, float32."""
+        mean, std = self._stats(z)
+        return (z.float() - mean) / std
+
+    def undo(self, latents: torch.Tensor) -> torch.Tensor:
+        """The model's latents back to unscaled ones, float32."""
+        mean, std = self._stats(latents)
+        return latents.float() * std + mean
+
+
 @torch.no_grad()
-def decode(vae: AutoencoderKL, latents: torch.Tensor) -> torch.Tensor:
-    """Scaled latents back to float32 images in [-1, 1]."""
-    images = vae.decode((latents / scaling_factor(vae) + shift_factor(vae)).to(dtype=vae.dtype)).sample
+def decode(vae: AutoencoderKL, latents: torch.Tensor, channel: ChannelNorm | None = None) -> torch.Tensor:
+    """Scaled latents (per channel with ``channel``) back to float32 images in [-1, 1]."""
+    if channel is not None:
+        z = channel.undo(latents)
+    else:
+        z = latents / scaling_factor(vae) + shift_factor(vae)
+    images = vae.decode(z.to(dtype=vae.dtype)).sample
     return images.float().clamp_(-1.0, 1.0)

@@ -130,6 +130,7 @@ def _format(result: dict, wall: float) -> str:
     flops = result["flops_breakdown"]
     lines += [
         f"{'images':<15}{result['num_images']:,}",
+        f"{'labels':<15}{result['labels'] or 'not recorded'}",
         f"{'network':<15}{result['feature_network']}",
         f"{'wall time':<15}{wall:.2f} s (evaluation {result['seconds']:.2f} s, reading the images excluded)",
         f"{'FLOPs':<15}{result['flops']:.4g} (network {flops['network']:.4g}, judges {flops['judges']:.4g}, "
@@ -167,6 +168,7 @@ def evaluate_main(argv: list[str]) -> int:
         if args.metrics and "accuracy" in evaluator.metrics and samples.labels is None:
             raise UserError(f"accuracy needs the sampled labels: {args.samples} has none (arr_1 in a .npz set).")
         result = evaluator.evaluate(shard_batches(samples, evaluator.batch_size, runtime))
+    result["labels"] = samples.label_mode  # balanced or random: a score is read with its set's label mode
     result["wall_seconds"] = time.perf_counter() - start
     if runtime.is_main:
         print(json.dumps(result, indent=1) if args.json else _format(result, result["wall_seconds"]))

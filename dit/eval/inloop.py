@@ -1,11 +1,12 @@
 """Evaluation during training: the EMA weights sample the same images every time and are scored against one
 reference, so the points of a run (and of runs with the same settings) lie on one comparable curve.
 
-Image i of an evaluation has the label ``fid_label(seed, i)`` and the noise ``noise_seed(seed, i)`` of the
-stream ``Stream.EVAL`` keyed by the run's seed: the same for every evaluation, every resume and any number
-of processes. Each process samples a consecutive run of the global batches and the evaluator gathers the
-features in rank order, so the scores do not depend on the world size. The training loop runs it with the
-MFU clock paused; its own cost (sampling and feature FLOPs, seconds) is a record of its own.
+Image i of an evaluation has the label of (seed, i, N, C) in the section's mode (``dit.sample.labels``:
+balanced by default) and the noise ``noise_seed(seed, i)``, ``seed`` keyed by the run's in ``Stream.EVAL``:
+the same for every evaluation, every resume and any number of processes. Each process samples a consecutive
+run of the global batches and the evaluator gathers the features in rank order, so the scores do not depend
+on the world size. The training loop runs it with the MFU clock paused; its own cost (sampling and feature
+FLOPs, seconds) is a record of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dit.model.dit import DiT
 from dit.objectives.sampling_plan import SamplingSection
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
-from dit.sample.generate import Sampler, SamplingModel, fid_label, generate, noise_seed
+from dit.sample.generate import Sampler, SamplingModel, generate, noise_seed
+from dit.sample.labels import DEFAULT_LABELS, LABEL_MODES, set_labels
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class EvalSection(Section):
     inception_weights: str | None = option(None, "Inception-v3 weights file, offline (default: download)")
     judge_ref: str | None = option(None, "a second judge's statistics (FD_DINOv2's, python -m dit.eval ref)")
     dinov2_weights: str | None = option(None, "DINOv2 ViT-L/14 weights file, for a FD_DINOv2 --eval-judge-ref")
+    labels: str = option(
+        DEFAULT_LABELS, "class labels of the samples: balanced (N/C per class) or random (DiT's); a run recorded "
+        "without this option evaluated with random ones", choices=LABEL_MODES,
+    )  # fmt: skip
 
     sigma_rel: float | None = option(
         None, "score this --ema-profiles profile (one of the tracked ones) instead of the classic EMA", gt=0
@@ -85,10 +91,11 @@ class InLoopEval:
         model: DiT,
         vae,
         vae_spec: str | None,
+        latent_norm=None,
     ):
         """``run``: the run's flat record (its objective rebuilds the sampler's); ``model``: the DiT being
         trained, whose shape plans the evaluation's cost; ``vae`` decodes latents
-        (None for pixel-space runs); ``seed``: the run's, which keys the evaluation's labels and noise.
+        (None for pixel-space runs), after undoing ``latent_norm`` (a ``ChannelNorm``; None: the VAE's scale); ``seed``: the run's, which keys the evaluation's labels and noise.
 
         Everything that can fail (the reference, the feature network's weights, too few images for the
         covariance, guidance without a null class) fails here, at start-up, not at the first evaluation."""
@@ -99,7 +106,7 @@ class InLoopEval:
             vae,
             vae_spec,
         )
-        self.image_size, self.run_record = image_size, run
+        self.image_size, self.run_record, self.latent_norm = image_size, run, latent_norm
         reference = load_reference(section.ref)
         net = feature_net_for(reference.feature_network, section.inception_weights, runtime.device)
         judges = judges_for(reference.feature_network, section.judge_ref, section.dinov2_weights, runtime.device)
@@ -113,7 +120,7 @@ class InLoopEval:
             raise UserError(e.spelled(lambda name: "--eval-" + name.replace("_", "-"))) from None
         seed = mix_seed(Stream.EVAL, seed)
         n, classes = section.num_samples, model_config.num_classes
-        self.labels = [fid_label(seed, i, classes) for i in range(n)]
+        self.labels = set_labels(section.labels, seed, n, classes)
         self.conditional = classes > 0
         self.seeds = [noise_seed(seed, i) for i in range(n)]
         decode = vae_flops(dict(vae.config), image_size).decode if vae is not None else 0.0
@@ -129,13 +136,15 @@ class InLoopEval:
         self.sampling_flops_per_image = per_image.total
 
     def _sampling_model(self, model: DiT) -> SamplingModel:
-        return SamplingModel.from_run(model, "ema", self.image_size, self.vae, self.vae_spec, self.run_record)
+        return SamplingModel.from_run(
+            model, "ema", self.image_size, self.vae, self.vae_spec, self.run_record, self.latent_norm
+        )
 
     def describe(self) -> str:
         c, s = self.section, self.sampling
         return (
             f"evaluation every {c.every} steps: {c.num_samples:,} EMA samples ({self.planner.describe()} "
-            f"{s.num_sampling_steps} steps, guidance {self.guidance_scale:g}) against {c.ref} "
+            f"{s.num_sampling_steps} steps, guidance {self.guidance_scale:g}, {c.labels} labels) against {c.ref} "
             f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}"
             f"{''.join(', ' + j.key for j in self.evaluator.judges)}); about "
             f"{self.cost_flops() / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
@@ -181,6 +190,7 @@ class InLoopEval:
             "feature_network": result["feature_network"],
             "sqrtm_eps_used": result["sqrtm_eps_used"],
             "intervals": result["intervals"],
+            "eval_labels": c.labels if self.conditional else None,
             "eval_guidance_scale": self.guidance_scale,
             "eval_guidance_interval": list(self.sampling.guidance_interval or ()) or None,
             "eval_sampler": f"{sampler.describe()} {steps} steps, {sampler.planned_nfe} evaluations",

@@ -1,9 +1,10 @@
 """Image sets to evaluate or to make reference statistics from, read in batches by global position.
 
-Three kinds, one interface (``len``, ``read(start, stop) -> (uint8 NCHW, labels or None)``, ``describe``):
-an ``.npz`` sample set (``arr_0`` uint8 NHWC as the ADM evaluator reads it, ``arr_1`` labels if present, as
-guided-diffusion's class-conditional sampler writes them), an image folder, and a latent store decoded through
-its VAE. Random access by position lets every process read only its own slice.
+Three kinds, one interface (``len``, ``read(start, stop) -> (uint8 NCHW, labels or None)``, ``describe``,
+``label_mode``): an ``.npz`` sample set (``arr_0`` uint8 NHWC as the ADM evaluator reads it, ``arr_1`` labels
+if present, as guided-diffusion's class-conditional sampler writes them, and ``label_mode`` as
+scripts/sample_ddp.py writes it), an image folder, and a latent store decoded through its VAE. Random access
+by position lets every process read only its own slice.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dit.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, center_crop_arr, to
 from dit.data.reader import LatentStoreDataset
 from dit.data.vae import decode, load_vae, weights_sha256
 from dit.io.errors import UserError
+from dit.io.userfiles import read_json
 
 
 class NpzImages:
@@ -68,6 +70,7 @@ class NpzImages:
             )
         self.key = key
         self.labels = self._labels(names)
+        self.label_mode = self._label_mode(names)
 
     def verify(self) -> None:
         """Read every byte once, so a damaged member fails its CRC now and not after the evaluation embedded
@@ -98,6 +101,22 @@ class NpzImages:
                 f"{labels.dtype} {labels.shape}."
             )
         return labels.astype(np.int64)
+
+    def _label_mode(self, names: set[str]) -> str | None:
+        """How the labels were drawn: the set's record (balanced or random); labels without one are random (every
+        set written before the record was, and ADM's); None without labels."""
+        if "label_mode.npy" not in names:
+            return None if self.labels is None else "random"
+        try:
+            with np.load(self.path, allow_pickle=False) as f:
+                mode = f["label_mode"]
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise UserError(
+                f"{self.path}: its label_mode cannot be read ({e}); write the sample set again."
+            ) from None
+        if mode.shape != () or mode.dtype.kind != "U":
+            raise UserError(f"{self.path}: label_mode must be one string, got {mode.dtype} {mode.shape}.")
+        return str(mode)
 
     def __len__(self) -> int:
         return self._shape[0]
@@ -136,7 +155,15 @@ class FolderImages:
         if not self.files:
             raise UserError(f"{root} holds no image files ({', '.join(IMAGE_EXTENSIONS)}).")
         self._size = None if image_size else self._decode(self.files[0]).shape[:2]
-        self.labels = None
+        self.labels, self.label_mode = None, self._label_mode(os.path.join(root, "sample_set.json"))
+
+    @staticmethod
+    def _label_mode(manifest: str) -> str | None:
+        """A sample set's folder: its record's label mode (random before the record had one); None otherwise."""
+        if not os.path.isfile(manifest):
+            return None
+        record = read_json(manifest, "sample set record", "write the sample set again, or remove that file")
+        return str(record.get("labels", "random")) if isinstance(record, dict) else None
 
     def _decode(self, path: str) -> np.ndarray:
         try:
@@ -181,6 +208,7 @@ class LatentStoreImages:
             )
         self.path, self.device = path, torch.device(device)
         self.labels = np.asarray(self.store.labels)
+        self.label_mode = None  # the data's own classes, not a sampled set's
 
     def __len__(self) -> int:
         return len(self.store)

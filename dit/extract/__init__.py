@@ -70,6 +70,10 @@ class ExtractConfig(Section):
     )
     strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
     verify: bool = option(False, "only check every shard's sha256 and exit")
+    stats: bool = option(
+        False, "only write each latent channel's mean and std (for train.py --latent-norm channel) into the "
+        "manifest of a store made without them, after checking every shard's sha256, and exit",
+    )  # fmt: skip
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
     progress: bool = option(True, "show the progress on rank 0 (plain lines when not on a terminal)")
 

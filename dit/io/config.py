@@ -36,7 +36,7 @@ _REQUIRED = dataclasses.MISSING
 
 def option(
     default=_REQUIRED,
-    help: str = "",
+    help: str | Callable[[], str] = "",
     *,
     choices=None,
     aliases: tuple[str, ...] = (),
@@ -48,6 +48,7 @@ def option(
 ):
     """A section field that becomes a flag: ``option(8, "images per step", ge=1)``; no default = required.
 
+    ``help`` may be a function, called when the parser is made (a list read from a registry at that time);
     ``choices`` and the bounds are checked when the section is built (for every element of a tuple field);
     ``aliases`` are other spellings of the flag (the official scripts', such as ``--cfg-scale``)."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "aliases": tuple(aliases),
@@ -302,7 +303,8 @@ class Face:
             cls, prefix = self.sections[attr]
             hint, _ = _unwrap(_hints(cls)[f.name])
             meta = f.metadata
-            help_text = meta.get("help", "").replace("%", "%%")  # argparse formats help with %
+            help_text = meta.get("help", "")
+            help_text = (help_text() if callable(help_text) else help_text).replace("%", "%%")  # argparse: %
             default = f.default
             if meta.get("positional"):
                 many = typing.get_origin(hint) is tuple

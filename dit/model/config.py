@@ -71,8 +71,9 @@ class DiTConfig:
             object.__setattr__(self, "class_dropout_prob", 0.0)
         if self.input_size % self.patch_size:
             raise UserError(
-                f"input size {self.input_size} is not divisible by patch size {self.patch_size}: "
-                f"choose an input size that is a multiple of {self.patch_size} (for a VAE, image size / 8)."
+                f"input size {self.input_size} is not divisible by patch size {self.patch_size}: choose a patch "
+                f"size that divides it, or an image size whose latent side (image size / the VAE's downsampling) "
+                f"is a multiple of {self.patch_size}."
             )
         if self.hidden_size % self.num_heads:
             raise UserError(
@@ -151,9 +152,14 @@ class DiTConfig:
         return asdict(self)
 
 
-# (depth, hidden size, heads) per size; the patch size is the number after the slash.
+# (depth, hidden size, heads) per size, smallest first; the patch size is the number after the slash.
 _SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
-MODEL_NAMES = tuple(f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8))
+PATCH_SIZES = (1, 2, 4, 8)  # 2, 4, 8: DiT's; 1: LightningDiT's and SR-DiT's, on 16x-downsampling VAEs
+
+
+def model_names() -> tuple[str, ...]:
+    """Every registry name, largest size first: each size in ``_SIZES`` at each patch in ``PATCH_SIZES``."""
+    return tuple(f"DiT-{s}/{p}" for s in reversed(_SIZES) for p in PATCH_SIZES)
 
 
 def check_drop_depth(depth: int, ratio: float, layout: str) -> None:
@@ -180,10 +186,10 @@ def model_config(name: str, **overrides) -> DiTConfig:
     try:
         size, patch = name.removeprefix("DiT-").split("/")
         depth, hidden, heads = _SIZES[size]
-        if int(patch) not in (2, 4, 8):
+        if int(patch) not in PATCH_SIZES:
             raise KeyError(name)
     except (KeyError, ValueError):
-        raise UserError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}.") from None
+        raise UserError(f"unknown model {name!r}; valid names: {', '.join(model_names())}.") from None
     base = dict(depth=depth, hidden_size=hidden, num_heads=heads, patch_size=int(patch))
     return DiTConfig(**{**base, **overrides})
 
@@ -214,7 +220,7 @@ def _section_fields():
     """``ModelSection``'s fields: the registry name, then DiTConfig's flagged fields, the image size standing
     where the input size is (the data decide the input size and channels)."""
     hints = typing.get_type_hints(DiTConfig)
-    yield "model", str, option("DiT-XL/2", "registry name, e.g. DiT-XL/2 (sizes S/B/L/XL, patch 2/4/8)")
+    yield "model", str, option("DiT-XL/2", lambda: f"registry name: {', '.join(model_names())}")
     for f in dataclasses.fields(DiTConfig):
         if f.name == "input_size":
             yield "image_size", int, option(256, "image size in pixels (latents are image_size / the VAE's "
@@ -266,7 +272,7 @@ DITCONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(DiTConfig) if "flag" 
 def registry_name(cfg: DiTConfig) -> str | None:
     """The registry name whose depth, width, heads and patch match ``cfg``, if any."""
     shape = lambda c: (c.depth, c.hidden_size, c.num_heads, c.patch_size)  # noqa: E731
-    return next((name for name in MODEL_NAMES if shape(model_config(name)) == shape(cfg)), None)
+    return next((name for name in model_names() if shape(model_config(name)) == shape(cfg)), None)
 
 
 def describe(cfg: DiTConfig) -> str:

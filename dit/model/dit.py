@@ -7,13 +7,13 @@ follow the official semantics. Its blocks and block options: ``dit.model.layers`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from dit.io.errors import UserError
-from dit.model.config import MODEL_NAMES, DiTConfig, describe, model_config
+from dit.model.config import DiTConfig, describe, model_config, model_names
 from dit.model.layers import (
     DiTBlock,
     FinalLayer,
@@ -34,6 +34,14 @@ def _registry_entry(name: str):
 
     build.__name__ = name.replace("-", "_").replace("/", "_")
     return build
+
+
+def extrapolate(strong: torch.Tensor, weak: torch.Tensor, scale: float, channels: int) -> torch.Tensor:
+    """Guidance: ``weak + scale (strong - weak)`` on the first ``channels`` output channels, the rest (a learned
+    variance) ``strong``'s. Classifier-free guidance's weak output is the unconditional pass; autoguidance's
+    (Karras et al. 2024) a weaker model's conditional pass."""
+    weak_part = weak[:, :channels]
+    return torch.cat([weak_part + scale * (strong[:, :channels] - weak_part), strong[:, channels:]], dim=1)
 
 
 class DiT(nn.Module):
@@ -243,17 +251,21 @@ class DiT(nn.Module):
         3 input channels, where the official ``[:3]`` would reach into them. ``path_drop``: the unconditional
         half skips the sparse blocks (SPRINT's path-drop guidance).
         """
-        guided = self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
+        guided = self.guided_channels(cfg_channels)
         n = len(x) // 2
         half = x[:n]
         if path_drop:
             out = torch.cat([self.forward(half, t[:n], y[:n]), self.forward(half, t[n:], y[n:], path_drop=True)])
         else:
             out = self.forward(torch.cat([half, half]), t, y)
-        eps, rest = out[:, :guided], out[:, guided:]
-        cond, uncond = eps.chunk(2)
-        half_eps = uncond + cfg_scale * (cond - uncond)
-        return torch.cat([torch.cat([half_eps, half_eps]), rest], dim=1)
+        cond, uncond = out.chunk(2)
+        guided_half = extrapolate(cond, uncond, cfg_scale, guided)
+        return torch.cat([guided_half, torch.cat([guided_half[:, :guided], uncond[:, guided:]], dim=1)])
+
+    def guided_channels(self, cfg_channels: int | str = 3) -> int:
+        """How many leading output channels guidance moves: all the noise's, or the first ``cfg_channels`` of
+        them (3, the official code's); never the learned-variance channels."""
+        return self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
@@ -283,5 +295,20 @@ class DiT(nn.Module):
         return self
 
 
+class _Registry(Mapping):
+    """``DiT_models``: a builder per registry name, the names read from the registry at each use."""
+
+    def __getitem__(self, name: str):
+        if name not in model_names():
+            raise KeyError(name)
+        return _registry_entry(name)
+
+    def __iter__(self):
+        return iter(model_names())
+
+    def __len__(self) -> int:
+        return len(model_names())
+
+
 # The official drop-in: DiT_models["DiT-XL/2"](input_size=32, num_classes=1000).
-DiT_models = {name: _registry_entry(name) for name in MODEL_NAMES}
+DiT_models = _Registry()

@@ -36,6 +36,11 @@ class Objective(ABC):
         """The fields of ``dit.sample.SamplingModel`` that record this objective."""
 
     @abstractmethod
+    def task(self) -> dict:
+        """What the network's output means (the objective, its schedule or path, what it predicts, a learned
+        variance): two models whose tasks are equal can guide one another (autoguidance)."""
+
+    @abstractmethod
     def sample_t(self, n: int, generator, device):
         """Training times of a batch of ``n``, drawn from ``generator`` on ``device``."""
 

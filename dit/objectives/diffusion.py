@@ -53,6 +53,10 @@ class DiffusionObjective(Objective):
         return {"noise_schedule": self.noise_schedule, "predict_xstart": self.predict_xstart,
                 "time_shift": self.time_shift}  # fmt: skip
 
+    def task(self) -> dict:
+        return {"objective": self.name, "noise_schedule": self.noise_schedule, "predict_xstart": self.predict_xstart,
+                "learn_sigma": self.learn_sigma}  # fmt: skip
+
     def sample_t(self, n, generator, device):
         return self.diffusion.sample_t(n, generator, device)
 

@@ -35,6 +35,10 @@ class FlowObjective(Objective):
     def sampling_fields(self) -> dict:
         return {"transport": self.transport}
 
+    def task(self) -> dict:
+        t = self.transport
+        return {"objective": self.name, "path_type": t.path_type, "prediction": t.prediction, "learn_sigma": False}
+
     def sample_t(self, n, generator, device):
         return self.transport.sample_t(n, generator, device)
 

@@ -71,7 +71,8 @@ def quality(metrics_path: Path) -> str:
     return (
         f"quality: MNIST FID {_score(last, 'fid')}, digit judge FD {_score(last, 'fd_judge', '.3g')} (95% bootstrap "
         f"intervals) and class accuracy {last['class_accuracy']:.1%} over "
-        f"{last['num_images']} EMA samples ({last['eval_sampler']}, guidance {last['eval_guidance_scale']:g}"
+        f"{last['num_images']} EMA samples ({last['eval_labels']} labels, {last['eval_sampler']}, "
+        f"guidance {last['eval_guidance_scale']:g}"
         f"{' for t/1000 in [{:g}, {:g}]'.format(*interval) if (interval := last.get('eval_guidance_interval')) else ''}: the "
         "cheapest that matches DDPM-250 under both judges, docs/sampling.md), scored by the digit classifier and the self-supervised digit "
         "judge against the 4,000 training digits "

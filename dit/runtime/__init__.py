@@ -47,6 +47,7 @@ class Stream(enum.IntEnum):
     LABEL = 5  # an FID sample set image's class
     EVAL = 6  # the labels and noise of the in-training evaluations
     TOKENS = 7  # a training step's kept tokens (token dropping)
+    LABEL_ORDER = 8  # a balanced sample set's extra classes and the order of its labels
 
 
 def mix_seed(*parts: int) -> int:

@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from dit.io.config import Face, Section, option
 from dit.objectives.sampling_plan import FidSamplingSection, SamplingSection
 from dit.runtime import DeviceSection
+from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection
+from dit.sample.labels import LABEL_MODES
 from dit.sample.loading import WeightsSection
 
 _PRECISION = DeviceSection.__dataclass_fields__["precision"].metadata
 WEIGHTS_INPUTS = {"ckpt": "file", "vae": "file"}  # what WeightsSection's faces read
+SAMPLING_INPUTS = {**WEIGHTS_INPUTS, **GUIDE_INPUTS}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class FidSetSection(Section):
     num_fid_samples: int = option(50_000, "images in the set", ge=1)
     seed: int = option(0, "image i's label and noise are keyed by (seed, i)", ge=0, aliases=("--global-seed",))
     progress: bool = option(True, "show the progress on rank 0 (plain lines when not on a terminal)")
+    labels: str | None = option(
+        None, "class labels: balanced (N/C images per class) or random (DiT's); default: a resumed set's own, "
+        "balanced for a new set", choices=LABEL_MODES,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class SampleConfig:
     sampling: SamplingSection
     runtime: SamplingDeviceSection
     grid: GridSection
+    guide: GuideSection = GuideSection()
 
     @classmethod
     def of(cls, **flat) -> SampleConfig:
@@ -69,6 +77,7 @@ class FidConfig:
     sampling: FidSamplingSection
     runtime: SamplingDeviceSection
     fid: FidSetSection
+    guide: GuideSection = GuideSection()
 
     @classmethod
     def of(cls, **flat) -> FidConfig:
@@ -85,9 +94,9 @@ python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   
 A run's checkpoints are RESULTS_DIR/checkpoints/STEP.pt: results/DiT-XL-2-256 is the folder of
 `train.py --config configs/DiT-XL-2-256.yaml`, results/run that of a run without a preset or --results-dir.""",
     sections={"weights": WeightsSection, "sampling": SamplingSection, "runtime": SamplingDeviceSection,
-              "grid": GridSection},
+              "grid": GridSection, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"out": "file"},
-    inputs=WEIGHTS_INPUTS,
+    inputs=SAMPLING_INPUTS,
 )  # fmt: skip
 FID_FACE = Face(
     "scripts/sample_ddp.py",
@@ -98,9 +107,9 @@ torchrun --nproc_per_node=8 scripts/sample_ddp.py --ckpt DiT-XL-2-256x256.pt --m
 Image i is seeded by (seed, i), so the set is the same on any number of devices; rerunning the same command
 after a kill finishes the set without duplicates or gaps.""",
     sections={"weights": WeightsSection, "sampling": FidSamplingSection, "runtime": SamplingDeviceSection,
-              "fid": FidSetSection},
+              "fid": FidSetSection, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"sample_dir": "folder"},
-    inputs=WEIGHTS_INPUTS,
+    inputs=SAMPLING_INPUTS,
 )  # fmt: skip
 
 

@@ -14,7 +14,8 @@ import torch
 from dit.cost.analytic import sampling_flops_per_image, vae_flops
 from dit.cost.peaks import Peak, peak_for_device
 from dit.io.errors import UserError
-from dit.sample.generate import SamplingModel
+from dit.model.config import describe
+from dit.sample.generate import Guidance, SamplingModel
 
 
 @dataclass
@@ -30,6 +31,7 @@ class SamplingCost:
     peak: Peak | None
     peak_note: str = ""  # why there is no peak, when there is none
     path_drop: bool = False  # the guided evaluations' unconditional pass skips the sparse blocks
+    guide: str = ""  # autoguidance: the guide model, whose pass replaces the unconditional one
 
     @property
     def nfe(self) -> float:
@@ -73,6 +75,8 @@ class SamplingCost:
         doubling = ", guidance doubles the batch" if self.guided else ""
         if self.guided and self.path_drop:
             doubling = ", the unconditional pass without the sparse blocks (path-drop guidance)"
+        if self.guided and self.guide:
+            doubling = f", the second pass the guide's, {self.guide} (autoguidance)"
         line = (
             f"cost: DiT {self.model_flops_per_image / 1e12:.6g} TFLOP/image ({self.sampler}: {self.nfe:g} network "
             f"evaluations (NFE): {self.guided_nfe:g} guided x 2 passes{doubling} + {self.unguided_nfe:g} unguided x "
@@ -92,15 +96,17 @@ class SamplingCost:
 
 
 def flops_per_image(
-    sm: SamplingModel, guided_nfe: float, unguided_nfe: float, path_drop: bool = False
+    sm: SamplingModel, guided_nfe: float, unguided_nfe: float, guidance: Guidance
 ) -> tuple[float, float]:
-    """(DiT FLOPs of the evaluations, two passes for each guided one, the unconditional one without the sparse
-    blocks under ``path_drop``; VAE decode FLOPs) per image."""
+    """(DiT FLOPs of the evaluations, two passes for each guided one: the model's and the unconditional one, the
+    latter without the sparse blocks under path-drop guidance, or the guide's forward under autoguidance; VAE
+    decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
     scale = 2.0 if guided_nfe else 1.0  # any scale above 1 doubles a guided evaluation
+    guide = guidance.guide.config if guidance.guide is not None else None
     counted = sampling_flops_per_image(
         sm.config, guided_nfe + unguided_nfe, scale, vae_decode_flops=decode_flops, unguided_nfe=unguided_nfe,
-        path_drop=path_drop,
+        path_drop=guidance.path_drop, guide=guide,
     )  # fmt: skip
     return counted.model, counted.vae_decode
 
@@ -121,8 +127,10 @@ def measure_cost(
 ) -> SamplingCost:
     """The cost of ``images`` made by ``sampler`` (after its run: its evaluation counts are the ones it made)."""
     guided, unguided = sampler.mean_guided_nfe, sampler.mean_unguided_nfe
-    model_flops, decode_flops = flops_per_image(sm, guided, unguided, sampler.guidance.path_drop)
+    g = sampler.guidance
+    model_flops, decode_flops = flops_per_image(sm, guided, unguided, g)
+    guide = "" if g.guide is None else describe(g.guide.config)
     return SamplingCost(
         model_flops, decode_flops, guided, unguided, sampler.describe(), images, dit_s, decode_s, peak[0], peak[1],
-        sampler.guidance.path_drop,
+        g.path_drop, guide,
     )  # fmt: skip

@@ -284,6 +284,13 @@ def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:
     from dit.sample.loading import load_weights
 
     sm = load_weights(weights, "cpu")
+    if (
+        sm.latent_norm is not None
+    ):  # DiTPipeline decodes latents / vae.config.scaling_factor: the images would be wrong
+        raise UserError(
+            "the checkpoint was trained with --latent-norm channel; DiTPipeline undoes only the VAE's one scaling "
+            "factor, so its images would be wrong: sample it with sample.py instead. Nothing was written."
+        )
     id2label = read_id2label(labels) if labels else None
     if id2label and set(id2label) != set(range(sm.config.num_classes)):
         raise UserError(

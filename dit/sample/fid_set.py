@@ -1,7 +1,8 @@
 """FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator, on any number of processes.
 
-Image i gets label ``fid_label(seed, i)`` and noise from ``noise_seed(seed, i)``, so any world size and
-any number of resumes give the same set; a folder made with other settings is refused, not mixed.
+Image i gets its label from (seed, i, N, C) (``dit.sample.labels``: balanced or random) and its noise from
+``noise_seed(seed, i)``, so any world size and any number of resumes give the same set; a folder made with
+other settings, or in the other label mode, is refused, not mixed.
 """
 
 from __future__ import annotations
@@ -27,14 +28,9 @@ from dit.objectives.sampling_plan import settings_record
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
-from dit.sample.generate import (
-    Sampler,
-    SamplingModel,
-    fid_label,
-    noise_seed,
-    sample_latents,
-    to_images,
-)
+from dit.sample.generate import Sampler, SamplingModel, noise_seed, sample_latents, to_images
+from dit.sample.guide import load_guide
+from dit.sample.labels import labels_record, resumed_mode, set_labels
 from dit.sample.loading import load_weights
 
 
@@ -43,6 +39,7 @@ class FidReport:
     folder: Path
     npz: Path | None  # written by rank 0 only
     generated: int  # images this rank made in this run (0 when everything was already there)
+    labels: str  # the set's label mode: balanced or random
     cost: SamplingCost | None = field(default=None)
 
 
@@ -59,6 +56,8 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     guided = "" if str(s.guidance_channels) == "3" else f"-cfgch-{s.guidance_channels}"
     if g.interval is not None:
         guided += "-gi-" + "-".join(f"{v:g}" for v in g.interval)
+    if c.guide.ckpt is not None:
+        guided += f"-guide-{Path(c.guide.ckpt).stem}" + ("" if c.guide.ema else "-raw")
     return (
         f"{name}-{Path(c.weights.ckpt).stem}-size-{sm.image_size}-vae-{vae}-cfg-{g.scale}{guided}"
         f"-seed-{f.seed}-{sampler.describe().replace(' ', '-')}{s.num_sampling_steps}"
@@ -66,10 +65,12 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
     )
 
 
-def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler) -> dict:
+def _set_identity(
+    c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str, guide_sha256: str | None
+) -> dict:
     """Everything that decides the set: the weights by content (a retrained file at the same path is another
-    set), the model, sampler and guidance, N and the batch (the batch an image is in moves its last bits);
-    not the world size (tested equal)."""
+    set; the guide's too), the model, sampler and guidance, N and the batch (the batch an image is in moves its
+    last bits), the label mode and how N splits over the classes; not the world size (tested equal)."""
     s, f, interval = (
         c.sampling,
         c.fid,
@@ -77,6 +78,11 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
     )  # keys as before the sections: old sets stay valid
     return {
         **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
+        **(
+            {"guide": {"ckpt_sha256": guide_sha256, "weights": "ema" if c.guide.ema else "model"}}
+            if guide_sha256
+            else {}
+        ),
         **({"time_shift": sampler.time_shift} if sampler.time_shift != 1 else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": f.num_fid_samples,
@@ -93,6 +99,7 @@ def _set_identity(c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sa
         "num_sampling_steps": s.num_sampling_steps,
         "global_seed": f.seed,
         "precision": c.runtime.precision,
+        **labels_record(labels, f.seed, f.num_fid_samples, sm.config.num_classes),
     }
 
 
@@ -117,10 +124,13 @@ def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[ra
     return [range(s, min(s + batch_size, num_samples)) for s in starts][rank::world]
 
 
-def pack_npz(folder: Path, num_samples: int, path: Path, labels: list[int] | None = None) -> Path:
+def pack_npz(
+    folder: Path, num_samples: int, path: Path, labels: list[int] | None = None, label_mode: str | None = None
+) -> Path:
     """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input, and
     ``labels`` (each image's class) as ``arr_1`` int64, as guided-diffusion's class-conditional sampler writes
-    them: ``python -m dit.eval`` then reports the class accuracy with a classifier whose classes they are.
+    them: ``python -m dit.eval`` then reports the class accuracy with a classifier whose classes they are, and
+    ``label_mode`` (balanced or random, a 0-d string) beside every score.
 
     np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
     member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
@@ -148,6 +158,9 @@ def pack_npz(folder: Path, num_samples: int, path: Path, labels: list[int] | Non
             if labels is not None:
                 with zf.open("arr_1.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asarray(labels, dtype=np.int64))
+            if label_mode is not None:
+                with zf.open("label_mode.npy", "w") as member:
+                    np.lib.format.write_array(member, np.asarray(label_mode))
 
     atomic_write(path, write)
     return path
@@ -159,11 +172,19 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     w = c.weights.replace(ckpt=str(find_checkpoint(c.weights.ckpt or official_release(c.weights.image_size))))
     c = dataclasses.replace(c, weights=w)
     sm = load_weights(w, device, sd_decoder="ema")  # the official sample_ddp.py decodes with ema
-    sampler = Sampler.from_options(sm, c.sampling)
+    sampler = Sampler.from_options(sm, c.sampling, load_guide(c.guide, sm, device))
     folder = Path(c.fid.sample_dir) / sample_folder_name(c, sm, sampler)
-    ckpt_sha256 = runtime.gather_objects(sha256_file(w.ckpt) if rank == 0 else None)[0]
-    identity, manifest = _set_identity(c, sm, ckpt_sha256, sampler), folder / "sample_set.json"
-    if manifest.is_file() and json.loads(manifest.read_text()) != identity:
+    files = (w.ckpt, c.guide.ckpt)
+    ckpt_sha256, guide_sha256 = runtime.gather_objects(
+        [f and sha256_file(f) for f in files] if rank == 0 else None
+    )[0]
+    manifest = folder / "sample_set.json"
+    recorded = json.loads(manifest.read_text()) if manifest.is_file() else None
+    if recorded is not None:
+        recorded = {"labels": "random", **recorded}  # a set recorded before the modes drew random labels
+    mode = resumed_mode(c.fid.labels, recorded and recorded["labels"], folder, "another --sample-dir")
+    identity = _set_identity(c, sm, ckpt_sha256, sampler, mode, guide_sha256)
+    if recorded is not None and recorded != identity:
         raise UserError(
             f"{folder} holds samples made with other settings or other weights (see {manifest}): pass another "
             "--sample-dir or delete the folder."
@@ -205,8 +226,10 @@ def _write_set(
         enabled=rank == 0 and f.progress,
     )
     generated, dit_s, decode_s = 0, 0.0, 0.0
+    classes, mode = sm.config.num_classes, identity["labels"]
+    every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
     for batch in todo:
-        labels = [fid_label(f.seed, i, sm.config.num_classes) for i in batch]
+        labels = [every_label[i] for i in batch]
         seeds = [noise_seed(f.seed, i) for i in batch]
         runtime.sync()
         start = time.perf_counter()
@@ -226,8 +249,9 @@ def _write_set(
     runtime.barrier()
     npz = None
     if rank == 0:
-        classes = sm.config.num_classes
-        labels = [fid_label(f.seed, i, classes) for i in range(f.num_fid_samples)] if classes else None
-        npz = pack_npz(folder, f.num_fid_samples, folder.with_name(folder.name + ".npz"), labels)
+        labels = every_label if classes else None
+        npz = pack_npz(
+            folder, f.num_fid_samples, folder.with_name(folder.name + ".npz"), labels, mode if classes else None
+        )
     runtime.barrier()
-    return FidReport(folder, npz, generated, cost)
+    return FidReport(folder, npz, generated, mode, cost)

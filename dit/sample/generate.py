@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from dit import objectives
-from dit.data.vae import decode
+from dit.data.vae import ChannelNorm, decode
 from dit.io.config import FieldError
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, check_path_drop
-from dit.model.dit import DiT
+from dit.model.dit import DiT, extrapolate
 from dit.objectives import Objective
 from dit.objectives.sampling_plan import (
     DEFAULT_METHODS,
@@ -53,6 +53,7 @@ class SamplingModel:
     predict_xstart: bool = False
     transport: Transport | None = None
     time_shift: float = 1.0  # the diffusion's training shift (a flow's is its transport's)
+    latent_norm: ChannelNorm | None = None  # --latent-norm channel's statistics, undone before decoding
 
     @property
     def config(self) -> DiTConfig:
@@ -66,11 +67,12 @@ class SamplingModel:
 
     @classmethod
     def from_run(
-        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict
+        cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None, run: dict, latent_norm=None
     ) -> SamplingModel:
-        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective."""
+        """What a run's config (a checkpoint's record, or a TrainConfig as a dict) says about its objective;
+        ``latent_norm``: the run's ``ChannelNorm`` (None: the VAE's scaling rule)."""
         fields = objectives.from_record(run, model.config.learn_sigma, latent_dim(model.config)).sampling_fields()
-        return cls(model, weights, image_size, vae, vae_spec, **fields)
+        return cls(model, weights, image_size, vae, vae_spec, **fields, latent_norm=latent_norm)
 
 
 # ---- checks on what the user asked for --------------------------------------------------------------------
@@ -85,12 +87,14 @@ def parse_guidance_channels(value: str | int) -> int | str:
     raise UserError(f"--guidance-channels must be 3 (official) or all, got {value!r}.")
 
 
-def check_guidance(guidance_scale: float, cfg: DiTConfig) -> None:
+def check_guidance(guidance_scale: float, cfg: DiTConfig | None) -> None:
+    """The scale, and (for classifier-free guidance: ``cfg`` the model's config, None under autoguidance) the
+    null class it guides against."""
     if not guidance_scale >= 1.0:
         raise UserError(
             f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {guidance_scale}."
         )
-    if guidance_scale > 1.0 and cfg.class_dropout_prob <= 0:
+    if guidance_scale > 1.0 and cfg is not None and cfg.class_dropout_prob <= 0:
         raise UserError(
             "this model was trained without class dropout, so it has no unconditional label to guide against: "
             "pass --guidance-scale 1."
@@ -126,11 +130,6 @@ def noise_seed(seed: int, index: int) -> int:
     return mix_seed(Stream.NOISE, seed, index)
 
 
-def fid_label(seed: int, index: int, num_classes: int) -> int:
-    """Image ``index``'s class in a sample set: uniform like the official sample_ddp.py, but per image."""
-    return mix_seed(Stream.LABEL, seed, index) % num_classes if num_classes else 0  # bias < classes / 2**63
-
-
 class PerImageNoise:
     """Gaussian noise where row i always comes from image i's own generator, whatever the batch holds."""
 
@@ -148,30 +147,42 @@ class PerImageNoise:
 
 @dataclass(frozen=True)
 class Guidance:
-    """Classifier-free guidance: the scale (1 turns it off), the noise channels it guides (3, the official
-    code's, or "all"), and the interval of times it is on (None: every evaluation; the units are
-    ``dit.objectives.sampling_plan``'s: t/1000 for diffusion, 1 = noise; flow t, 1 = data); ``path_drop``:
-    the unconditional pass skips the sparse blocks (SPRINT's path-drop guidance)."""
+    """Guidance: the scale (1 turns it off), the noise channels it guides (3, the official code's, or "all"),
+    and the interval of times it is on (None: every evaluation; the units are ``dit.objectives.sampling_plan``'s:
+    t/1000 for diffusion, 1 = noise; flow t, 1 = data). What it guides against: the unconditional pass
+    (classifier-free guidance; ``path_drop``: that pass skips the sparse blocks, SPRINT's path-drop guidance),
+    or ``guide``, a weaker model of the same task run conditionally (autoguidance, Karras et al. 2024)."""
 
     scale: float = 1.0
     channels: int | str = 3
     interval: tuple[float, float] | None = None
     path_drop: bool = False
+    guide: DiT | None = None
+
+    def __post_init__(self):
+        if self.guide is not None and self.path_drop:
+            raise UserError(
+                "--guidance-path-drop guides against the model's own unconditional pass, --guide-ckpt against "
+                "another model: pass one of them."
+            )
 
     @classmethod
-    def from_options(cls, c: SamplingSection, has_null_class: bool) -> Guidance:
-        """A sampling section's guidance for a model with (or without) a null class: its scale, or the default."""
+    def from_options(cls, c: SamplingSection, has_null_class: bool, guide: DiT | None = None) -> Guidance:
+        """A sampling section's guidance for a model with (or without) a null class, against ``guide`` where
+        given (which needs no null class): its scale, or the default."""
         interval = check_guidance_interval(c.guidance_interval)
         channels = parse_guidance_channels(c.guidance_channels)
-        return cls(c.guidance(has_null_class), channels, interval, c.guidance_path_drop)
+        scale = c.guidance(has_null_class or guide is not None)
+        return cls(scale, channels, interval, c.guidance_path_drop, guide)
 
 
 class GuidedModel:
-    """The DiT as a sampler calls it, on the sampler's rows (one per image): a guided evaluation runs
-    ``forward_with_cfg`` on [conditional; unconditional] (the same input, the null label ``num_classes``;
-    two passes), an unguided one the conditional rows alone (one pass). Which evaluations are guided is the
-    plan's (``guided``, in call order); an adaptive sampler has none, and is judged at each call's time.
-    Outputs float32; ``guided`` and ``unguided`` count what ran."""
+    """The DiT as a sampler calls it, on the sampler's rows (one per image). A guided evaluation makes two
+    passes: classifier-free guidance runs ``forward_with_cfg`` on [conditional; unconditional] (the same input,
+    the null label ``num_classes``), autoguidance the model and its guide on the same conditional rows,
+    combined by ``extrapolate``. An unguided evaluation runs the model on the conditional rows alone (one
+    pass). Which evaluations are guided is the plan's (``guided``, in call order); an adaptive sampler has
+    none, and is judged at each call's time. Outputs float32; ``guided`` and ``unguided`` count what ran."""
 
     def __init__(self, model, guidance: Guidance, precision: Precision | None, plan: Sequence[bool] | None):
         self.model, self.guidance, self.precision, self.plan = model, guidance, precision, plan
@@ -189,16 +200,20 @@ class GuidedModel:
         g = self.guidance
         return g.scale > 1 and (g.interval is None or guided_at(float(t[0]), g.scale, g.interval))
 
+    def _guided(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        g = self.guidance
+        if g.guide is not None:
+            channels = self.model.guided_channels(g.channels)
+            return extrapolate(self.model(x, t, y), g.guide(x, t, y), g.scale, channels)
+        null = torch.full_like(y, self.model.config.num_classes)
+        both = self.model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), g.scale,
+                                           g.channels, path_drop=g.path_drop)  # fmt: skip
+        return both[: len(x)]
+
     def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         guided = self._is_guided(t)
         with self.precision.autocast() if self.precision is not None else nullcontext():
-            if guided:
-                g, null = self.guidance, torch.full_like(y, self.model.config.num_classes)
-                both = self.model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]),
-                                                   g.scale, g.channels, path_drop=g.path_drop)  # fmt: skip
-                out = both[: len(x)]
-            else:
-                out = self.model(x, t, y)
+            out = self._guided(x, t, y) if guided else self.model(x, t, y)
         self.guided += guided
         self.unguided += not guided
         return out.float()
@@ -218,7 +233,7 @@ class Sampler:
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
-        check_guidance(guidance.scale, sm.config if guidance.scale > 1 else None)
+        check_guidance(guidance.scale, sm.config if guidance.guide is None else None)
         # None: the run's shift; "auto": RAE's for this model's latent
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
@@ -241,12 +256,14 @@ class Sampler:
         self._rows, self._guided_rows, self._unguided_rows = 0, 0, 0
 
     @classmethod
-    def from_options(cls, sm: SamplingModel, c: SamplingSection) -> Sampler:
-        """The sampler a sampling section asks for, its default chosen by the model's objective."""
+    def from_options(cls, sm: SamplingModel, c: SamplingSection, guide: DiT | None = None) -> Sampler:
+        """The sampler a sampling section asks for, its default chosen by the model's objective; ``guide``: the
+        autoguidance model (``dit.sample.guide``), None for classifier-free guidance."""
         mc = sm.config
         try:
             kind = sm.objective.sampler(c.sampler, fast=c.FAST)
-            guidance = Guidance.from_options(c, has_null_class=mc.num_classes > 0 and mc.class_dropout_prob > 0)
+            has_null_class = mc.num_classes > 0 and mc.class_dropout_prob > 0
+            guidance = Guidance.from_options(c, has_null_class, guide)
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
         return cls(
@@ -317,7 +334,7 @@ def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | N
         images = samples.clamp(-1, 1)
     else:
         with precision.frozen() if precision is not None else nullcontext():
-            images = decode(sm.vae, samples)
+            images = decode(sm.vae, samples, sm.latent_norm)
     if images.shape[1] == 1:
         images = images.repeat(1, 3, 1, 1)
     return images.float().cpu()

@@ -20,6 +20,7 @@ from dit.sample.generate import (
     sample_latents,
     to_images,
 )
+from dit.sample.guide import load_guide
 from dit.sample.loading import load_weights
 
 
@@ -37,7 +38,7 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     sm = load_weights(c.weights, device, sd_decoder="mse")  # the official sample.py decodes with mse
     labels = g.class_labels if g.class_labels is not None else default_class_labels(sm.config.num_classes)
     labels = check_labels(labels, sm.config.num_classes)
-    sampler = Sampler.from_options(sm, c.sampling)
+    sampler = Sampler.from_options(sm, c.sampling, load_guide(c.guide, sm, device))
     seeds = [noise_seed(g.seed, i) for i in range(len(labels))]
     peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops)
     runtime.sync()

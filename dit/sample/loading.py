@@ -9,7 +9,7 @@ import torch
 
 from dit.checkpoint import load_checkpoint, model_weights, official_release
 from dit.cost.vae_facts import is_sd_vae
-from dit.data.vae import latent_downsample, load_vae
+from dit.data.vae import ChannelNorm, latent_downsample, load_vae
 from dit.io.config import Section, flatten_record, option
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig, describe, model_config_from_shapes, registry_name
@@ -99,7 +99,7 @@ def load_sampling_model(
     """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
 
     Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
-    official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
+    a ``--latent-norm channel`` run's carry the statistics that undo it; official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
     ``image_size`` and ``num_classes`` are then checks; ``objective`` "flow" marks a bare SiT release, whose
     transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.data.vae.load_vae``, "none" for pixel space, or
     None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
@@ -107,20 +107,48 @@ def load_sampling_model(
     when the run was pixel space.
     """
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
+    net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
+                                 use_ema=use_ema, device=device, objective=objective)  # fmt: skip
+    vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
+    factor = 1 if vae_module is None else latent_downsample(vae_module)
+    image_size = _agree("--image-size", image_size, run.get("image_size")) or net.config.input_size * factor
+    _check_fits(net.config, image_size, factor, vae_spec, vae_module)
+    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run, latent_norm)
+
+
+def read_model(
+    ckpt_path: str | os.PathLike,
+    *,
+    model: str | None = None,
+    num_classes: int | None = None,
+    num_heads: int | None = None,
+    use_ema: bool = True,
+    device: str | torch.device = "cpu",
+    objective: str | None = None,
+) -> tuple[DiT, str, dict, ChannelNorm | None]:
+    """(the DiT a checkpoint holds, in eval mode on ``device``; which weights it loaded; the run's record as
+    flat options, its objective resolved; its latents' per-channel statistics, if it normalised with them): ``load_sampling_model`` without the VAE."""
     ckpt = load_checkpoint(ckpt_path)
     run = sit_run_config(recorded_run_config(ckpt))
     recorded_objective = run.get("objective") or ("diffusion" if run else None)
     run["objective"] = _agree("--objective", objective, recorded_objective) or "diffusion"
     weights, which = model_weights(ckpt, use_ema)
-    vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
-    factor = 1 if vae_module is None else latent_downsample(vae_module)
     cfg = _model_config(ckpt, weights, run, model=model, num_classes=num_classes, num_heads=num_heads)
-    image_size = _agree("--image-size", image_size, run.get("image_size")) or cfg.input_size * factor
-    _check_fits(cfg, image_size, factor, vae_spec, vae_module)
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
-    net = net.to(device).eval().requires_grad_(False)
-    return SamplingModel.from_run(net, which, image_size, vae_module, vae_spec, run)
+    return net.to(device).eval().requires_grad_(False), which, run, _latent_norm(ckpt, run)
+
+
+def _latent_norm(ckpt: dict, run: dict) -> ChannelNorm | None:
+    """The statistics a ``--latent-norm channel`` run normalised its latents with (None: the VAE's scale)."""
+    if run.get("latent_norm", "scalar") == "scalar":
+        return None
+    if not isinstance(ckpt.get("latent_norm"), dict):
+        raise UserError(
+            "the checkpoint was trained with --latent-norm channel but holds no per-channel statistics to undo it "
+            "with: it is damaged or was edited; sample a checkpoint its run wrote."
+        )
+    return ChannelNorm.of(ckpt["latent_norm"])
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):

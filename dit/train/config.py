@@ -34,8 +34,9 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
     "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
-# What a resume may change only when --allow-changes names it: the optimizer's recipe and the objective's.
-RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE)
+# What a resume may change only when --allow-changes names it: the optimizer's recipe, the objective's, and the
+# latents' scaling.
+RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE, *DataSection.RECIPE)
 # Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
 # What --allow-changes may name: the recipe, and the token-drop ratio and stages (a model field that keeps the
 # model's tensors while it stays above 0).
@@ -206,11 +207,13 @@ TRAIN_FACE = Face(
 
 def run_record(ckpt: dict) -> dict:
     """A checkpoint's run configuration as flat options, in either layout (nested by section since the
-    sections; flat before them, as tests/data/checkpoint_v1 keeps)."""
+    sections; flat before them, as tests/data/checkpoint_v1 keeps), with what older records left implicit."""
     saved = ckpt.get("config") or {}
     flat = TRAIN_FACE.flatten(saved, "the checkpoint's record", strict=False) if isinstance(saved, dict) else {}
     if "vae" in flat and flat["vae"] is None:  # the flat layout recorded pixel space as None
         flat["vae"] = "none"
+    if flat and "eval_labels" not in flat:  # a run recorded before the label modes evaluated with random labels
+        flat["eval_labels"] = "random"
     return flat
 
 

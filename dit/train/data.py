@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dit.io.config import Section, option
+from dit.data.vae import ChannelNorm
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.runtime import Runtime, Stream, default_workers, mix_seed
 from dit.runtime.stop import ignore_stop_signals
@@ -35,6 +36,20 @@ class DataSection(Section):
     num_workers: int = option(
         default_workers(), "data loader worker processes (default: the cores, at most 4)", ge=0
     )
+    latent_norm: str = option(
+        "scalar", "how latents are scaled for the model: scalar, the VAE's factor (0.18215 for SD: DiT's), or "
+        "channel, (z - mean_c) / std_c with the latent store's per-channel statistics (LightningDiT's)",
+        choices=("scalar", "channel"),
+    )  # fmt: skip
+
+    RECIPE = ("latent_norm",)  # what a resume may change when --allow-changes names it
+
+    def check(self) -> None:
+        if self.latent_norm == "channel" and self.pixel_space and not self.feature_path:
+            raise FieldError(
+                "{latent_norm} channel normalises a latent store's channels; pixel space ({vae} none, the digits "
+                "quick start) has no latents: keep --latent-norm scalar, or train on a store ({feature_path})."
+            )
 
     @property
     def pixel_space(self) -> bool:
@@ -125,6 +140,7 @@ class TrainData:
     vae_spec: str | None = None  # the VAE the latents come from (None: pixel space)
     vae_config: dict | None = None  # its diffusers config, for the cost of encoding
     store_manifest: dict | None = None  # a latent store's manifest (the encode was paid at extraction)
+    latent_norm: ChannelNorm | None = None  # --latent-norm channel: the store's; None: the scalar rule
     notes: list[str] = field(default_factory=list)  # lines for the log (what a folder scan skipped)
 
     def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
@@ -162,17 +178,27 @@ def build_data(
     """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder,
     checked against the model's ``image_size`` and ``num_classes``; ``features``: a store also yields its
     encoder features (REPA)."""
+    if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
+        raise UserError(
+            "--latent-norm channel uses a latent store's per-channel statistics, and latents encoded on the fly "
+            "(an image folder, or a data set given to train()) have none: extract a store (python "
+            "extract_features.py --data-path IMAGES --feature-path STORE) and train on it with --feature-path "
+            "STORE, or keep --latent-norm scalar."
+        )
     if dataset is not None:
         x, _ = dataset[0]
         return TrainData(dataset, x.shape[0], x.shape[-1])
     if data.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        ds = LatentStoreDataset(data.feature_path, features=features)  # REPA: and the encoder's features
+        # REPA: and the encoder's features
+        ds = LatentStoreDataset(data.feature_path, features=features, latent_norm=data.latent_norm)
         c, h, _ = ds.latent_shape
         ds.check_compatible(in_channels=c, input_size=image_size // ds.downsample, num_classes=num_classes or None)
         m = ds.manifest
-        return TrainData(ds, c, h, vae_spec=m["vae_id"], vae_config=m.get("vae_config"), store_manifest=m)
+        notes = [ds.channel.describe()] if ds.channel else []
+        return TrainData(ds, c, h, vae_spec=m["vae_id"], vae_config=m.get("vae_config"), store_manifest=m,
+                         latent_norm=ds.channel, notes=notes)  # fmt: skip
     if not data.data_path:
         raise UserError("no training data: pass --data-path IMAGE_FOLDER or --feature-path LATENT_STORE.")
     from dit.data.images import ImageFolderDataset, describe_skipped

@@ -21,7 +21,7 @@ from dit.cost.measured import measure_flops
 from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import forget_cpu_peak, peak_for_device
-from dit.cost.vae_facts import SD_VAE_CONFIG, is_sd_vae
+from dit.cost.vae_facts import known_vae_config
 from dit.io.config import Section, option
 from dit.model.config import describe
 from dit.model.dit import DiT
@@ -125,11 +125,7 @@ def device_memory(device: torch.device) -> dict:
 
 def _vae_config(data: TrainData) -> dict | None:
     """The diffusers config of the VAE the latents come from, when it is known."""
-    if data.vae_config is not None:
-        return data.vae_config
-    if is_sd_vae(data.vae_spec):
-        return SD_VAE_CONFIG
-    return None
+    return data.vae_config if data.vae_config is not None else known_vae_config(data.vae_spec)
 
 
 class Ledger:

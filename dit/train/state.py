@@ -2,7 +2,8 @@
 
 Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, REPA's projector when the run
 has one (sampling, export and ``--init-from`` read the model and EMA keys only), and what the run is: its
-configuration, its model's, and its lineage. ``state_dict`` is the whole payload: full tensors on rank 0
+configuration, its model's, its lineage, and with ``--latent-norm channel`` the statistics its latents were
+normalised with (``latent_norm``: a sampler decodes with them, no store needed). ``state_dict`` is the whole payload: full tensors on rank 0
 (one process, DDP), or under FSDP each rank's shards; the optimizer keyed by parameter name in both, so a
 checkpoint resumes with or without FSDP on any number of devices.
 """
@@ -32,14 +33,15 @@ class TrainState:
         steps_per_epoch: int,
         trained: nn.Module | None = None,
         record: dict | None = None,
+        latent_norm: dict | None = None,
     ):
         """``trained``: what the optimizer steps, when more than the model (``dit.model.projector.RepaModel``); ``record``: the
-        run's resolved configuration. ``lineage`` is set once the run knows its branch (``dit.checkpoint.lineage``)."""
+        run's resolved configuration; ``latent_norm``: ``ChannelNorm.record()``, or None for the scalar rule. ``lineage`` is set once the run knows its branch (``dit.checkpoint.lineage``)."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
         self.trained = model if trained is None else trained
         self.projector = getattr(self.trained, "projector", None)
-        self.record, self.lineage = record, None
+        self.record, self.lineage, self.latent_norm = record, None, latent_norm
         self.step = 0
         self.data_changes: list[dict] = []  # (step, new size, old size) of each resume on a smaller data set
 
@@ -77,6 +79,8 @@ class TrainState:
             "model_config": self.model.config.to_dict(),
             "lineage": self.lineage,
         }
+        if self.latent_norm is not None:
+            state["latent_norm"] = self.latent_norm
         if self.projector is not None:
             state["repa_projector"] = model_state(self.projector, self.sharded)
         if self.ema.profiles:

@@ -139,6 +139,7 @@ class Trainer:
         self.state = TrainState(
             model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), self.parallel.split, n,
             max(1, n // optim.global_batch_size), trained, self.record,
+            self.data.latent_norm.record() if self.data.latent_norm else None,
         )  # fmt: skip
         self.checkpointer = Checkpointer(cfg.checkpoint, runtime)
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
@@ -188,6 +189,7 @@ class Trainer:
             self.evaluation = InLoopEval(
                 cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
                 run=self.run_flat, runtime=self.runtime, model=model, vae=self.decoder, vae_spec=self.data.vae_spec,
+                latent_norm=self.data.latent_norm,
             )  # fmt: skip
             self.ledger.sinks.info(self.evaluation.describe())
 
@@ -449,7 +451,13 @@ class Trainer:
             return
         cfg = self.cfg
         sm = SamplingModel.from_run(
-            ema, "ema", cfg.model.image_size, self.decoder, self.data.vae_spec, self.run_flat
+            ema,
+            "ema",
+            cfg.model.image_size,
+            self.decoder,
+            self.data.vae_spec,
+            self.run_flat,
+            self.data.latent_norm,
         )
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]

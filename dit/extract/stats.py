@@ -1,0 +1,26 @@
+"""``extract_features.py --feature-path STORE --stats``: a finished store's per-channel latent statistics
+(``dit.data.stats``, what extraction now records) written into its manifest, for stores made before it did."""
+
+from __future__ import annotations
+
+import os
+
+from dit.data.stats import latent_stats
+from dit.data.store import read_manifest, verify_store, write_manifest
+from dit.io.atomic import FolderLock
+
+
+def write_latent_stats(folder: str) -> dict:
+    """Hash every shard against the manifest, compute the statistics from them, and rewrite the manifest with
+    them (atomically, its checksum renewed), under the store's lock so no extraction runs meanwhile. A store
+    that fails verification is one error and is left as it was. Returns the new manifest."""
+    read_manifest(folder)  # not a store: refused before the lock creates anything
+    with FolderLock(folder, "extraction", "wait for it to finish, then rerun --stats"):
+        manifest = verify_store(folder)
+        paths = [os.path.join(folder, shard["file"]) for shard in manifest["shards"]]
+        stats = latent_stats(paths, manifest["latent_shape"][0])
+        manifest = {k: v for k, v in manifest.items() if k not in ("manifest_sha256", "latent_stats")}
+        if stats is not None:
+            manifest["latent_stats"] = stats
+        write_manifest(folder, manifest)
+    return manifest
