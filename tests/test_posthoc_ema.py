@@ -247,3 +247,23 @@ def test_the_in_loop_evaluation_scores_the_named_profile(tmp_path, digits_ref): 
         (scores[name],) = [r for r in records(tmp_path / name / "run") if r["kind"] == "eval"]
     assert scores["profile"]["ema_sigma_rel"] == 0.1 and "ema_sigma_rel" not in scores["classic"]
     assert scores["profile"]["fid"] != scores["classic"]["fid"]
+
+
+def test_a_rebuilt_ema_of_a_channel_normalised_run_samples_with_its_statistics(tmp_path, vae_dir, capsys):
+    """The snapshots carry the run's latent statistics, and the rebuilt checkpoint hands them to the sampler."""
+    from test_latent_norm import moments, store_config
+
+    from dit.data.store import read_manifest, write_moments_store
+    from dit.data.vae import ChannelNorm
+    from dit.sample.loading import load_sampling_model
+
+    store = str(tmp_path / "store")
+    write_moments_store(store, moments(), torch.arange(24) % 3, 3, source=vae_dir)
+    cfg = store_config(store, tmp_path / "run", latent_norm="channel", ema_profiles=[0.05, 0.1])
+    train(cfg)
+    out = tmp_path / "ema.pt"
+    capsys.readouterr()
+    code, _, err = run_face(CLI, ["ema", str(tmp_path / "run"), "--sigma-rel", "0.08", "--out", str(out)], capsys)
+    assert code == 0, err
+    sm = load_sampling_model(out, device="cpu")
+    assert sm.latent_norm == ChannelNorm.of(read_manifest(store)["latent_stats"])

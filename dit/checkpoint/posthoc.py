@@ -126,5 +126,6 @@ def reconstruct(run: str | os.PathLike, sigma_rel: float, step: int | None = Non
     made = {"sigma_rel": sigma_rel, "gamma": gamma, "step": step, "residual": residual,
             "snapshots": [[s, k] for s, k, _ in terms], "coefficients": [float(c) for c in x]}  # fmt: skip
     ema = {name: v.to(terms[0][2][name].dtype) for name, v in total.items()}
-    payload = {"ema": ema, "model_config": last["model_config"], "config": last["config"], "posthoc_ema": made}
+    run = {k: last[k] for k in ("model_config", "config", "latent_norm") if k in last}  # what a sampler reads
+    payload = {"ema": ema, **run, "posthoc_ema": made}
     return stamped(step, payload)

@@ -91,12 +91,13 @@ class TrainState:
         return {key: model_state(p.model, self.sharded) for key, p in self.ema.profiles.items()}
 
     def snapshot_dict(self, runtime: Runtime) -> dict | None:
-        """A post-hoc EMA snapshot's payload (``dit.checkpoint.posthoc``): the profiles, and what the run is; on
-        rank 0 alone, or under FSDP on every rank with its own shards."""
+        """A post-hoc EMA snapshot's payload (``dit.checkpoint.posthoc``): the profiles, and what the run is (with
+        the latent statistics a sampler decodes with); on rank 0 alone, or under FSDP on every rank's shards."""
         if not (self.sharded or runtime.is_main):
             return None
-        return {PROFILES: self._profiles(), "config": self.record, "model_config": self.model.config.to_dict(),
-                "lineage": self.lineage}  # fmt: skip
+        run = {"config": self.record, "model_config": self.model.config.to_dict(), "lineage": self.lineage}
+        norm = {"latent_norm": self.latent_norm} if self.latent_norm is not None else {}
+        return {PROFILES: self._profiles(), **run, **norm}
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
         """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
