@@ -11,6 +11,7 @@ import pytest
 from helpers import face, run_face
 
 from dit.cost.measured import measure_flops
+from dit.io.config import flatten_record
 from dit.train.recipes import PRESETS, digits_train_config
 
 scaling = face("scripts/scaling.py")
@@ -28,7 +29,7 @@ def _config(recipe: str, tmp_path: Path):
 @pytest.mark.parametrize("recipe", NEW)
 def test_each_frontier_recipe_builds_the_digits_config_it_names(recipe, tmp_path):
     cfg = _config(recipe, tmp_path)
-    flat = cfg.flat()
+    flat = flatten_record(cfg.record())
     for name, value in scaling.recipe_options(recipe).items():
         assert flat[name] == value, name
     assert cfg.objective.objective == "diffusion" and cfg.objective.predict_xstart  # the baseline's objective

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dit.cost import analytic, peaks, plan
+from dit.cost import analytic, memory, peaks, plan
 from dit.cost.args import (
     CostModelSection,
     FlopsArgs,
@@ -191,6 +191,9 @@ def cmd_train(
     )  # fmt: skip
     if repa is not None:
         result.update(repa_encoder=repa_encoder.encoder, repa_input_size=repa_size)
+    if o.ema_profiles:
+        count, each = memory.snapshot_disk(cfg, len(o.ema_profiles), o.max_steps, o.ema_snapshot_every)
+        result.update(ema_snapshots=count, ema_snapshot_gib=each / 2**30, ema_snapshots_gib=count * each / 2**30)
 
     def pairs(r):
         out = [
@@ -218,6 +221,9 @@ def cmd_train(
                  f"DiT's; {r['aux_total_flops']:.4e} FLOP in total (time below counts it; mfu is the DiT's)")
             )  # fmt: skip
         out += _budget_pairs(r)
+        if "ema_snapshots" in r:
+            out.append(("post-hoc EMA snapshots", f"{r['ema_snapshots']:,} x {_num(r['ema_snapshot_gib'], 3)} GiB = "
+                        f"{_num(r['ema_snapshots_gib'], 3)} GiB of disk, all kept (checkpoints/ema/)"))  # fmt: skip
         if "memory_gib_per_device" in r:
             cap = f" of {_num(r['device_memory_gib'], 0)} GiB" if r["device_memory_gib"] else ""
             out.append(("memory / device", f"{_num(r['memory_gib_per_device'], 1)} GiB{cap} (analytic, AdamW + EMA, "
@@ -320,7 +326,7 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
         batch = o.global_batch_size // o.num_gpus
     r = plan.plan_memory(
         cfg, batch, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True), o.ema, o.sharding,
-        o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
+        o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace, len(o.ema_profiles or ()),
     )  # fmt: skip
     if o.json:
         print(json.dumps(r, indent=2))

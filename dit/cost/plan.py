@@ -420,13 +420,17 @@ def plan_memory(
     capacity_bytes: int | None = None,
     reserve_gib: float | None = None,
     trace: bool = False,
+    ema_profiles: int = 0,
 ) -> dict:
     """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
-    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
+    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does. ``ema_profiles``:
+    the post-hoc EMA profiles tracked, one fp32 copy each."""
     if batch_per_device < 1:
         raise UserError(f"the batch per device must be >= 1, got {batch_per_device}.")
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
+    if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA
+        options["ema_profiles"] = ema_profiles
     if checkpointed_blocks == "auto":
         if usable is None:
             raise UserError(

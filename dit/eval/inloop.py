@@ -47,6 +47,10 @@ class EvalSection(Section):
         "without this option evaluated with random ones", choices=LABEL_MODES,
     )  # fmt: skip
 
+    sigma_rel: float | None = option(
+        None, "score this --ema-profiles profile (one of the tracked ones) instead of the classic EMA", gt=0
+    )
+
     def check(self) -> None:
         if self.every and not self.ref:
             raise FieldError("{every} needs {ref}: reference statistics (python -m dit.eval ref --help).")
@@ -196,4 +200,5 @@ class InLoopEval:
             "eval_judge_pflops": result["flops_breakdown"]["judges"] / 1e15,  # part of eval_feature_pflops
             "eval_seconds": seconds,
             "eval_sampling_seconds": seconds - result["seconds"],
+            **({"ema_sigma_rel": c.sigma_rel} if c.sigma_rel is not None else {}),
         }
