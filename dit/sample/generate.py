@@ -241,7 +241,7 @@ class Sampler:
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
-        check_guidance(guidance.scale, sm.config if guidance.guide is None else None)
+        check_guidance(guidance.scale, sm.config if guidance.guide is None and guidance.scale > 1 else None)
         # None: the run's shift; "auto": RAE's for this model's latent
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
