@@ -18,9 +18,7 @@ class Objective(ABC):
     """A training objective and how its samples are drawn."""
 
     name: ClassVar[str]
-    samplers: ClassVar[
-        tuple[str, ...]
-    ]  # the sampler names (dit.objectives.sampling_plan's registry) that sample it
+    samplers: ClassVar[tuple[str, ...]]  # the sampler names (dit.objectives.samplers' registry) that sample it
     default_sampler: ClassVar[str]  # sample.py's default
     fast_sampler: ClassVar[str]  # the training grid's and the in-loop evaluation's default
     learns_sigma: ClassVar[bool]  # whether the model may output a variance too (DiT's default for diffusion)
@@ -87,7 +85,7 @@ class Objective(ABC):
     @abstractmethod
     def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,
                       atol: float, rtol: float) -> Callable:  # fmt: skip
-        """Sampler ``kind``'s loop over ``process`` along ``plan`` (``dit.objectives.sampling_plan.SamplingPlan``), made
+        """Sampler ``kind``'s loop over ``process`` along ``plan`` (``dit.objectives.samplers.SamplingPlan``), made
         before the first batch (what it needs installed is asked for then): ``loop(model_fn, x, model_kwargs,
         noise, progress) -> x``, ``noise(x)`` each step's per-image noise, ``progress`` whether to show a bar."""
 

@@ -11,7 +11,7 @@ from dit.objectives.gaussian.gaussian_diffusion import (
     get_named_beta_schedule,
 )
 from dit.objectives.gaussian.respace import SpacedDiffusion, space_timesteps
-from dit.objectives.sampling_plan import shift_timesteps
+from dit.objectives.respacing import shift_timesteps
 
 __all__ = [
     "LOSS_WEIGHTINGS",
