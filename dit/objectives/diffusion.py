@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 
 from dit.io.errors import UserError
-from dit.objectives import Objective
+from dit.objectives.objective import Objective
 from dit.objectives.samplers import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
 
 # The section's names of GaussianDiffusion's options where they differ from its own.

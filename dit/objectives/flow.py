@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 from dit.io.errors import UserError
-from dit.objectives import Objective
+from dit.objectives.objective import Objective
 from dit.objectives.samplers import FLOW_SAMPLERS
 
 
