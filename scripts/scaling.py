@@ -31,7 +31,7 @@ from dit.io.cli import run_cli
 from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.objectives import OBJECTIVES
-from dit.objectives.sampling_plan import sampling_plan
+from dit.objectives.samplers import sampling_plan
 from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from dit.io.config import Section, option
 from dit.model.config import ACTIVATION_CHECKPOINTING_HELP
 from dit.model.layers import ATTENTION_BACKENDS
-from dit.objectives.sampling_plan import GUIDANCE_HELP
+from dit.objectives.sampling_section import GUIDANCE_HELP
 from dit.runtime import PRECISIONS
 
 OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"

@@ -32,7 +32,7 @@ from dit.io.errors import UserError
 from dit.io.progress import duration
 from dit.model.config import describe, model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
-from dit.objectives.sampling_plan import FidSamplingSection
+from dit.objectives.sampling_section import FidSamplingSection
 
 # ---- output ---------------------------------------------------------------------------------------------
 

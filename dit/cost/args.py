@@ -12,7 +12,8 @@ from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
-from dit.objectives.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
+from dit.objectives.samplers import SamplingPlan, sampling_plan
+from dit.objectives.sampling_section import FidSamplingSection
 from dit.objectives.times import latent_dim, shift_factor
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"

@@ -24,7 +24,7 @@ from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.objectives import Objective
-from dit.objectives.sampling_plan import SamplingSection
+from dit.objectives.sampling_section import SamplingSection
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
 from dit.sample.generate import Sampler, SamplingModel, generate, noise_seed
