@@ -7,7 +7,7 @@ The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of
 and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and
 by the digit judge against the 4,000 training digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
 JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
-guided evaluation, one per unguided one (``dit.objectives.sampling_plan``); with ``--guide-ckpt`` every guided
+guided evaluation, one per unguided one (``dit.objectives.samplers``); with ``--guide-ckpt`` every guided
 setting is autoguidance, its second pass the guide's (docs/sampling.md). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
@@ -40,7 +40,7 @@ from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
 from dit.io.userfiles import inside, read_json
-from dit.objectives.sampling_plan import check_guidance_interval, sampling_plan, split_sampler
+from dit.objectives.samplers import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime
 from dit.sample.cost import flops_per_image
 from dit.sample.generate import Guidance, Sampler, generate, noise_seed

@@ -28,10 +28,10 @@ from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.objectives import OBJECTIVES
-from dit.objectives.sampling_plan import sampling_plan
+from dit.objectives.samplers import sampling_plan
 from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
@@ -48,7 +48,22 @@ RECIPES = {
     # REPA with the digit encoder (not the judge), on block 2 of 6 (REPA's third of the depth), a 256-wide
     # projector (REPA's 2048 would cost 3.9x the DiT's own FLOPs at this width: docs/repa.md)
     "repa": {"repa_encoder": "digits-mae", "repa_depth": 2, "repa_projector_dim": 256, "repa_coeff": 0.5},
+    # The frontier's recipes (issue 38, docs/recipes.md), each alone. SPRINT's layout at R = 0.5: depth 6 has its
+    # 2 + 2 dense blocks and a sparse middle of 2; the drop runs to the end (no full-token second stage, which
+    # would sit between the evaluations of a continued budget). The evaluation samples at full tokens.
+    "token-drop": {"token_drop": 0.5, "token_drop_layout": "sprint"},
+    # RAE's dimension rule, a = sqrt(784 / 4096) = 0.44 for 28 x 28 x 1: no value tuned on the study itself.
+    "time-shift": {"time_shift": "auto"},
+    # On x0 (the digits' target) as on eps: the velocity the prediction implies (dit/objectives/section.py). The
+    # cosine is over the channels at each position, and a digit has one channel: docs/recipes.md says what
+    # that leaves of the term.
+    "cos-loss": {"cos_loss_weight": 1.0},
+    "adam-beta2": {"adam_beta2": 0.95},  # LightningDiT's
 }
+# configs/frontier.yaml's stack, where it applies to the digits: its flow objective is the study's other axis
+# (--objectives), and its batch, lr, EMA and steps are ImageNet's (the digits recipe keeps its own).
+FRONTIER = ("blocks", "logit-normal", "token-drop", "time-shift", "cos-loss", "adam-beta2")
+RECIPES["frontier"] = {k: v for part in FRONTIER for k, v in RECIPES[part].items()}
 
 
 def recipe_options(recipe: str) -> dict:
@@ -62,7 +77,8 @@ def recipe_options(recipe: str) -> dict:
 
 def flops_per_step(cfg, batch: int) -> tuple[float, float]:
     """(the DiT's training FLOPs, the auxiliary ones: REPA's encoder forward and projector) per step, and the
-    upstream FLOPs paid before the run (the encoder's own training)."""
+    upstream FLOPs paid before the run (the encoder's own training). The DiT's are the ledger's: each block at
+    the tokens it sees (a token-drop step is cheaper)."""
     model = cfg.model_config(1, cfg.model.image_size)
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:
@@ -116,19 +132,32 @@ class ScalingConfig(Section):
     )
     plot: str | None = option(None, "write the FID-against-FLOPs chart here (PNG)")
     out: str | None = option(None, "write the summary here (JSON)")
+    verdict: str | None = option(
+        None, "write the verdict here (JSON): per recipe, the training FLOPs to the --against recipe's final "
+        "quality under both judges, their ratio and whether the seeds are apart",
+    )  # fmt: skip
+    against: str = option("baseline", "the recipe the verdict measures the others against")
+
+    def check(self) -> None:
+        if self.verdict and self.against not in [spec.partition(":")[0] for spec in self.recipes]:
+            raise FieldError(
+                f"{{verdict}} measures the recipes against {self.against}, which {{recipes}} does not run: add "
+                f"{self.against}:2 to {{recipes}}, or name one of them in {{against}}."
+            )
 
 
 FACE = Face(
     "scripts/scaling.py",
     __doc__,
     sections={"scaling": ScalingConfig},
-    outputs={"results_dir": "folder", "plot": "file", "out": "file"},
+    outputs={"results_dir": "folder", "plot": "file", "out": "file", "verdict": "file"},
 )
 
 
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, recipe: str = "baseline"):
-    """Train (or resume, or reuse) one run; its folder and the steps of this budget. A recipe with
-    auxiliary or upstream FLOPs gets fewer steps: the budget is of total FLOPs."""
+    """Train (or resume, or reuse) one run; its folder and the steps of this budget. The budget is of total
+    FLOPs: a recipe with auxiliary or upstream FLOPs gets fewer steps, one with cheaper steps (token dropping)
+    more."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
     folder = Path(c.results_dir) / run_name(name, objective, seed, recipe)
@@ -143,17 +172,21 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
         eval_samples=c.eval_num_samples,
         sample_steps=c.eval_num_sampling_steps // per_step,
     )  # fmt: skip
-    cfg = cfg.replace(
-        eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
-        ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
-        objective=objective, eval_sampler=sampler, eval_guidance_interval=None,
-        **recipe_options(recipe),
-    )  # fmt: skip
+    cfg = cfg.replace(**study_options(c, objective, seed, steps, every), **recipe_options(recipe))
     if not finished(folder, steps):  # a finished run is reused, a stopped one resumes
         result = train(cfg, DigitDataset(preset.image_size))
         if result.get("signal"):
             raise SystemExit(EXIT_CODES[result["signal"]])
     return folder, steps
+
+
+def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every: int) -> dict:
+    """The options every run of the study shares, whatever its recipe (a recipe sets none of them)."""
+    return dict(
+        eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
+        ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
+        objective=objective, eval_sampler=OBJECTIVES[objective].fast_sampler, eval_guidance_interval=None,
+    )  # fmt: skip
 
 
 def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> str:
@@ -171,20 +204,79 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
         for t in targets:
             reached = [r["to_target"][str(t)] for r in mine]
-            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            flops = [reached_pflops(x) for x in reached if x["reached"]]
             row[f"pflops_to_fid_{t:g}"] = (
                 flops if len(flops) == len(mine) else None
             )  # None: a seed never got there
             row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
         for t in judge_targets:
             reached = [r["to_judge_target"][str(t)] for r in mine]
-            flops = [x.get("total_pflops", x.get("total_model_pflops")) for x in reached if x["reached"]]
+            flops = [reached_pflops(x) for x in reached if x["reached"]]
             row[f"pflops_to_fd_judge_{t:g}"] = flops if len(flops) == len(mine) else None
             row[f"pflops_to_fd_judge_{t:g}_range"] = [min(flops), max(flops)] if len(flops) == len(mine) else None
         final = [r["evaluations"][-1].get("fd_judge") for r in mine]
         row["fd_judge_at_budget"] = final
         out[recipe] = row
     return out
+
+
+def reached_pflops(result: dict) -> float:
+    """The PFLOPs at which a ``compute_to_target`` result reached its target, whichever FLOPs it counted."""
+    return result.get("total_pflops", result.get("total_model_pflops"))
+
+
+JUDGES = ("fid", "fd_judge")  # the digit FID and the digit judge's FD (docs/evaluation.md: the rule)
+
+
+def recipe_verdict(runs: dict, against: str, count: str, targets=(), judge_targets=()) -> dict:
+    """Per recipe, the training FLOPs its seeds need to reach the ``against`` recipe's final quality under each
+    judge, and their ratio to the ``against`` recipe's own (ranges over the seeds), with the compute to each
+    target of ``recipe_summary``.
+
+    The quality to reach, under each judge, is the worse of the ``against`` seeds' final scores: a quality each
+    of them reached within its budget (the worse seed at its budget). A seed that never reaches it has None,
+    and counts as above every FLOPs that did. A claim (``fewer`` or ``more``) holds only where, under both
+    judges, the seeds' ranges do not overlap in the same direction."""
+    base = [r for r in runs.values() if r["recipe"] == against]
+    quality = {}
+    for judge in JUDGES:
+        finals = [r["evaluations"][-1][judge] for r in base]
+        if None in finals:
+            raise UserError(
+                f"--against {against}: its final evaluations have no {judge}; score them under both judges."
+            )
+        quality[judge] = max(finals)
+    to_targets = recipe_summary(runs, targets, judge_targets)
+    flops = {recipe: {judge: [_flops_to(r, quality[judge], count, judge) for r in runs.values()
+                              if r["recipe"] == recipe] for judge in JUDGES} for recipe in to_targets}  # fmt: skip
+    out = {"against": against, "flops_counted": count, "baseline_quality": quality, "recipes": {}}
+    for recipe, mine in flops.items():
+        row = {"seeds": len(mine["fid"]), "flops_to_baseline_quality": mine, "flops_ratio": {}, "seeds_apart": {}}
+        directions = set()
+        for judge in JUDGES:
+            row["flops_ratio"][judge], direction = _compare(mine[judge], flops[against][judge])
+            row["seeds_apart"][judge] = direction is not None
+            directions.add(direction)
+        row["both_judges"] = len(directions) == 1 and None not in directions
+        row["claim"] = directions.pop() if row["both_judges"] else "within noise"
+        out["recipes"][recipe] = {**row, "to_targets": to_targets[recipe]}
+    return out
+
+
+def _flops_to(run: dict, target: float, count: str, judge: str) -> float | None:
+    """The training FLOPs at which ``run`` first reached ``target`` under ``judge`` (None: it never did)."""
+    result = compute_to_target(run["folder"], target, up_to_step=run["steps"], count=count, score=judge)
+    return reached_pflops(result) * 1e15 if result["reached"] else None
+
+
+def _compare(mine: list, base: list) -> tuple[list | None, str | None]:
+    """([lowest, highest] ratio of ``mine``'s FLOPs to ``base``'s over the seeds, None for an end a seed never
+    reached), and ``fewer`` or ``more`` where the two ranges do not overlap (None where they do)."""
+    inf = float("inf")
+    lo, hi = min(x if x is not None else inf for x in mine), max(x if x is not None else inf for x in mine)
+    b_lo, b_hi = min(x if x is not None else inf for x in base), max(x if x is not None else inf for x in base)
+    ratio = [lo / b_hi if lo < inf else None, hi / b_lo if hi < inf else None]
+    return ratio, "fewer" if hi < b_lo else "more" if lo > b_hi else None
 
 
 def finished(folder: Path, steps: int) -> bool:
@@ -262,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         groups = [recipe_of[k] for k in runs] if len(set(recipe_of.values())) > 1 else None
         plot_quality(c.plot, [str(f) for f, _ in runs.values()], labels, title, [n for _, n in runs.values()],
                      count=count, groups=groups)  # fmt: skip
+    if c.verdict:
+        verdict = recipe_verdict(summary["runs"], c.against, count, c.targets, c.judge_targets)
+        atomic_write_bytes(
+            c.verdict, (json.dumps({"command": summary["command"], **verdict}, indent=1) + "\n").encode()
+        )
     text = json.dumps(summary, indent=1)
     if c.out:
         atomic_write_bytes(c.out, (text + "\n").encode())

@@ -116,7 +116,7 @@ FACE_MODULES = {
     "dit-cost": "dit/cost/__main__.py",
     "dit.cost": "dit/cost/__main__.py",
     "dit.eval": "dit/eval/__main__.py",
-    "dit.quickstart": "dit/quickstart/__init__.py",
+    "dit.quickstart": "dit/quickstart/run.py",
     "dit.checkpoint": "dit/checkpoint/__main__.py",
     "scripts/train_digit_classifier.py": "scripts/train_digit_classifier.py",
     "scripts/train_digit_encoder.py": "scripts/train_digit_encoder.py",

@@ -15,7 +15,7 @@ from helpers import run_face, tiny_dit
 
 from dit.checkpoint import save_training_checkpoint
 from dit.cost.analytic import forward_macs
-from dit.objectives.sampling_plan import sampling_plan
+from dit.objectives.samplers import sampling_plan
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.cost import measure_cost

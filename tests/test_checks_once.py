@@ -23,23 +23,18 @@ ALLOWED = {
     ("--peak-tflops", "dit/cost/peaks.py"): "bench's --peak-tflops has no gt=0",
     ("--precision", "dit/cost/peaks.py"): "the runtime and the meter pass precisions of their own",
     ("--image-size", "dit/cost/analytic.py"): "a multiple of the VAE's downsampling: a property of the VAE config",
-    # Repeats outside dit-cost, left to their owners (sampling_plan.py is being split: issue 40 item 3).
-    (
-        "--guidance-interval",
-        "dit/objectives/sampling_plan.py",
-    ): "check_guidance_interval repeats field and check()",
-    (
-        "--num-sampling-steps",
-        "dit/objectives/sampling_plan.py",
-    ): "sampling_plan() repeats ge=1 (and >= 2 for DDPM)",
-    ("--sampler", "dit/objectives/sampling_plan.py"): "sampling_plan() repeats the choices",
+    # Repeats outside dit-cost, left to their owners.
+    ("--guidance-interval", "dit/objectives/samplers.py"): "check_guidance_interval repeats the field and check()",
+    ("--num-sampling-steps", "dit/objectives/samplers.py"): "sampling_plan() repeats ge=1 (and >= 2 for DDPM)",
+    ("--sampler", "dit/objectives/samplers.py"): "sampling_plan() repeats the choices",
     ("--guidance-scale", "dit/sample/generate.py"): "the sampler repeats ge=1",
     ("--guidance-channels", "dit/sample/generate.py"): "the sampler repeats the choices",
     ("--init-from-weights", "dit/train/init.py"): "init_from repeats the choices",
     ("--precision", "dit/runtime/precision.py"): "Precision repeats the choices (also built from a record)",
-    # Not repeats: cross-field checks whose wording names a bounded flag.
-    ("--time-shift", "dit/objectives/sampling_plan.py"): "two respaced steps on one timestep",
-    ("--sampler", "dit/objectives/__init__.py"): "a sampler of the model's objective",
+    # Not repeats: checks of another kind whose wording names a bounded flag.
+    ("--time-shift", "dit/objectives/respacing.py"): "two respaced steps on one timestep",
+    ("--sampler", "dit/objectives/objective.py"): "a sampler of the model's objective",
+    ("--step", "dit/checkpoint/posthoc.py"): "a step that has a snapshot",
     ("--token-drop", "dit/model/config.py"): "path-drop guidance needs a token-drop model",
     ("--precision", "dit/train/config.py"): "the launcher's precision against the run's",
 }

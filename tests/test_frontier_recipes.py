@@ -12,7 +12,8 @@ from test_schedulers import diffusion_model, flow_model, passes  # noqa: F401  (
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.objectives.gaussian import create_diffusion
-from dit.objectives.sampling_plan import diffusion_timesteps, flow_grid, sampling_plan
+from dit.objectives.respacing import diffusion_timesteps, flow_grid
+from dit.objectives.samplers import sampling_plan
 from dit.objectives.section import ObjectiveSection
 from dit.objectives.terms import velocity_direction
 from dit.objectives.times import latent_dim, shift_factor, shift_time, unshift_time

@@ -28,7 +28,7 @@ FACES = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py")),
     "dit/cost/__main__.py",  # python -m dit.cost, dit-cost
     "dit/eval/__main__.py",  # python -m dit.eval
-    "dit/quickstart/__init__.py",  # python -m dit.quickstart
+    "dit/quickstart/run.py",  # python -m dit.quickstart
 ]
 # Extras the docs tell the users of a face to install for its unguarded imports (every other optional import
 # is guarded). A pair here must be written down: the face's name and the extra in one doc file.
@@ -216,6 +216,6 @@ def test_the_check_fails_on_an_import_no_install_set_provides(tmp_path):
     assert not any(m in p for p in problems for m in ("numpy", "yaml", " os")), problems
     assert len(problems) == 3
     no_scipy = core - {"scipy"}  # the defect that broke the quick start: FID's scipy outside core
-    assert any("import scipy" in p for p in uncovered([ROOT / "dit/quickstart/__init__.py"], no_scipy, extras)), (
+    assert any("import scipy" in p for p in uncovered([ROOT / "dit/quickstart/run.py"], no_scipy, extras)), (
         "the quick start imports scipy through its evaluation"
     )

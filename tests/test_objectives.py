@@ -9,7 +9,7 @@ import torch
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.objectives import OBJECTIVES, Objective, from_record, objective_for_sampler
-from dit.objectives.sampling_plan import SAMPLERS
+from dit.objectives.samplers import SAMPLERS
 from dit.objectives.section import ObjectiveSection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ BRANCH = re.compile(
     r"|isinstance\([^)]*(Diffusion|Transport|Objective)|\bif (not )?flow\b|\bflow\s*=\s*[^=]"
     r"|\bin\s+(DIFFUSION|SCHEDULER|FLOW)_SAMPLERS|[!=]=\s*[\"'](ode|sde|ddpm|ddim)[\"']|[\"'](ode|sde)-[\"']"
 )
-# The objectives, what they wrap (gaussian/, transport/) and the sampler registry (sampling_plan.py).
+# The objectives, what they wrap (gaussian/, transport/) and the sampler registry (samplers.py).
 OWNERS = ("dit/objectives/",)
 
 

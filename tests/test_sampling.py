@@ -251,7 +251,7 @@ def test_reported_flops_are_the_cost_packages_formula(our_ckpt, tmp_path, guidan
 
 def test_the_cost_line_counts_the_guided_and_unguided_evaluations_that_ran(our_ckpt, tmp_path, capsys):
     from dit.cost.analytic import forward_macs
-    from dit.objectives.sampling_plan import sampling_plan
+    from dit.objectives.samplers import sampling_plan
 
     argv = sample_args(our_ckpt, tmp_path / "g.png", "--sampler", "unipc", "--cfg-scale", 4, "--class-labels", 1, 2,
                        "--guidance-interval", 0.3, 0.7)  # fmt: skip

@@ -18,7 +18,7 @@ from helpers import TINY, randomize
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.objectives.gaussian import create_diffusion
-from dit.objectives.sampling_plan import SCHEDULER_SAMPLERS, check_guidance_interval, sampling_plan
+from dit.objectives.samplers import SCHEDULER_SAMPLERS, check_guidance_interval, sampling_plan
 from dit.objectives.schedulers import make_scheduler, scheduler_sample
 from dit.objectives.transport import Transport
 from dit.sample.generate import Guidance, Sampler, SamplingModel, noise_seed, sample_latents

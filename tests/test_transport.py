@@ -15,7 +15,8 @@ from test_train import Pixels, tiny_config
 from dit.checkpoint import latest_checkpoint, load_checkpoint
 from dit.io.errors import UserError
 from dit.objectives import DiffusionObjective, FlowObjective
-from dit.objectives.sampling_plan import flow_grid, sampling_plan
+from dit.objectives.respacing import flow_grid
+from dit.objectives.samplers import sampling_plan
 from dit.objectives.transport import Path, Transport
 from dit.objectives.transport.samplers import FlowField, diffusion_coefficient, ode_sample, sde_sample
 
@@ -298,7 +299,7 @@ def test_adams_bashforth_converges_at_its_order_and_at_two_from_its_bootstrap(or
     step, no start-up evaluations), at order 2, the first Euler step's local error."""
     from collections import deque
 
-    from dit.objectives.sampling_plan import adams_bashforth_step
+    from dit.objectives.integrators import adams_bashforth_step
 
     a = -1.3
 
@@ -326,7 +327,7 @@ def test_adams_bashforth_converges_at_its_order_and_at_two_from_its_bootstrap(or
 def test_a_flow_integrator_is_one_entry_its_plan_the_evaluations_it_makes(monkeypatch):
     """Ralston's second-order method as one tableau in ODE_INTEGRATORS: the plan's times are the times the
     network is called at, in order, and it converges at order 2."""
-    from dit.objectives.sampling_plan import ODE_INTEGRATORS, RungeKutta
+    from dit.objectives.integrators import ODE_INTEGRATORS, RungeKutta
 
     monkeypatch.setitem(ODE_INTEGRATORS, "ralston", RungeKutta(c=(0.0, 2 / 3), a=((), (2 / 3,)), b=(0.25, 0.75)))
     a, x = -1.3, torch.ones(1, 1, 1, 1, dtype=torch.float64)

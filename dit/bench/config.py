@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from dit.io.config import Section, option
 from dit.model.config import ACTIVATION_CHECKPOINTING_HELP
 from dit.model.layers import ATTENTION_BACKENDS
-from dit.objectives.sampling_plan import GUIDANCE_HELP
+from dit.objectives.sampling_section import GUIDANCE_HELP
 from dit.runtime import PRECISIONS
 
 OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"
@@ -17,7 +17,10 @@ OUT_HELP = "write the rows (and the matmul peaks) to this JSON file"
 class TrainBench(Section):
     """Training steps through ``Trainer.train_step`` on synthetic latents, precisions taking turns."""
 
-    model: tuple[str, ...] = option(["DiT-S/2"], "registry names")
+    model: tuple[str, ...] = option(
+        ["DiT-S/2"], "registry names, or digits: the digits recipe's model (the quick start's: depth 6, width "
+        "128, patch 4) and objective on 28 px, 1-channel images (--image-size does not apply)",
+    )  # fmt: skip
     global_batch_size: tuple[int, ...] = option([8], "images per step (one process)")
     precision: tuple[str, ...] = option(["fp32"], "precisions, timed in turns step by step", choices=PRECISIONS)
     image_size: int = option(256, "pixels (latents are image / 8)")

@@ -45,21 +45,35 @@ def spread(times: list[float]) -> dict:
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "samples": len(times)}
 
 
+DIGITS = "digits"  # a model name for the digits recipe's model (dit/train/recipes.py) on 28 px, 1-channel images
+
+
 def bench_trainer(
     model: str, image_size: int, batch_size: int, results_dir: str, **options
 ) -> tuple[Trainer, list]:
-    """A trainer on synthetic latents (its own runtime and precision) and one batch already on its device."""
-    cfg = TrainConfig.of(
-        model=model,
-        image_size=image_size,
-        vae="none",  # the synthetic data are latents already
-        global_batch_size=batch_size,
-        num_workers=0,
-        results_dir=results_dir,
-        **options,
-    )
+    """A trainer on synthetic latents (its own runtime and precision) and one batch already on its device;
+    ``model`` ``digits``: the digits recipe's model and objective on synthetic digit-shaped images."""
+    n = max(2 * batch_size, 16)
+    if model == DIGITS:
+        from dit.data.digits import NUM_CLASSES
+        from dit.train.recipes import PRESETS, digits_train_config
+
+        cfg = digits_train_config(PRESETS["default"], 1, Path(results_dir), None)
+        cfg = cfg.replace(global_batch_size=batch_size, progress=False, **options)
+        data = SyntheticLatents(n, 1, cfg.model.image_size, NUM_CLASSES)
+    else:
+        cfg = TrainConfig.of(
+            model=model,
+            image_size=image_size,
+            vae="none",  # the synthetic data are latents already
+            global_batch_size=batch_size,
+            num_workers=0,
+            results_dir=results_dir,
+            **options,
+        )
+        data = SyntheticLatents(n, 4, image_size // 8)
     runtime = Runtime.of(cfg.runtime)
-    trainer = Trainer(cfg, runtime, SyntheticLatents(max(2 * batch_size, 16), 4, image_size // 8))
+    trainer = Trainer(cfg, runtime, data)
     trainer.state.model.train()
     x, y = next(iter(trainer.loader))
     return trainer, [(x.to(runtime.device), y.to(runtime.device))]
@@ -77,7 +91,7 @@ def timed_step(trainer: Trainer, batches) -> tuple[float, float]:
     return seconds, trainer.counters.read(runtime)["loss"]
 
 
-def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, times, losses) -> dict:
+def _train_row(trainer: Trainer, model: str, compile: bool, times, losses) -> dict:
     timing = spread(times)
     batch = trainer.cfg.optim.global_batch_size
     rate = batch / timing["median_s"]
@@ -85,7 +99,7 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
     row = {
         "mode": "train",
         "model": model,
-        "image_size": image_size,
+        "image_size": trainer.cfg.model.image_size,
         "precision": trainer.cfg.runtime.precision,
         "batch_per_device": batch,
         "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
@@ -94,6 +108,7 @@ def _train_row(trainer: Trainer, model: str, image_size: int, compile: bool, tim
         "attention": trainer.attention,
         "device": device_name(trainer.runtime.device),
         **timing,
+        "model_flops_per_step": flops.model * batch,
         "images_per_sec": rate,
         "model_tflops": rate * flops.model / 1e12,
         "hardware_tflops": rate * flops.hardware / 1e12,
@@ -179,7 +194,7 @@ def bench_train(
                         probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
         rows = []
         for trainer, _, times, losses in runs:
-            row = _train_row(trainer, model, image_size, compile, times, losses)
+            row = _train_row(trainer, model, compile, times, losses)
             if peak_probe_s:
                 row["matmul_peak_tflops_during"] = {p: statistics.median(v) for p, v in probes.items()}
             rows.append(row)

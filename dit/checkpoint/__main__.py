@@ -1,9 +1,12 @@
-"""One file from a sharded checkpoint folder (an FSDP run's), on one process with no process group.
+"""Checkpoint tools, on one process with no process group.
 
 python -m dit.checkpoint export RUN/checkpoints/0000100 OUT.pt
+python -m dit.checkpoint ema RUN --sigma-rel 0.1
 
-OUT.pt is a checkpoint like a one-process run's (its ``.sha256`` beside it): sample.py reads it, and
-train.py resumes or fine-tunes from it. sample.py and --init-from also read the folder itself.
+export: one file from a sharded checkpoint folder (an FSDP run's), a checkpoint like a one-process run's (its
+``.sha256`` beside it): sample.py reads it, and train.py resumes or fine-tunes from it (sample.py and
+--init-from also read the folder itself). ema: the post-hoc EMA of width sigma_rel reconstructed from a run's
+snapshots (train.py --ema-profiles), as a checkpoint whose EMA weights sample.py and python -m dit.eval read.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dit.checkpoint.format import atomic_torch_save, load_checkpoint
+from dit.checkpoint.posthoc import MAX_SIGMA_REL, reconstruct
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 
 
@@ -24,6 +28,25 @@ class ExportConfig(Section):
 
     folder: str = option(help="a sharded checkpoint folder, RUN/checkpoints/NNNNNNN", positional=True)
     out: str = option(help="the .pt file to write (outside the folder it reads)", positional=True)
+
+
+@dataclass(frozen=True)
+class EmaConfig(Section):
+    """The post-hoc EMA of any width, reconstructed from a run's snapshots (docs/ema.md)."""
+
+    run_folder: str = option(
+        help="a run folder trained with --ema-profiles (its checkpoints/ema/ snapshots)", positional=True
+    )
+    sigma_rel: float = option(0.1, "the EMA's width relative to the training length (EDM2: 0.05 to 0.15)", gt=0)
+    step: int | None = option(None, "the snapshot step to reconstruct at (default: the newest)", ge=1)
+    out: str | None = option(None, "the .pt file to write (default: RUN/ema-SIGMA_REL-STEP.pt)")
+
+    def check(self) -> None:
+        if self.sigma_rel > MAX_SIGMA_REL:
+            raise FieldError(
+                f"{{sigma_rel}} {self.sigma_rel:g} is wider than any power-function EMA (at most "
+                f"{MAX_SIGMA_REL:.4f}, the plain average of the whole run): pass a smaller one."
+            )
 
 
 # The Face checks OUT against FOLDER before anything is read: written inside it, it broke the checkpoint.
@@ -37,17 +60,42 @@ FACE = Face(
             sections={"export": ExportConfig},
             inputs={"folder": "folder"},
             outputs={"out": "file"},
-        )
+        ),
+        "ema": Face(
+            "python -m dit.checkpoint ema",
+            EmaConfig.__doc__,
+            sections={"ema": EmaConfig},
+            inputs={"run_folder": "file"},
+            outputs={"out": "file"},
+        ),
     },
 )
 
 
 def main(argv: list[str] | None = None) -> int:
-    c = FACE.parse(argv).sections["export"]
+    parsed = FACE.parse(argv)
+    if parsed.command == "ema":
+        return posthoc_ema(parsed.sections["ema"])
+    c = parsed.sections["export"]
     if not Path(c.folder).is_dir():
         raise UserError(f"{c.folder} is not a folder: pass a sharded checkpoint folder (RUN/checkpoints/NNNNNNN).")
     path = atomic_torch_save(load_checkpoint(Path(c.folder)), c.out)
     print(f"wrote {path}", flush=True)
+    return 0
+
+
+def posthoc_ema(c: EmaConfig) -> int:
+    if not Path(c.run_folder).is_dir():
+        raise UserError(f"{c.run_folder} is not a folder: pass a run folder (train.py's --results-dir).")
+    ckpt = reconstruct(c.run_folder, c.sigma_rel, c.step)
+    made = ckpt["posthoc_ema"]
+    out = c.out or Path(c.run_folder) / f"ema-{c.sigma_rel:g}-{made['step']:07d}.pt"
+    path = atomic_torch_save(ckpt, out)
+    print(
+        f"wrote {path}: the EMA of sigma_rel {c.sigma_rel:g} at step {made['step']} from "
+        f"{len(made['coefficients'])} snapshot profiles (profile residual {made['residual']:.2%})",
+        flush=True,
+    )
     return 0
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
+from dit.checkpoint.posthoc import snapshot_folder
 from dit.checkpoint.section import CheckpointSection
 from dit.io.atomic import CannotWrite
 
@@ -23,6 +24,7 @@ class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
         self.folder, self.runtime = section.folder, runtime
         self.retention = (section.keep_last, section.keep_every)
+        self.snapshot_every = section.ema_snapshot_every
         self.background = section.async_checkpoint
         self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
@@ -33,25 +35,43 @@ class Checkpointer:
         file, within the group's timeout (``--dist-timeout-min``). A write the OS refuses (a full disk) is one
         ``CannotWrite`` on rank 0, a ``ReportedByRankZero`` on the others, and nothing partial is left."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
+        self._write(state, payload, self.folder, self.background)
+
+    def snapshot_due(self, state, last: bool) -> bool:
+        """Whether ``state`` (with post-hoc EMA profiles) is snapshot now: every ``ema_snapshot_every`` steps, and
+        at the ``last`` step, which a reconstruction at the end needs."""
+        return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
+
+    def snapshot(self, state) -> None:
+        """``state``'s post-hoc EMA profiles in ``checkpoints/ema/`` (every rank calls it), written as a checkpoint
+        is (atomic, checksummed, sharded under FSDP) and kept for good: a reconstruction needs every one."""
+        self._write(state, state.snapshot_dict(self.runtime), snapshot_folder(self.folder), False)
+
+    def _write(self, state, payload, folder: Path, background: bool) -> None:
+        """``payload`` as step ``state.step`` in ``folder``: one file from rank 0, or every rank's shards."""
         if not state.sharded:
             refused = None
             if payload is not None:
                 try:
-                    path = save_training_checkpoint(self.folder, state.step, payload, *self.retention)
-                    self.saved.append((state.step, str(path)))
+                    path = save_training_checkpoint(folder, state.step, payload, *self._retention(folder))
+                    self.saved += [(state.step, str(path))] if folder == self.folder else []
                 except CannotWrite as e:
                     refused = e
             self.runtime.raise_together(refused)
             return
         self.wait()
-        final = checkpoint_path(self.folder, state.step, sharded=True)
+        final = checkpoint_path(folder, state.step, sharded=True)
         temp = sharded.temp_folder(final)
         tensors, record = sharded.split(payload)
         with self._written(temp, final):
-            future = sharded.write(temp, tensors, self._async_group(), background=self.background)
+            future = sharded.write(temp, tensors, self._async_group(), background=background)
         self.pending = (temp, final, state.step, stamped(state.step, record), future)
-        if not self.background:
+        if not background:
             self.wait()
+
+    def _retention(self, folder: Path) -> tuple[int, int]:
+        """``keep_last`` and ``keep_every`` of the checkpoints; the snapshots are all kept (0: all)."""
+        return self.retention if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
         """Seal the sharded save in progress (every rank calls it): each rank hashes its own shards, then rank 0
@@ -68,8 +88,8 @@ class Checkpointer:
         if self.runtime.is_main:
             try:
                 sharded.seal(temp, final, step, record, {k: v for d in digests for k, v in d.items()})
-                retire(self.folder, step, *self.retention)
-                self.saved.append((step, str(final)))
+                retire(final.parent, step, *self._retention(final.parent))
+                self.saved += [(step, str(final))] if final.parent == self.folder else []
             except (CannotWrite, OSError) as e:
                 refused = e if isinstance(e, CannotWrite) else CannotWrite(final, e)
                 shutil.rmtree(temp, ignore_errors=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dit import __version__
 from dit.checkpoint.format import FORMAT, checksum_path, list_checkpoints, read_record, verify_checkpoint
+from dit.checkpoint.posthoc import set_aside_snapshots
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import WRITER_KEY, UserError, refuse_newer_format
 from dit.io.userfiles import inside
@@ -178,6 +179,7 @@ def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list
             f"branch {line['branch']} begins at step {parent['step']} ({parent['file']}, branch "
             f"{parent['branch'] or 'unrecorded'}); --resume auto follows it from here on"
         )
+    notes += set_aside_snapshots(folder, parent["step"] if parent is not None else 0)
     for dest, names in moved.items():
         notes.append(
             f"kept aside the checkpoints off this branch's line: {', '.join(names)} in {dest} (nothing deleted; "

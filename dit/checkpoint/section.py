@@ -36,6 +36,9 @@ class CheckpointSection(Section):
         "also keep every checkpoint whose step is a multiple of N for good: --keep-last never deletes it (0: none)",
         ge=0,
     )
+    ema_snapshot_every: int = option(
+        5_000, "with --ema-profiles: steps per snapshot of the profiles (checkpoints/ema/; kept for good)", ge=1
+    )
     async_checkpoint: bool = option(
         False, "FSDP: write each sharded checkpoint in the background; the next save or the run's end waits for it"
     )

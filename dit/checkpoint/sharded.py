@@ -27,7 +27,8 @@ from dit.io.userfiles import inside
 
 FOLDER_FORMAT = "dit-ledger-dcp/1"
 MANIFEST, RECORD = "manifest.json", "record.pt"
-TENSORS = ("model", "ema", "repa_projector")  # with the optimizer's per-parameter state: the sharded part
+# with the optimizer's per-parameter state: the sharded part (a post-hoc EMA snapshot holds the profiles alone)
+TENSORS = ("model", "ema", "repa_projector", "ema_profiles")
 _VERIFIED: dict[tuple, bool] = {}
 
 
@@ -41,13 +42,16 @@ def split(payload: dict) -> tuple[dict, dict]:
     """(the tensors DCP writes, sharded; the record rank 0 writes): the optimizer's per-parameter state
     goes with the tensors, its hyperparameters with the record."""
     tensors = {k: payload[k] for k in TENSORS if k in payload}
-    tensors["optimizer"] = {"state": payload["optimizer"]["state"]}
     record = {k: v for k, v in payload.items() if k not in tensors}
-    record["optimizer"] = {"param_groups": payload["optimizer"]["param_groups"]}
+    if "optimizer" in payload:
+        tensors["optimizer"] = {"state": payload["optimizer"]["state"]}
+        record["optimizer"] = {"param_groups": payload["optimizer"]["param_groups"]}
     return tensors, record
 
 
 def merge(record: dict, tensors: dict) -> dict:
+    if "optimizer" not in record:
+        return {**record, **tensors}
     return {**record, **tensors, "optimizer": {**record["optimizer"], **tensors.get("optimizer", {})}}
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import replace
 
-from dit.cost import analytic, peaks, plan
+from dit.cost import analytic, memory, peaks, plan
 from dit.cost.args import (
     CostModelSection,
     FlopsArgs,
@@ -27,14 +27,14 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
-from dit.cost.report import Evaluations, RepaUse, num, print_pairs, print_table, show
+from dit.cost.report import EmaSnapshots, Evaluations, RepaUse, num, print_pairs, print_table, show
 from dit.io.cli import run_cli
 from dit.io.config import Face
 from dit.io.errors import UserError
 from dit.io.progress import duration
 from dit.model.config import model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
-from dit.objectives.sampling_plan import FidSamplingSection
+from dit.objectives.sampling_section import FidSamplingSection
 
 # ---- commands -------------------------------------------------------------------------------------------
 
@@ -142,6 +142,9 @@ def cmd_train(
     )  # fmt: skip
     if repa is not None:
         result = replace(result, repa=RepaUse(repa_encoder.encoder, repa_size))
+    if o.ema_profiles:
+        count, each = memory.snapshot_disk(cfg, len(o.ema_profiles), o.max_steps, o.ema_snapshot_every)
+        result = replace(result, ema=EmaSnapshots(count, each / 2**30, count * each / 2**30))
     show(result, o.json)
 
 
@@ -185,6 +188,7 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
     r = plan.plan_memory(
         cfg, o.batch_per_device, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True),
         o.ema, o.sharding, o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
+        len(o.ema_profiles or ()),
     )  # fmt: skip
     show(r, o.json)
 

@@ -12,10 +12,12 @@ from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
-from dit.objectives.sampling_plan import FidSamplingSection, SamplingPlan, sampling_plan
+from dit.objectives.samplers import SamplingPlan, sampling_plan
+from dit.objectives.sampling_section import FidSamplingSection
 from dit.objectives.times import latent_dim, shift_factor
 
 CKPT_HELP = "activation checkpointing: none, all, or N (the first N blocks recomputed in backward)"
+PROFILES_HELP = "post-hoc EMA: the sigma_rel of each profile train.py tracks (one fp32 copy of the weights each)"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class TrainArgs(Section):
     global_batch_size: int = option(256, "images per optimizer step, all devices together", ge=1)
     max_steps: int = option(400_000, "optimizer steps to train for", ge=1)
     activation_checkpointing: str = option("none", CKPT_HELP + " (memory and hardware FLOPs)")
+    ema_profiles: tuple[float, ...] | None = option(None, PROFILES_HELP + ": their snapshots' disk")
+    ema_snapshot_every: int = option(5_000, "with --ema-profiles: steps per snapshot of the profiles", ge=1)
     json: bool = option(False, "print JSON")
     # REPA's flags are train.py's (dit.model.repa_config's sections); the encoder's shape comes from timm's config on
     # the meta device, with no download. Whether its features come from a store is this plan's own question:
@@ -196,6 +200,7 @@ class MemoryArgs(Section):
     precision: str = option("bf16", "training precision", choices=memory.MEMORY_PRECISIONS)
     activation_checkpointing: str = option("none", CKPT_HELP + ", or auto (the fewest that fit; needs a device)")
     ema: bool = option(True, "an fp32 EMA copy of the weights")
+    ema_profiles: tuple[float, ...] | None = option(None, PROFILES_HELP)
     fsdp: bool = option(False, "shard weights, gradients, AdamW and EMA over the devices (FSDP2) instead of DDP")
     trace: bool = option(False, "also trace one real step on fake tensors")
     gpu: str | None = option(None, "device, for its memory and the largest batch that fits")

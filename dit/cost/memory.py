@@ -84,6 +84,20 @@ def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
     return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
 
 
+def _check_step(cfg: DiTConfig, batch: int, precision: str, checkpointed: int, sharding: str, world: int) -> None:
+    """``estimate_training_memory``'s arguments, each a ``UserError`` naming the value."""
+    if batch < 1:
+        raise UserError(f"batch_per_device must be >= 1, got {batch}.")
+    if precision not in MEMORY_PRECISIONS:
+        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
+    if not 0 <= checkpointed <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed}.")
+    if sharding not in ("ddp", "fsdp"):
+        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
+    if world < 1:
+        raise UserError(f"world_size must be >= 1, got {world}.")
+
+
 def estimate_training_memory(
     cfg: DiTConfig,
     batch_per_device: int,
@@ -93,10 +107,12 @@ def estimate_training_memory(
     sharding: str = "ddp",
     world_size: int = 1,
     gradient_as_bucket_view: bool = False,
+    ema_profiles: int = 0,
     attention: str = "fused",
     ratio: float | None = None,
 ) -> MemoryEstimate:
-    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA, autocast for bf16/fp16.
+    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA (and one more fp32 copy per
+    post-hoc EMA profile, ``ema_profiles``), autocast for bf16/fp16.
 
     The peak is the largest of three moments: the start of backward (every activation saved), the
     backward of the last checkpointed block (all gradients, every checkpointed input and one recomputed
@@ -106,17 +122,7 @@ def estimate_training_memory(
     ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
     Each block keeps what its tokens make (``DiTConfig.block_tokens`` at ``ratio``, default the config's).
     """
-    if batch_per_device < 1:
-        raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
-    if precision not in MEMORY_PRECISIONS:
-        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
-    if not 0 <= checkpointed_blocks <= cfg.depth:
-        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
-    if sharding not in ("ddp", "fsdp"):
-        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
-    if world_size < 1:
-        raise UserError(f"world_size must be >= 1, got {world_size}.")
-
+    _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
@@ -135,6 +141,8 @@ def estimate_training_memory(
         "optimizer": 8 * trainable,
         "ema": 4 * total_params if ema else 0,
     }
+    if ema_profiles:
+        static["ema_profiles"] = 4 * total_params * ema_profiles
     if sharding == "fsdp" and world_size > 1:
         static["fsdp_unsharded"] = 2 * 2 * 4 * block_params  # two blocks in flight: weights and gradients
     if sharding == "ddp" and world_size > 1:
@@ -163,6 +171,13 @@ def estimate_training_memory(
     phases["optimizer step"] = {"gradients": grads, "optimizer_step_temp": 4 * trainable}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
     return MemoryEstimate(parts={**static, **phases[phase]}, phase=phase)
+
+
+def snapshot_disk(cfg: DiTConfig, profiles: int, steps: int, every: int) -> tuple[int, int]:
+    """A run's post-hoc EMA snapshots (``dit.checkpoint.posthoc``): (how many, bytes each). One every ``every``
+    steps and one at the end, each the fp32 weights of every profile, all kept."""
+    count = steps // every + (1 if steps % every else 0)
+    return count, 4 * param_counts(cfg).total * profiles
 
 
 def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) -> int:

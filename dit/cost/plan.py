@@ -316,11 +316,15 @@ def plan_memory(
     capacity_bytes: int | None = None,
     reserve_gib: float | None = None,
     trace: bool = False,
+    ema_profiles: int = 0,
 ) -> MemoryPlan:
     """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
-    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
+    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does. ``ema_profiles``:
+    the post-hoc EMA profiles tracked, one fp32 copy each."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
+    if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA
+        options["ema_profiles"] = ema_profiles
     if checkpointed_blocks == "auto":
         if usable is None:
             raise UserError(
@@ -339,6 +343,6 @@ def plan_memory(
         largest = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
         fit = Fit(capacity_bytes, capacity_bytes - usable, largest)
     return MemoryPlan(
-        describe(cfg), batch_per_device, **options, estimate_bytes=estimate.total, estimate_parts=estimate.parts,
-        peak_phase=estimate.phase, traced=traced, fit=fit,
+        describe(cfg), batch_per_device, precision, ema, sharding, world_size, ema_profiles or None,
+        checkpointed_blocks, estimate.total, estimate.parts, estimate.phase, traced, fit,
     )  # fmt: skip

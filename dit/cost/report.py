@@ -16,15 +16,14 @@ def _part(**default):
 
 
 def flat(plan) -> dict:
-    """A plan's JSON object: its fields in order, each part's fields in the part's place."""
+    """A plan's JSON object: its fields in order, each part's fields in the part's place; an optional field
+    that is None and a field for the text alone are left out."""
     out = {}
     for f in fields(plan):
         value = getattr(plan, f.name)
-        if f.metadata.get("text"):
-            continue
         if f.metadata.get("part"):
             out.update(flat(value) if value is not None else {})
-        else:
+        elif not (f.metadata.get("text") or f.metadata.get("optional") and value is None):
             out[f.name] = value
     return out
 
@@ -62,6 +61,15 @@ class RepaUse:
 
 
 @dataclass(frozen=True)
+class EmaSnapshots:
+    """The post-hoc EMA profiles' snapshots a training run keeps: how many, and their disk."""
+
+    ema_snapshots: int
+    ema_snapshot_gib: float
+    ema_snapshots_gib: float
+
+
+@dataclass(frozen=True)
 class TrainingPlan:
     """FLOPs of a training run (the DiT's; the VAE encoder's and REPA's beside them), its time and money."""
 
@@ -96,6 +104,7 @@ class TrainingPlan:
     price_per_device_hour: float | None
     memory: TrainMemory | None = _part()
     repa: RepaUse | None = _part(default=None)
+    ema: EmaSnapshots | None = _part(default=None)
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ class MemoryPlan:
     ema: bool
     sharding: str
     world_size: int
+    ema_profiles: int | None = field(metadata={"optional": True})  # absent without post-hoc EMA
     checkpointed_blocks: int
     estimate_bytes: int
     estimate_parts: dict[str, int]
@@ -246,6 +256,10 @@ def _training_pairs(r: TrainingPlan) -> list[tuple[str, object]]:
              f"DiT's; {r.aux_total_flops:.4e} FLOP in total (time below counts it; mfu is the DiT's)")
         )  # fmt: skip
     out += _timing_pairs(r.timing, r.num_devices, r.precision, r.price_per_device_hour)
+    if r.ema is not None:
+        e = r.ema
+        out.append(("post-hoc EMA snapshots", f"{e.ema_snapshots:,} x {num(e.ema_snapshot_gib, 3)} GiB = "
+                    f"{num(e.ema_snapshots_gib, 3)} GiB of disk, all kept (checkpoints/ema/)"))  # fmt: skip
     if r.memory is not None:
         m = r.memory
         cap = f" of {num(m.device_memory_gib, 0)} GiB" if m.device_memory_gib else ""

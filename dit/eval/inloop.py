@@ -24,7 +24,7 @@ from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.objectives import Objective
-from dit.objectives.sampling_plan import SamplingSection
+from dit.objectives.sampling_section import SamplingSection
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped
 from dit.sample.generate import Sampler, SamplingModel, generate, noise_seed
@@ -46,6 +46,10 @@ class EvalSection(Section):
         DEFAULT_LABELS, "class labels of the samples: balanced (N/C per class) or random (DiT's); a run recorded "
         "without this option evaluated with random ones", choices=LABEL_MODES,
     )  # fmt: skip
+
+    sigma_rel: float | None = option(
+        None, "score this --ema-profiles profile (one of the tracked ones) instead of the classic EMA", gt=0
+    )
 
     def check(self) -> None:
         if self.every and not self.ref:
@@ -196,4 +200,5 @@ class InLoopEval:
             "eval_judge_pflops": result["flops_breakdown"]["judges"] / 1e15,  # part of eval_feature_pflops
             "eval_seconds": seconds,
             "eval_sampling_seconds": seconds - result["seconds"],
+            **({"ema_sigma_rel": c.sigma_rel} if c.sigma_rel is not None else {}),
         }

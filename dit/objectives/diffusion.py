@@ -7,8 +7,8 @@ import inspect
 import numpy as np
 
 from dit.io.errors import UserError
-from dit.objectives import Objective
-from dit.objectives.sampling_plan import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
+from dit.objectives.objective import Objective
+from dit.objectives.samplers import DIFFUSION_SAMPLERS, SCHEDULER_SAMPLERS
 
 # The section's names of GaussianDiffusion's options where they differ from its own.
 RENAMED = {"loss_weight": "loss_weighting", "time_sampling": "timestep_sampling"}

@@ -6,8 +6,8 @@ import dataclasses
 import math
 
 from dit.io.errors import UserError
-from dit.objectives import Objective
-from dit.objectives.sampling_plan import FLOW_SAMPLERS
+from dit.objectives.objective import Objective
+from dit.objectives.samplers import FLOW_SAMPLERS
 
 
 class FlowObjective(Objective):

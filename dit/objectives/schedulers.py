@@ -21,7 +21,7 @@ import torch
 from dit.io.errors import require
 from dit.io.progress import progress as progress_bar
 from dit.objectives.gaussian import ModelMeanType, SpacedDiffusion
-from dit.objectives.sampling_plan import SCHEDULERS, SamplingPlan
+from dit.objectives.samplers import SCHEDULERS, SamplingPlan
 
 
 def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):

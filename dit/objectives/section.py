@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dit.io.config import FieldError, Section, option
 from dit.objectives import OBJECTIVES, Objective, from_record
 from dit.objectives.gaussian.gaussian_diffusion import LOSS_WEIGHTINGS
-from dit.objectives.sampling_plan import TIME_SHIFT_HELP
+from dit.objectives.sampling_section import TIME_SHIFT_HELP
 from dit.objectives.times import latent_dim
 from dit.objectives.transport.path import PATHS
 from dit.objectives.transport.transport import LOSS_WEIGHTS, PREDICTIONS, TIME_SAMPLING

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.io.config import Face, Section, option
-from dit.objectives.sampling_plan import FidSamplingSection, SamplingSection
+from dit.objectives.sampling_section import FidSamplingSection, SamplingSection
 from dit.runtime import DeviceSection
 from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection
 from dit.sample.labels import LABEL_MODES

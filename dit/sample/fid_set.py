@@ -24,7 +24,7 @@ from dit.io.atomic import CannotWrite, atomic_write, stale_temp_files
 from dit.io.errors import UserError
 from dit.io.progress import progress
 from dit.model.config import registry_name
-from dit.objectives.sampling_plan import settings_record
+from dit.objectives.samplers import settings_record
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost

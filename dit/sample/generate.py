@@ -24,13 +24,8 @@ from dit.io.errors import UserError
 from dit.model.config import DiTConfig, check_path_drop
 from dit.model.dit import DiT, extrapolate
 from dit.objectives import Objective
-from dit.objectives.sampling_plan import (
-    DEFAULT_METHODS,
-    SamplingSection,
-    check_guidance_interval,
-    guided_at,
-    sampling_plan,
-)
+from dit.objectives.samplers import DEFAULT_METHODS, check_guidance_interval, guided_at, sampling_plan
+from dit.objectives.sampling_section import SamplingSection
 from dit.objectives.times import latent_dim, shift_factor
 from dit.objectives.transport import Transport
 from dit.runtime import Precision, Stream, mix_seed
@@ -156,7 +151,7 @@ class PerImageNoise:
 @dataclass(frozen=True)
 class Guidance:
     """Guidance: the scale (1 turns it off), the noise channels it guides (3, the official code's, or "all"),
-    and the interval of times it is on (None: every evaluation; the units are ``dit.objectives.sampling_plan``'s:
+    and the interval of times it is on (None: every evaluation; the units are ``dit.objectives.samplers``':
     t/1000 for diffusion, 1 = noise; flow t, 1 = data). What it guides against: the unconditional pass
     (classifier-free guidance; ``path_drop``: that pass skips the sparse blocks, SPRINT's path-drop guidance),
     or ``guide``, a weaker model of the same task run conditionally (autoguidance, Karras et al. 2024)."""
@@ -228,7 +223,7 @@ class GuidedModel:
 
 
 class Sampler:
-    """One sampling method with its settings and guidance, and its plan (``dit.objectives.sampling_plan``: which
+    """One sampling method with its settings and guidance, and its plan (``dit.objectives.samplers``: which
     evaluations run, at which times, which of them guided), made before it runs and followed when it runs.
 
     ``run`` samples a batch and leaves ``nfe``, ``guided_nfe`` and ``unguided_nfe``: the network evaluations
@@ -241,7 +236,7 @@ class Sampler:
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
-        check_guidance(guidance.scale, sm.config if guidance.guide is None else None)
+        check_guidance(guidance.scale, sm.config if guidance.guide is None and guidance.scale > 1 else None)
         # None: the run's shift; "auto": RAE's for this model's latent
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))

@@ -104,6 +104,12 @@ class TrainConfig:
                 f"{{allow_changes}} {' '.join(unknown)}: only recipe fields may change on a resume "
                 f"({', '.join(CHANGEABLE_FIELDS)}); the seed, the batch, the data and the model may not."
             )
+        tracked = self.optim.ema_profiles or ()
+        if self.eval.sigma_rel is not None and self.eval.sigma_rel not in tracked:
+            raise FieldError(
+                f"{{eval_sigma_rel}} {self.eval.sigma_rel:g} scores a tracked profile: pass one of {{ema_profiles}} "
+                f"({' '.join(f'{s:g}' for s in tracked) or 'none set'}); `python -m dit.checkpoint ema` reconstructs others."
+            )
         if self.token_drop.token_drop_until is not None and not self.model.token_drop:
             raise FieldError("{token_drop_until} ends token dropping: it needs {token_drop} R > 0.")
         if self.model.token_drop and self.repa_encoder.encoder:
@@ -271,6 +277,14 @@ def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> l
             f"{path} was trained with other settings: {'; '.join(conflicts)}. A resume continues the same run: "
             "pass the checkpoint's values (recipe fields may change with --allow-changes NAME ...), or start a new "
             "run in another --results-dir. Nothing was written."
+        )
+    saved_profiles = {f"{s:g}" for s in saved.get("ema_profiles") or ()}
+    added = sorted({f"{s:g}" for s in mine.get("ema_profiles") or ()} - saved_profiles)
+    if added:  # with --allow-changes ema_profiles: a profile may be dropped, never added
+        raise UserError(
+            f"{path} tracks no post-hoc EMA profile {' '.join(added)}: a profile averages the run from its first "
+            "step, so it cannot start on a resume. Resume with the checkpoint's --ema-profiles "
+            f"({' '.join(sorted(saved_profiles)) or 'none'}), or start a new run. Nothing was written."
         )
     skip = {*GUARDED_FIELDS, *CheckpointSection.START_ONLY}
     return [f"{TRAIN_FACE.flag(n)} {mine[n]!r} (recorded {saved[n]!r})" for n in differ if n not in skip]

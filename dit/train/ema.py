@@ -1,4 +1,5 @@
-"""Exponential moving average of the weights, updated every step with one fused foreach op (no host sync)."""
+"""Moving averages of the weights, updated every step with one fused foreach op each (no host sync): the classic
+EMA, and the power-function profiles of post-hoc EMA (``dit.checkpoint.posthoc``) beside it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import copy
 import torch
 from torch import nn
 
+from dit.checkpoint.posthoc import gamma_of, profile_key
 from dit.train.parallel import local
 
 # Devices whose foreach kernels fuse a whole list into a few launches, for dense tensors only. The CPU's loop over
@@ -14,24 +16,17 @@ from dit.train.parallel import local
 FUSED_FOREACH = ("cuda",)
 
 
-class EMA:
-    """An fp32 shadow copy of the model; ``ema = decay * ema + (1 - decay) * model`` over all parameters.
+class Average:
+    """An fp32 shadow copy of the model; ``avg = decay_at(n) * avg + (1 - decay_at(n)) * model`` at update n,
+    over every parameter (the frozen positional table too). It starts as a copy of the model."""
 
-    Like the official DiT, it starts as a copy of the model and covers every parameter (the frozen
-    positional table too). ``warmup`` uses decay = min(decay, (1 + n) / (10 + n)) at update n, without
-    which a 0.9999 EMA of a short run is mostly the untrained initialisation.
-    """
-
-    def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False):
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.decay, self.warmup = decay, warmup
+    def __init__(self, model: nn.Module):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self.num_updates = 0
         self._weights: torch.Tensor | None = None  # the buffer behind ``_dense_weights``
 
     def decay_at(self, n: int) -> float:
-        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+        raise NotImplementedError
 
     @torch.no_grad()
     def update(self, model: nn.Module, apply: torch.Tensor | None = None):
@@ -62,3 +57,45 @@ class EMA:
             buffer = self._weights = torch.empty(largest, dtype=dst[0].dtype, device=dst[0].device)
         torch.mul(apply.to(buffer.dtype).expand_as(buffer), weight, out=buffer)
         return [buffer[: d.numel()].view_as(d) for d in dst]
+
+
+class PowerEMA(Average):
+    """A power-function profile of post-hoc EMA: ``decay_at(n) = (1 - 1/(n + 1))^(gamma + 1)``, 0 at the first
+    update (a copy of the model), computed on the host from the update count (no sync)."""
+
+    def __init__(self, model: nn.Module, sigma_rel: float):
+        super().__init__(model)
+        self.sigma_rel, self.gamma = sigma_rel, gamma_of(sigma_rel)
+
+    def decay_at(self, n: int) -> float:
+        return (1.0 - 1.0 / (n + 1)) ** (self.gamma + 1.0)
+
+
+class EMA(Average):
+    """The classic EMA, ``decay`` at every update, and the post-hoc profiles ``profiles`` (sigma_rel values)
+    updated with it. Like the official DiT's, it starts as the model; ``warmup`` uses decay = min(decay,
+    (1 + n) / (10 + n)) at update n, without which a 0.9999 EMA of a short run is mostly the initialisation."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False, profiles=()):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
+        super().__init__(model)
+        self.decay, self.warmup = decay, warmup
+        self.profiles = {profile_key(s): PowerEMA(model, s) for s in profiles or ()}
+
+    @property
+    def models(self) -> list[nn.Module]:
+        """Every shadow copy, the classic one first: what the parallelism places and shards as the model."""
+        return [self.model, *(p.model for p in self.profiles.values())]
+
+    def decay_at(self, n: int) -> float:
+        return min(self.decay, (1 + n) / (10 + n)) if self.warmup else self.decay
+
+    def update(self, model: nn.Module, apply: torch.Tensor | None = None):
+        super().update(model, apply)
+        for profile in self.profiles.values():
+            profile.update(model, apply)
+
+    def of(self, sigma_rel: float | None) -> nn.Module:
+        """The copy to score: the tracked profile ``sigma_rel``, or the classic EMA for None."""
+        return self.model if sigma_rel is None else self.profiles[profile_key(sigma_rel)].model

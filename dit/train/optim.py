@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.io.config import Section, option
+from dit.checkpoint.posthoc import MAX_SIGMA_REL
+from dit.io.config import FieldError, Section, option
 
 # What a resume may change only when --allow-changes names it (the rest of this section fixes the data order).
 RECIPE_FIELDS = (
     "lr", "weight_decay", "warmup_steps", "lr_schedule", "min_lr_frac", "grad_clip", "ema_decay", "ema_warmup",
-    "grad_accum_steps", "repa_coeff", "adam_beta1", "adam_beta2", "adam_eps",
+    "ema_profiles", "grad_accum_steps", "repa_coeff", "adam_beta1", "adam_beta2", "adam_eps",
 )  # fmt: skip
 
 
@@ -38,12 +39,25 @@ class OptimSection(Section):
     grad_clip: float = option(0.0, "clip the gradient norm to this (0: off)", ge=0)
     ema_decay: float = option(0.9999, "EMA decay", ge=0, lt=1)
     ema_warmup: bool = option(False, "EMA decay min(decay, (1+n)/(10+n)) for short runs")
+    ema_profiles: tuple[float, ...] | None = option(
+        None, "post-hoc EMA: the sigma_rel of each power-function EMA tracked beside the classic one (docs/ema.md)"
+    )
     fused_optimizer: bool = option(True, "fused AdamW (else foreach)")
     seed: int = option(0, "global seed: the data order, every step's noise and the initial weights", ge=0,
                        aliases=("--global-seed",))  # fmt: skip
     max_nonfinite: int = option(
         10, "stop (at the next log step) once this many losses in a row were non-finite", ge=1
     )
+
+    def check(self) -> None:
+        profiles = self.ema_profiles or ()
+        if any(not 0 < s <= MAX_SIGMA_REL for s in profiles):
+            raise FieldError(
+                f"{{ema_profiles}} {' '.join(f'{s:g}' for s in profiles)}: each sigma_rel must be in (0, "
+                f"{MAX_SIGMA_REL:.4f}] (the widest power-function profile, the plain average); EDM2 tracks 0.05 0.1."
+            )
+        if len({f"{s:g}" for s in profiles}) < len(profiles):
+            raise FieldError(f"{{ema_profiles}} {' '.join(f'{s:g}' for s in profiles)}: name each profile once.")
 
     def lr_at(self, step: int, max_steps: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based) of ``max_steps``: warm-up, then constant or cosine."""

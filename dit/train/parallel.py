@@ -215,19 +215,22 @@ class Parallelism:
         self.section, self.runtime = section, runtime
         self.module: nn.Module | None = None  # what the step calls, set by ``wrap``
 
-    def wrap(self, model: DiT, trained: nn.Module, ema: nn.Module, checkpointed: int) -> nn.Module:
+    def wrap(self, model: DiT, trained: nn.Module, ema: list[nn.Module], checkpointed: int) -> nn.Module:
         """Make ``model`` ready to train (``parallelize``, its first ``checkpointed`` blocks recomputed: ``fit``'s
         choice) and return what the step calls in place of ``trained`` (the model, or the model and REPA's
-        projector). ``ema`` is the EMA copy, placed as the model is."""
+        projector). ``ema`` are the EMA copies, placed as the model is."""
         parallelize(model, checkpointed, self.section.compile, self.split, self.runtime.precision.amp_dtype)
         self.module = trained
         return trained
 
-    def fit(self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str) -> tuple[int, str | None]:
+    def fit(
+        self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str, ema_profiles: int = 0
+    ) -> tuple[int, str | None]:
         """The blocks to recompute, checked against the device's memory before anything is built or written:
         (blocks, a line saying why, or None). ``auto`` (the default) takes the fewest whose estimated step
         (``dit.cost.memory``) fits; a fixed count (none, all, N) is kept. A run that does not fit stops here,
-        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs."""
+        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs,
+        ``ema_profiles`` the post-hoc EMA profiles (one fp32 copy each)."""
         section, runtime = self.section, self.runtime
         try:
             policy = parse_activation_checkpointing(section.activation_checkpointing, cfg.depth)
@@ -238,6 +241,7 @@ class Parallelism:
         options = dict(
             precision=runtime.precision.name, world_size=runtime.world, sharding=self.memory_layout,
             gradient_as_bucket_view=True, attention="explicit" if attention in ("explicit", "math") else "fused",
+            **({"ema_profiles": ema_profiles} if ema_profiles else {}),
         )  # fmt: skip
         blocks, estimate = fit_checkpointing(cfg, micro, usable, policy, **options)
         gpu = runtime.device.type == "cuda"
@@ -307,7 +311,8 @@ class FSDP(Parallelism):
     def wrap(self, model, trained, ema, checkpointed):
         super().wrap(model, trained, ema, checkpointed)  # every rank built the same weights: each keeps its part
         self.reduced = [model]  # the modules whose gradients are reduce-scattered
-        shard(ema)
+        for copy in ema:
+            shard(copy)
         projector = getattr(trained, "projector", None)
         if projector is not None:
             shard(projector)

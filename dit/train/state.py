@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dit.checkpoint.posthoc import PROFILES
 from dit.io.errors import UserError
 from dit.model.dit import DiT
 from dit.runtime import Runtime
@@ -82,7 +83,21 @@ class TrainState:
             state["latent_norm"] = self.latent_norm
         if self.projector is not None:
             state["repa_projector"] = model_state(self.projector, self.sharded)
+        if self.ema.profiles:
+            state[PROFILES] = self._profiles()
         return state
+
+    def _profiles(self) -> dict:
+        return {key: model_state(p.model, self.sharded) for key, p in self.ema.profiles.items()}
+
+    def snapshot_dict(self, runtime: Runtime) -> dict | None:
+        """A post-hoc EMA snapshot's payload (``dit.checkpoint.posthoc``): the profiles, and what the run is (with
+        the latent statistics a sampler decodes with); on rank 0 alone, or under FSDP on every rank's shards."""
+        if not (self.sharded or runtime.is_main):
+            return None
+        run = {"config": self.record, "model_config": self.model.config.to_dict(), "lineage": self.lineage}
+        norm = {"latent_norm": self.latent_norm} if self.latent_norm is not None else {}
+        return {PROFILES: self._profiles(), **run, **norm}
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
         """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
@@ -110,6 +125,7 @@ class TrainState:
         load_model_state(self.model, state["model"], self.sharded, source)
         load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
         self.ema.num_updates = int(state["ema_updates"])
+        self._load_profiles(state.get(PROFILES) or {}, source)
         if self.projector is not None:
             if "repa_projector" not in state:
                 raise UserError(f"{source} holds no REPA projector: resume it without --repa-encoder.")
@@ -124,3 +140,10 @@ class TrainState:
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return notes
+
+    def _load_profiles(self, saved: dict, source: str) -> None:
+        """The post-hoc EMA profiles this run tracks (``resume_point`` refused one ``source`` lacks; one an
+        --allow-changes resume no longer tracks is dropped)."""
+        for key, profile in self.ema.profiles.items():
+            load_model_state(profile.model, saved[key], self.sharded, f"{source} (EMA profile {key})")
+            profile.num_updates = self.ema.num_updates

@@ -94,10 +94,10 @@ class Trainer:
         resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.record)
         notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
         # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
-        kernel, accum = cfg.parallel.attention, cfg.optim.grad_accum_steps
+        kernel, accum, ema = cfg.parallel.attention, cfg.optim.grad_accum_steps, len(cfg.optim.ema_profiles or ())
         self.attention = attention_kernel(kernel, runtime.device.type, runtime.precision.compute_dtype)
         self.parallel = parallelism(cfg.parallel, runtime)
-        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention)
+        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention, ema)
         notes += [why] if why else []
         if runtime.is_main:
             text = yaml.safe_dump(self.record, sort_keys=False)
@@ -119,15 +119,13 @@ class Trainer:
         projector = self.repa.projector(model_cfg).to(device) if self.repa else None
         trained = RepaModel(model, projector, cfg.repa.depth) if self.repa else model
         start = cfg.checkpoint
-        if (
-            start.init_from and ckpt is None
-        ):  # a fine-tune's first start (its resumes come from its own checkpoints)
+        if start.init_from and ckpt is None:  # a fine-tune's first start (its resumes: from its own checkpoints)
             from dit.train.init import init_from
 
             report = self.out / "init_from.json" if runtime.is_main else None
             notes.append(init_from(model, start.init_from, start.init_from_weights, report))
-        ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup)  # a copy: never checkpointed, compiled nor run
-        self.module = self.parallel.wrap(model, trained, ema.model, self.checkpointed)
+        ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup, cfg.optim.ema_profiles)  # copies, never run
+        self.module = self.parallel.wrap(model, trained, ema.models, self.checkpointed)
         # side features in the step: REPA's targets come from the image before a VAE encodes it
         self.hooks = [self.repa] if self.repa else []
         if self.data.vae is not None:
@@ -311,12 +309,8 @@ class Trainer:
 
     def run(self, stop: StopFlag | None = None) -> dict:
         cfg, state, ledger = self.cfg, self.state, self.ledger
-        max_steps, log_every, grid_every, eval_every = (
-            self.total_steps,
-            cfg.ledger.log_every,
-            cfg.ledger.sample_every,
-            cfg.eval.every,
-        )
+        max_steps, log_every = self.total_steps, cfg.ledger.log_every
+        grid_every, eval_every = cfg.ledger.sample_every, cfg.eval.every
         warmup_until = state.step + cfg.ledger.mfu_warmup_steps
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
@@ -342,6 +336,10 @@ class Trainer:
                         ledger.start_window()
                     ckpt_step = state.step % cfg.checkpoint.ckpt_every == 0 and state.step < max_steps
                     eval_step = bool(eval_every) and (state.step % eval_every == 0 or state.step == max_steps)
+                    # the snapshot first: a checkpoint is never newer than the snapshots its run needs
+                    if self.checkpointer.snapshot_due(state, last=state.step == max_steps):
+                        with ledger.paused():
+                            self.checkpointer.snapshot(state)
                     if ckpt_step:
                         with ledger.paused():
                             self.save()
@@ -353,7 +351,9 @@ class Trainer:
                     if eval_step:
                         with ledger.paused():
                             try:
-                                scores = self.evaluation.run(self.parallel.whole(state.ema.model), stop)
+                                scores = self.evaluation.run(
+                                    self.parallel.whole(state.ema.of(cfg.eval.sigma_rel)), stop
+                                )
                             except EvalStopped:
                                 ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
                             else:
@@ -406,9 +406,7 @@ class Trainer:
             in_warmup=in_warmup,
             loss_scale=float(scaler.get_scale()) if scaler is not None else None,
         )
-        if (
-            counters["longest_nonfinite_streak"] >= self.cfg.optim.max_nonfinite
-        ):  # skipped steps left the weights alone
+        if counters["longest_nonfinite_streak"] >= self.cfg.optim.max_nonfinite:  # skipped steps left the weights
             streak = counters["longest_nonfinite_streak"]
             with self.ledger.paused():
                 self.save()  # the skipped steps left the weights as they were before the first non-finite one

@@ -1,6 +1,6 @@
-"""Gaussian diffusion for DiT: ``create_diffusion`` takes the official arguments."""
+"""Gaussian diffusion for DiT: ``create_diffusion`` (``create.py``) takes the official arguments."""
 
-from dit.objectives.gaussian import gaussian_diffusion as gd
+from dit.objectives.gaussian.create import create_diffusion
 from dit.objectives.gaussian.gaussian_diffusion import (
     LOSS_WEIGHTINGS,
     TIMESTEP_SAMPLINGS,
@@ -11,7 +11,6 @@ from dit.objectives.gaussian.gaussian_diffusion import (
     get_named_beta_schedule,
 )
 from dit.objectives.gaussian.respace import SpacedDiffusion, space_timesteps
-from dit.objectives.sampling_plan import shift_timesteps
 
 __all__ = [
     "LOSS_WEIGHTINGS",
@@ -25,49 +24,3 @@ __all__ = [
     "get_named_beta_schedule",
     "space_timesteps",
 ]
-
-
-def create_diffusion(
-    timestep_respacing,
-    noise_schedule="linear",
-    use_kl=False,
-    sigma_small=False,
-    predict_xstart=False,
-    learn_sigma=True,
-    rescale_learned_sigmas=False,
-    diffusion_steps=1000,
-    *,
-    time_shift=1.0,
-    **recipe,
-) -> SpacedDiffusion:
-    """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance.
-
-    ``timestep_respacing`` "" or None keeps every step; "250" or "ddim50" respaces for sampling. The
-    keywords in ``recipe`` are ``GaussianDiffusion``'s training options beyond the official recipe (whose
-    values are the defaults): ``loss_weighting`` "min-snr" weights the MSE term by Min-SNR-``min_snr_gamma``;
-    ``timestep_sampling`` "logit-normal" draws ``sample_t`` from sigmoid(N(``logit_mean``, ``logit_std``)).
-    ``time_shift`` shifts the training draw and a respacing's kept timesteps (``shift_timesteps``).
-    """
-    betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
-    if use_kl:
-        loss_type = gd.LossType.RESCALED_KL
-    elif rescale_learned_sigmas:
-        loss_type = gd.LossType.RESCALED_MSE
-    else:
-        loss_type = gd.LossType.MSE
-    if timestep_respacing is None or timestep_respacing == "":
-        timestep_respacing = [diffusion_steps]
-    if learn_sigma:
-        var_type = gd.ModelVarType.LEARNED_RANGE
-    else:
-        var_type = gd.ModelVarType.FIXED_SMALL if sigma_small else gd.ModelVarType.FIXED_LARGE
-    kept = space_timesteps(diffusion_steps, timestep_respacing)
-    return SpacedDiffusion(
-        use_timesteps=kept if len(kept) == diffusion_steps else shift_timesteps(kept, time_shift, diffusion_steps),
-        time_shift=time_shift,
-        betas=betas,
-        model_mean_type=gd.ModelMeanType.START_X if predict_xstart else gd.ModelMeanType.EPSILON,
-        model_var_type=var_type,
-        loss_type=loss_type,
-        **recipe,
-    )

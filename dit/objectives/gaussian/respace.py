@@ -1,12 +1,12 @@
 """Timestep respacing: sample with a subset of the training timesteps (ADM's ``space_timesteps``, which lives
-in the torch-free ``dit.objectives.sampling_plan`` so that the planner can read a respacing without torch)."""
+in the torch-free ``dit.objectives.respacing`` so that the planner can read a respacing without torch)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dit.objectives.gaussian.gaussian_diffusion import GaussianDiffusion
-from dit.objectives.sampling_plan import space_timesteps
+from dit.objectives.respacing import space_timesteps
 
 __all__ = ["SpacedDiffusion", "space_timesteps"]
 

@@ -1,8 +1,8 @@
 """ODE and SDE samplers for flow-matching models, from noise (t = t0) to data (t = 1), counting the network
 evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for. Their
-time grids come from ``dit.objectives.sampling_plan`` (``flow_grid``), the plan ``dit-cost`` reads too.
+time grids come from ``dit.objectives.respacing`` (``flow_grid``), the plan ``dit-cost`` reads too.
 
-ODE: the integrators of ``dit.objectives.sampling_plan.ODE_INTEGRATORS`` (each entry is its step and the evaluations
+ODE: the integrators of ``dit.objectives.integrators.ODE_INTEGRATORS`` (each entry is its step and the evaluations
 the step makes): ``euler``, ``heun`` (the trapezoid of the ends, torchdiffeq's ``heun2``), ``ab2``-``ab4``
 (Adams-Bashforth) on a uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's
 default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps);
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dit.objectives.sampling_plan import ODE_INTEGRATORS
+from dit.objectives.integrators import ODE_INTEGRATORS
 from dit.objectives.transport.path import _expand
 from dit.objectives.transport.transport import Transport
 
