@@ -121,3 +121,17 @@ def test_memory_plan_keys_values_and_text(capsys, argv, extra):
         assert f"largest batch per device that fits  {got['max_batch_per_device']}" in text
     else:
         assert f"analytic/traced {got['estimate_bytes'] / got['traced_bytes']:.3f}" in text
+
+
+def test_post_hoc_ema_keys_follow_the_plan(capsys):
+    """--ema-profiles adds the snapshots' disk after every other training key, and its line to the text."""
+    from dit.cost.memory import snapshot_disk
+
+    argv = "train --model DiT-S/2 --max-steps 20000 --ema-profiles 0.05 0.1 --ema-snapshot-every 1000"
+    text, got = _run(capsys, argv)
+    assert tuple(got) == TRAIN + ("ema_snapshots", "ema_snapshot_gib", "ema_snapshots_gib")
+    count, each = snapshot_disk(model_for_image("DiT-S/2", 256), 2, 20000, 1000)
+    assert (got["ema_snapshots"], got["ema_snapshot_gib"]) == (count, each / 2**30)
+    assert got["ema_snapshots_gib"] == count * each / 2**30 and f"{count:,} x " in text
+    _, mem = _run(capsys, "memory --model DiT-S/2 --batch-size 8 --ema-profiles 0.05 0.1")
+    assert tuple(mem) == MEMORY[:6] + ("ema_profiles",) + MEMORY[6:]
