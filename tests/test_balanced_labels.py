@@ -201,5 +201,6 @@ def test_a_run_recorded_before_the_modes_resumes_with_random_evaluation_labels()
 
     old = {"config": {"eval": {"every": 10, "ref": "ref.npz"}, "model": {"model": "DiT-S/2"}}}
     assert run_record(old)["eval_labels"] == "random"
-    assert TRAIN_FACE.parse([], record=run_record(old)).sections["eval"].labels == "random"
-    assert TRAIN_FACE.parse([]).sections["eval"].labels == "balanced"
+    resumed = TRAIN_FACE.values([]).under(run_record(old)).values  # a resume lays the record under the flags
+    assert TRAIN_FACE.section("eval", resumed).labels == "random"
+    assert TRAIN_FACE.section("eval", TRAIN_FACE.values([]).values).labels == "balanced"
