@@ -27,8 +27,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sampling_verdicts import SCORES, load, references  # this script's folder: sys.path[0]
-
 from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
 from dit.eval.compare import better
@@ -72,6 +70,14 @@ FACE = Face(
     outputs={"work": "folder", "out": "file"},
     inputs={"runs": "folder", "small": "folder"},
 )
+
+
+def verdicts():
+    """scripts/sampling_verdicts.py, which reads studies for the rule: imported from this script's folder (first on
+    sys.path when the script runs), when the study is judged."""
+    import sampling_verdicts
+
+    return sampling_verdicts
 
 
 def run(command: list) -> None:
@@ -160,11 +166,12 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
     """Per method, its best setting (scores per seed, intervals, sampling FLOPs) and its verdicts against the
     default and, for autoguidance, against CFG's best. ``default``: {"studies": [paths per seed], "setting"};
     ``methods``: {method: {label: [study paths per seed]}}."""
+    load, judges = verdicts().load, verdicts().SCORES
     base_rows, base = load(tuple(str(p) for p in default["studies"]), refs, recipes=True)
     if default["setting"] not in base:
         raise UserError(f"the default's studies lack {default['setting']}: run them with its scale and steps.")
     base_rows, base = base_rows[default["setting"]], base[default["setting"]]
-    base_mean = {s: sum(base[s].scores) / len(base[s].scores) for s in SCORES}
+    base_mean = {s: sum(base[s].scores) / len(base[s].scores) for s in judges}
     best = {"default": (base_rows, base)}
     out = {"default": {"setting": default["setting"], **scores(base_rows)}, "methods": {}}
     for method, studies in methods.items():
@@ -172,20 +179,20 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
         for label, paths in studies.items():
             rows, judged = load(tuple(str(p) for p in paths), refs, recipes=True)
             for setting in rows:
-                rel = sum(sum(judged[setting][s].scores) / len(paths) / base_mean[s] for s in SCORES) / len(SCORES)
+                rel = sum(sum(judged[setting][s].scores) / len(paths) / base_mean[s] for s in judges) / len(judges)
                 candidates.append((rel, label, setting, rows[setting], judged[setting]))
         rel, label, setting, rows, judged = min(candidates, key=lambda x: x[0])
         best[method] = (rows, judged)
-        verdicts = {}
+        against_rows = {}
         for against in AGAINST.get(method, ("default",)):
             if against in best:
                 v = better(judged, best[against][1], refs)
-                verdicts[against] = {"verdict": v.verdict, "reasons": list(v.reasons),
-                                     "shares_ahead": {s: float(x) for s, x in v.shares.items()}}  # fmt: skip
+                against_rows[against] = {"verdict": v.verdict, "reasons": list(v.reasons),
+                                         "shares_ahead": {s: float(x) for s, x in v.shares.items()}}  # fmt: skip
         out["methods"][method] = {
             "best": {"study": label, "setting": setting, "mean_score_relative_to_default": rel},
             **scores(rows),
-            "verdicts": verdicts,
+            "verdicts": against_rows,
             "candidates": [
                 {
                     "study": c[1],
@@ -202,7 +209,7 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
 def scores(rows: list[dict]) -> dict:
     """A setting's sampling FLOPs and, per judge, its score and bootstrap interval per training seed."""
     out = {"tflop_per_1000": rows[0]["sampling_tflop_per_1000"], "labels": rows[0].get("labels", "random")}
-    for s in SCORES:
+    for s in verdicts().SCORES:
         out[s] = [r[s] for r in rows]
         out[f"{s}_intervals"] = [r["intervals"][s] for r in rows]
     return out
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "command": "python scripts/after_training.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "rule": "docs/evaluation.md: both judges, >= 95% of paired resamples, the training seeds' ranges apart",
-        **aggregate(default, methods, references()),
+        **aggregate(default, methods, verdicts().references()),
     }
     atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
     for method, row in summary["methods"].items():
