@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, face
+from helpers import ROOT, face, run_face, write_our_checkpoint
 
 REFS = {"fid": (np.zeros(4), np.eye(4)), "fd_judge": (np.zeros(3), np.eye(3))}
 N = 200
@@ -78,3 +78,16 @@ def test_a_smaller_guide_gets_the_steps_that_stay_within_cfgs_flops(after):
     assert after.equal_flops_steps(10, 1.0, 1.0) == 10  # an early checkpoint costs what CFG's pass costs
     steps = after.equal_flops_steps(10, 2.6, 1.0)
     assert steps == 14 and steps * (2.6 + 1.0) <= 10 * 2 * 2.6 < (steps + 1) * (2.6 + 1.0)
+
+
+@pytest.mark.parametrize("case", ["no checkpoints", "no early checkpoint"])
+def test_a_run_the_study_cannot_use_is_one_line_before_any_sampling(after, tmp_path, capsys, case):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    if case == "no early checkpoint":
+        write_our_checkpoint(run / "checkpoints", None)  # the final step alone: nothing earlier to guide with
+    code, _, err = run_face("scripts/after_training.py", ["--runs", str(run), "--work", str(tmp_path / "w"),
+                            "--out", str(tmp_path / "v.json")], capsys)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+    assert ("has no checkpoints" if case == "no checkpoints" else "keeps no early checkpoint") in err
+    assert not (tmp_path / "v.json").exists() and not list((tmp_path / "w").iterdir())
