@@ -57,7 +57,9 @@ class AfterConfig(Section):
     guidance: tuple[float, ...] = option([1.5, 2.0, 3.0], "the scales of CFG and autoguidance", gt=1)
     default_guidance: float = option(1.5, "today's default scale", gt=1)
     steps: int = option(10, "DDIM steps of CFG and the default", ge=1)
-    guide_step: int | None = option(None, "the early guide's step (default: each run's earliest checkpoint)", ge=1)
+    guide_steps: tuple[int, ...] | None = option(
+        None, "the early guides' steps (default: every checkpoint a run kept before its last)", ge=1
+    )
     num_samples: int = option(1000, "samples per setting (docs/evaluation.md: the sample count)", ge=65)
     batch_size: int = option(250, "samples per batch", ge=1)
     aggregate_only: bool = option(False, "judge the studies already in --work; run nothing")
@@ -130,10 +132,10 @@ def run_studies(c: AfterConfig) -> tuple[dict, dict]:
     for seed, folder in enumerate(c.runs):
         kept = checkpoints(folder)
         final = kept[-1][1]
-        early = next((p for s, p in kept if s == c.guide_step), None) if c.guide_step else kept[0][1]
-        if early is None or early == final:
-            raise UserError(f"{folder} keeps no early checkpoint{f' at step {c.guide_step}' if c.guide_step else ''}: "
-                            "train it with scripts/scaling.py --keep-evals, or pass a kept --guide-step.")  # fmt: skip
+        early = [(s, p) for s, p in kept[:-1] if c.guide_steps is None or s in c.guide_steps]
+        if len(early) < len(c.guide_steps or [None]):
+            raise UserError(f"{folder} keeps no early checkpoint{' at each --guide-steps' * bool(c.guide_steps)}: "
+                            "train it with scripts/scaling.py --keep-evals, or pass --guide-steps it kept.")  # fmt: skip
         classic = study(
             c, work / f"classic-s{seed}.json", final, sorted({d, *c.guidance}), c.steps, "--labels", "balanced"
         )
@@ -147,10 +149,10 @@ def run_studies(c: AfterConfig) -> tuple[dict, dict]:
                 run(["-m", "dit.checkpoint", "ema", folder, "--sigma-rel", sigma, "--out", ema])
             methods["posthoc_ema"].setdefault(f"sigma_rel {sigma:g}", []).append(
                 study(c, work / f"ema-{sigma:g}-s{seed}.json", ema, [d], c.steps, "--labels", "balanced"))  # fmt: skip
-        step = next(s for s, p in kept if p == early)
-        methods["autoguidance_early"].setdefault(f"guide: step {step} of the same run", []).append(
-            study(c, work / f"auto-early-s{seed}.json", final, c.guidance, c.steps, "--labels", "balanced",
-                  "--guide-ckpt", early))  # fmt: skip
+        for step, guide in early:
+            methods["autoguidance_early"].setdefault(f"guide: step {step} of the same run", []).append(
+                study(c, work / f"auto-early{step}-s{seed}.json", final, c.guidance, c.steps, "--labels",
+                      "balanced", "--guide-ckpt", guide))  # fmt: skip
         if small is not None:
             steps = equal_flops_steps(c.steps, forward_flops(final), forward_flops(small))
             methods["autoguidance_small"].setdefault(f"guide: {small.parent.parent.name}", []).append(
