@@ -137,6 +137,14 @@ class ScalingConfig(Section):
         "quality under both judges, their ratio and whether the seeds are apart",
     )  # fmt: skip
     against: str = option("baseline", "the recipe the verdict measures the others against")
+    ema_profiles: tuple[float, ...] | None = option(
+        None, "post-hoc EMA profiles (sigma_rel) every run also tracks (docs/ema.md): the training and its classic "
+        "EMA, today's default, are unchanged",
+    )  # fmt: skip
+    ema_snapshot_every: int = option(100, "with --ema-profiles: steps per snapshot of the profiles", ge=1)
+    keep_evals: bool = option(
+        False, "keep each evaluation's checkpoint for good (early checkpoints as autoguidance guides)"
+    )
 
     def check(self) -> None:
         if self.verdict and self.against not in [spec.partition(":")[0] for spec in self.recipes]:
@@ -186,7 +194,19 @@ def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
         objective=objective, eval_sampler=OBJECTIVES[objective].fast_sampler, eval_guidance_interval=None,
+        **after_training_options(c, every),
     )  # fmt: skip
+
+
+def after_training_options(c: ScalingConfig, every: int) -> dict:
+    """Post-hoc EMA profiles and kept checkpoints (docs/ema.md, docs/sampling.md), set only when asked, so the
+    record of a run without them, and its resume, stay as they were."""
+    options = {}
+    if c.ema_profiles:
+        options.update(ema_profiles=c.ema_profiles, ema_snapshot_every=c.ema_snapshot_every)
+    if c.keep_evals:
+        options["keep_every"] = every
+    return options
 
 
 def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> str:

@@ -111,6 +111,7 @@ FACE_MODULES = {
     "scripts/scaling.py": "scripts/scaling.py",
     "scripts/sampling_study.py": "scripts/sampling_study.py",
     "scripts/sampling_verdicts.py": "scripts/sampling_verdicts.py",
+    "scripts/after_training.py": "scripts/after_training.py",
     "scripts/sample_count.py": "scripts/sample_count.py",
     "scripts/eval_figures.py": "scripts/eval_figures.py",
     "dit-cost": "dit/cost/__main__.py",

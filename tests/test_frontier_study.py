@@ -115,3 +115,20 @@ def test_the_benchmark_times_the_digits_model_at_the_steps_the_study_counts(tmp_
     study = [scaling.flops_per_step(_config(recipe, tmp_path), 2)[0] for recipe in ("baseline", "token-drop")]
     assert [r["model_flops_per_step"] for r in rows] == pytest.approx(study, rel=1e-12)
     assert {r["image_size"] for r in rows} == {28} and [r["token_drop"] for r in rows] == [0.0, 0.5]
+
+
+def test_the_after_training_options_reach_the_run_and_leave_the_others_as_they_were(tmp_path):
+    plain = _config("baseline", tmp_path)
+    c = scaling.FACE.parse(
+        ["--results-dir", str(tmp_path), "--ema-profiles", "0.05", "0.1", "--ema-snapshot-every", "7",
+         "--keep-evals"]
+    ).sections["scaling"]  # fmt: skip
+    study = scaling.study_options(c, "diffusion", 0, 10, 5)
+    cfg = digits_train_config(PRESETS["default"], 10, tmp_path, None).replace(**study)
+    flat, before = flatten_record(cfg.record()), flatten_record(plain.record())
+    assert (
+        tuple(flat["ema_profiles"]) == (0.05, 0.1) and flat["ema_snapshot_every"] == 7 and flat["keep_every"] == 5
+    )
+    changed = {k for k in flat if flat[k] != before[k]}
+    assert changed == {"ema_profiles", "ema_snapshot_every", "keep_every"}  # the training itself is the baseline's
+    assert before["ema_profiles"] is None and before["keep_every"] == 0
