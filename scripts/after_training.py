@@ -15,7 +15,7 @@ is cheaper per step, so it gets the most DDIM steps whose FLOPs stay within CFG'
 method's best is picked on the samples that judge it: a "better" is worth confirming with --seed 1.
 
   python scripts/after_training.py --runs out/after_runs/M-diffusion-s0 out/after_runs/M-diffusion-s1 \\
-      --small out/after_runs/S-diffusion-s0 --work out/after --out docs/results/after_training_verdict.json
+      --small out/after_runs/S-diffusion-s0 --work out/after --out out/after/after_training_verdict.json
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class AfterConfig(Section):
     )
     small: str | None = option(None, "a smaller model's run folder: the small guide (none: no small-guide study)")
     work: str = option("out/after", "reconstructed EMAs and studies (a rerun skips what is there)")
-    out: str = option("docs/results/after_training_verdict.json", "the verdicts (JSON)")
+    out: str = option("out/after/after_training_verdict.json", "the verdicts (JSON)")
     sigma_rels: tuple[float, ...] = option(
         [0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2],
         "the EMAs to rebuild: ones the snapshots draw (docs/ema.md; 11 snapshots of 0.05 and 0.1 draw 0.03 to 0.2)",
