@@ -93,6 +93,8 @@ def face(relative_path: str):
     path = ROOT / relative_path
     if relative_path.startswith("dit/"):
         return importlib.import_module(relative_path.removesuffix(".py").replace("/", "."))
+    if str(path.parent) not in sys.path:  # as Python runs a script: its folder first (studies import siblings)
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -108,20 +110,20 @@ FACE_MODULES = {
     "scripts/sample_ddp.py": "scripts/sample_ddp.py",
     "scripts/export_diffusers.py": "scripts/export_diffusers.py",
     "scripts/benchmark.py": "scripts/benchmark.py",
-    "scripts/scaling.py": "scripts/scaling.py",
-    "scripts/sampling_study.py": "scripts/sampling_study.py",
-    "scripts/sampling_verdicts.py": "scripts/sampling_verdicts.py",
-    "scripts/after_training.py": "scripts/after_training.py",
-    "scripts/sample_count.py": "scripts/sample_count.py",
-    "scripts/eval_figures.py": "scripts/eval_figures.py",
+    "studies/scaling.py": "studies/scaling.py",
+    "studies/sampling_study.py": "studies/sampling_study.py",
+    "studies/sampling_verdicts.py": "studies/sampling_verdicts.py",
+    "studies/after_training.py": "studies/after_training.py",
+    "studies/sample_count.py": "studies/sample_count.py",
+    "studies/eval_figures.py": "studies/eval_figures.py",
     "dit-cost": "dit/cost/__main__.py",
     "dit.cost": "dit/cost/__main__.py",
     "dit.eval": "dit/eval/__main__.py",
     "dit.quickstart": "dit/quickstart/run.py",
     "dit.checkpoint": "dit/checkpoint/__main__.py",
-    "scripts/train_digit_classifier.py": "scripts/train_digit_classifier.py",
-    "scripts/train_digit_encoder.py": "scripts/train_digit_encoder.py",
-    "scripts/train_digit_judge.py": "scripts/train_digit_judge.py",
+    "studies/train_digit_classifier.py": "studies/train_digit_classifier.py",
+    "studies/train_digit_encoder.py": "studies/train_digit_encoder.py",
+    "studies/train_digit_judge.py": "studies/train_digit_judge.py",
 }
 
 
@@ -162,7 +164,7 @@ def make_image_folder(root, counts=None, seed=0):
 def random_inception_weights(path, seed: int = 0) -> str:
     """torch-fidelity's Inception-v3 state dict with random He-scaled weights (its default initialisation
     fades to ~1e-8 by pool3), saved as a .pth like its real weights file: the architecture, offline."""
-    from dit.eval.features import InceptionFeatures
+    from dit.eval.inception import InceptionFeatures
 
     g = torch.Generator().manual_seed(seed)
     state = InceptionFeatures(None, "random").net.state_dict()

@@ -1,4 +1,4 @@
-"""The after-training study's aggregator (scripts/after_training.py, issue 39 item 4) on synthetic studies: each
+"""The after-training study's aggregator (studies/after_training.py, issue 39 item 4) on synthetic studies: each
 method's best setting, its verdicts against the default and, for autoguidance, against CFG's best, and the
 steps that give a smaller guide CFG's sampling FLOPs."""
 
@@ -9,20 +9,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, face, run_face, write_our_checkpoint
+from helpers import face, run_face, write_our_checkpoint
 
 REFS = {"fid": (np.zeros(4), np.eye(4)), "fd_judge": (np.zeros(3), np.eye(3))}
 N = 200
 
 
 @pytest.fixture
-def after(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # where the script finds scripts/sampling_verdicts.py
-    return face("scripts/after_training.py")
+def after():
+    return face("studies/after_training.py")
 
 
 def _study(folder: Path, name: str, settings: dict, labels: str = "balanced") -> list[str]:
-    """One study per training seed, as scripts/sampling_study.py writes them: each setting (name: shift of its
+    """One study per training seed, as studies/sampling_study.py writes them: each setting (name: shift of its
     features from the reference) with its scores (the shift, a little worse on seed 1) and kept features."""
     paths = []
     for seed in (0, 1):
@@ -86,7 +85,7 @@ def test_a_run_the_study_cannot_use_is_one_line_before_any_sampling(after, tmp_p
     (run / "checkpoints").mkdir(parents=True)
     if case == "no early checkpoint":
         write_our_checkpoint(run / "checkpoints", None)  # the final step alone: nothing earlier to guide with
-    code, _, err = run_face("scripts/after_training.py", ["--runs", str(run), "--work", str(tmp_path / "w"),
+    code, _, err = run_face("studies/after_training.py", ["--runs", str(run), "--work", str(tmp_path / "w"),
                             "--out", str(tmp_path / "v.json")], capsys)  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
     assert ("has no checkpoints" if case == "no checkpoints" else "keeps no early checkpoint") in err

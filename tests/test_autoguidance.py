@@ -243,7 +243,7 @@ def test_sampling_study_takes_a_guide_and_counts_its_flops(tmp_path, capsys):
     out = tmp_path / "study.json"
     argv = ["--ckpt", ckpt, "--out", str(out), "--samplers", "ddim", "--nfe", "5", "--guidance", "2",
             "--intervals", "all", "--num-samples", "70", "--batch-size", "35"]  # fmt: skip
-    code, _, err = run_face("scripts/sampling_study.py", [*argv, "--guide-ckpt", small], capsys)
+    code, _, err = run_face("studies/sampling_study.py", [*argv, "--guide-ckpt", small], capsys)
     assert code == 0, err
     study = json.loads(out.read_text())
     (row,) = study["rows"]
@@ -252,5 +252,5 @@ def test_sampling_study_takes_a_guide_and_counts_its_flops(tmp_path, capsys):
         5 * (main + weak) * 1000 / 1e12
     )
     assert study["guide"]["weights"] == "ema"
-    code, _, err = run_face("scripts/sampling_study.py", argv, capsys)  # without the guide: another study
+    code, _, err = run_face("studies/sampling_study.py", argv, capsys)  # without the guide: another study
     assert code == 2 and "holds a study of other settings" in err

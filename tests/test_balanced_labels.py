@@ -153,7 +153,7 @@ def test_a_set_recorded_before_the_modes_continues_random_and_refuses_balanced(d
 
 def test_the_evaluator_reports_the_mode_with_the_scores(one_process, tmp_path, capsys):
     from dit.eval.__main__ import main as eval_main
-    from dit.eval.features import load_digit_classifier
+    from dit.eval.digit_nets import load_digit_classifier
     from dit.eval.reference import digits_reference, save_stats
     from dit.io.cli import run_cli
 
@@ -174,7 +174,7 @@ def test_the_evaluator_reports_the_mode_with_the_scores(one_process, tmp_path, c
 def test_in_loop_evaluations_are_balanced_and_say_so(tmp_path, monkeypatch):
     from test_eval_inloop import digits, eval_config, records
 
-    from dit.eval.features import load_digit_classifier
+    from dit.eval.digit_nets import load_digit_classifier
     from dit.eval.inloop import InLoopEval
     from dit.eval.reference import digits_reference, save_stats
     from dit.train import train

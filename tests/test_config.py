@@ -197,15 +197,13 @@ def face_options(name: str, face) -> list[tuple[str, str, str, str]]:
             return "on" if d else "off"
         return "none" if d is None else " ".join(map(str, d)) if isinstance(d, tuple) else str(d)
 
-    out = []
+    out, short = [], name.replace("scripts/", "").replace("studies/", "").replace(".py", "")
     for sub, f in face.commands.items():
         out += face_options(f"{name} {sub}", f)
     for flat, (attr, field) in face.fields.items():
         cls = face.sections[attr][0]
         hint, _ = _unwrap(typing.get_type_hints(cls)[field.name])
-        out.append(
-            (name.replace("scripts/", "").replace(".py", ""), face.flag(flat), tname(hint), dname(field.default))
-        )
+        out.append((short, face.flag(flat), tname(hint), dname(field.default)))
     return out
 
 

@@ -10,12 +10,12 @@ import torch
 from helpers import face
 
 from dit.data.store import sha256_file
-from dit.eval.features import DIGIT_JUDGE_REFERENCE, DIGIT_JUDGE_WEIGHTS, load_digit_judge
+from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, DIGIT_JUDGE_WEIGHTS, load_digit_judge
 from dit.eval.reference import digits_reference, load_reference
 
 
 def test_the_training_script_is_deterministic(tmp_path):
-    train_digit_judge = face("scripts/train_digit_judge.py")
+    train_digit_judge = face("studies/train_digit_judge.py")
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
         for name in ("a", "b"):

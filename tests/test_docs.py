@@ -129,7 +129,8 @@ def test_every_checkpoint_path_shown_is_a_folder_a_run_writes():
 
     written = {TRAIN_FACE.fields["results_dir"][1].default, QUICKSTART.fields["results_dir"][1].default + "/run"}
     written |= {yaml.safe_load(p.read_text())["results_dir"] for p in (ROOT / "configs").glob("*.yaml")}
-    sources = [*PAGES, *ROOT.glob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "dit").rglob("*.py")]
+    sources = [*PAGES, *ROOT.glob("*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("studies/*.py")]
+    sources += (ROOT / "dit").rglob("*.py")
     shown = []
     for path in sources:
         text = path.read_text()
@@ -143,7 +144,9 @@ def test_every_checkpoint_path_shown_is_a_folder_a_run_writes():
 
 
 # a command in a snippet: `python -m dit.X`, dit-cost, a face script; torchrun and pipes end the previous one
-_COMMAND = re.compile(r"python -m (dit\.[a-z_]+)|(dit-cost|torchrun)|((?:scripts/)?[a-z_]+\.py)|([|;&]|\$\()")
+_COMMAND = re.compile(
+    r"python -m (dit\.[a-z_]+)|(dit-cost|torchrun)|((?:scripts/|studies/)?[a-z_]+\.py)|([|;&]|\$\()"
+)
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9_-]*)(?![\w*-])")
 HYPOTHETICAL = {"--layer-scale", "--p2-gamma"}  # docs/architecture.md's worked examples of additions not built
 OTHER_TOOLS = {"--nproc_per_node": "torchrun", "--nnodes": "torchrun", "--node_rank": "torchrun",
@@ -152,7 +155,12 @@ OTHER_TOOLS = {"--nproc_per_node": "torchrun", "--nnodes": "torchrun", "--node_r
                "--num_processes": "accelerate", "--mixed_precision": "accelerate", "--signal": "sbatch",
                "--local-dir": "huggingface-cli", "--logdir": "tensorboard", "--no-deps": "pip", "--isolated": "pip",
                "--collect-only": "pytest", "--dry-run": "scripts/gpu_validate.sh"}  # fmt: skip
-FACE_NAMES = [*FACE_MODULES, "dit.checkpoint", *(f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.py"))]
+FOLDERS = ("scripts", "studies")  # the command lines outside dit/ and the root
+FACE_NAMES = [
+    *FACE_MODULES,
+    "dit.checkpoint",
+    *(f"{d}/{p.name}" for d in FOLDERS for p in (ROOT / d).glob("*.py")),
+]
 
 
 def _flags_of(name: str) -> set[str] | None:
@@ -195,8 +203,8 @@ def flag_mentions():
                 if m is None:
                     break
                 name, start = m.group(1) or m.group(3), m.end()  # None after torchrun, a pipe, a `;`
-                if name and not (ROOT / name).is_file() and (ROOT / "scripts" / name).is_file():
-                    name = f"scripts/{name}"
+                if name and not (ROOT / name).is_file():
+                    name = next((f"{d}/{name}" for d in FOLDERS if (ROOT / d / name).is_file()), name)
                 name = "dit-cost" if m.group(2) == "dit-cost" else name
     return sorted(found, key=str)
 

@@ -16,13 +16,11 @@ import torch
 from helpers import build_tiny_vae, make_image_folder
 from PIL import Image
 
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.store import sha256_file
-from dit.eval import Evaluator, load_feature_net, load_reference
-from dit.eval import features as features_module
+from dit.eval import Evaluator, inception, load_feature_net, load_reference
 from dit.eval.__main__ import main
 from dit.eval.evaluator import judges_for
-from dit.eval.features import digit_split
 from dit.extract import ExtractConfig, extract_features
 from dit.io.cli import run_cli
 
@@ -176,7 +174,7 @@ def test_inception_end_to_end_offline(inception_weights, tmp_path, capsys):
 
 def test_adm_reference_batch(inception_weights, tmp_path, capsys, monkeypatch):
     """An ADM-style file (mu, sigma, arr_0); the random weights stand in for the TF ones."""
-    monkeypatch.setattr(features_module, "INCEPTION_SHA256_PREFIX", sha256_file(inception_weights)[:8])
+    monkeypatch.setattr(inception, "INCEPTION_SHA256_PREFIX", sha256_file(inception_weights)[:8])
     rng = np.random.default_rng(1)
     arr_0 = rng.integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
     np.savez(tmp_path / "adm.npz", arr_0=arr_0, mu=np.zeros(2048), sigma=np.eye(2048))

@@ -1,5 +1,6 @@
-"""Feature networks (dit/eval/features.py): the real Inception-v3 architecture with random weights (no
-download), the committed digit classifier, input contracts, FLOP counts and the offline errors."""
+"""Feature networks (dit/eval/features.py and a module per network): the real Inception-v3 architecture with
+random weights (no download), the committed digit classifier, input contracts, FLOP counts and the offline
+errors."""
 
 from __future__ import annotations
 
@@ -12,15 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.store import sha256_file
-from dit.eval.features import (
-    DIGIT_WEIGHTS,
-    INCEPTION_NAME,
-    digit_split,
-    load_digit_classifier,
-    load_inception,
-)
+from dit.eval.digit_nets import DIGIT_WEIGHTS, load_digit_classifier
+from dit.eval.inception import INCEPTION_NAME, load_inception
 from dit.io.errors import UserError
 
 
@@ -163,7 +159,7 @@ DINOV2_TEST_ARCH = "vit_small_patch14_dinov2"  # ViT-L/14's family at a CPU-test
 
 @pytest.fixture(scope="module")
 def small_dinov2():
-    from dit.eval.features import DINOv2Features, create_dinov2
+    from dit.eval.dinov2 import DINOv2Features, create_dinov2
 
     torch.manual_seed(0)
     return DINOv2Features(create_dinov2(DINOV2_TEST_ARCH), "dinov2-test-random").eval().requires_grad_(False)
@@ -208,7 +204,7 @@ def test_dinov2_weights_from_a_file(tmp_path):
     a missing file is one line naming where the weights come from."""
     import timm
 
-    from dit.eval.features import load_dinov2
+    from dit.eval.dinov2 import load_dinov2
 
     source = timm.create_model(DINOV2_TEST_ARCH, pretrained=False, num_classes=0, img_size=518)
     state = {**source.state_dict(), "mask_token": torch.zeros(1, source.embed_dim)}

@@ -14,7 +14,7 @@ from PIL import Image
 from test_train import tiny_config
 
 from dit.data.digits import DigitDataset, load_mnist_5k
-from dit.eval.features import load_digit_classifier
+from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.train import train
 

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.eval import Evaluator, load_feature_net, load_reference
 from dit.eval import evaluator as evaluator_module
 from dit.eval.__main__ import main
-from dit.eval.features import digit_split
 from dit.eval.metrics import knn_radii, precision_recall
 from dit.eval.reference import checksum
 from dit.io.cli import run_cli

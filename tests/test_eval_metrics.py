@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-from dit.eval.features import INCEPTION_NAME
+from dit.eval.inception import INCEPTION_NAME
 from dit.eval.metrics import (
     class_accuracy,
     frechet_distance,

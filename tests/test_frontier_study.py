@@ -1,4 +1,4 @@
-"""The frontier recipes' study on the digits (scripts/scaling.py, issue 38 item 7): the recipes build, token
+"""The frontier recipes' study on the digits (studies/scaling.py, issue 38 item 7): the recipes build, token
 dropping's steps are as cheap as the meta-device count says, and the verdict's ratios and ranges."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dit.cost.measured import measure_flops
 from dit.io.config import flatten_record
 from dit.train.recipes import PRESETS, digits_train_config
 
-scaling = face("scripts/scaling.py")
+scaling = face("studies/scaling.py")
 NEW = ("token-drop", "time-shift", "cos-loss", "adam-beta2", "frontier")
 
 
@@ -102,7 +102,7 @@ def test_the_verdict_measures_each_recipe_to_the_baselines_final_quality(tmp_pat
 
 def test_67_a_verdict_against_a_recipe_the_study_does_not_run_is_one_line(tmp_path, capsys):
     argv = ["--recipes", "blocks:2", "--verdict", str(tmp_path / "v.json"), "--results-dir", str(tmp_path / "r")]
-    code, _, err = run_face("scripts/scaling.py", argv, capsys)
+    code, _, err = run_face("studies/scaling.py", argv, capsys)
     assert code == 2 and err.startswith("error: --verdict") and "baseline:2" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
 

@@ -25,14 +25,14 @@ FACES = [
     "train.py",
     "sample.py",
     "extract_features.py",
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py")),
+    *sorted(str(p.relative_to(ROOT)) for d in ("scripts", "studies") for p in (ROOT / d).glob("*.py")),
     "dit/cost/__main__.py",  # python -m dit.cost, dit-cost
     "dit/eval/__main__.py",  # python -m dit.eval
     "dit/quickstart/run.py",  # python -m dit.quickstart
 ]
 # Extras the docs tell the users of a face to install for its unguarded imports (every other optional import
 # is guarded). A pair here must be written down: the face's name and the extra in one doc file.
-FACE_EXTRAS: dict[str, set[str]] = {"scripts/train_digit_encoder.py": {"repa"}}  # docs/repa.md
+FACE_EXTRAS: dict[str, set[str]] = {"studies/train_digit_encoder.py": {"repa"}}  # docs/repa.md
 
 
 def _norm(dist: str) -> str:
@@ -131,7 +131,7 @@ def file_uses(path: Path, package: str) -> tuple[list[Use], list[str]]:
 
 
 def reachable_uses(face: Path, root: Path = ROOT) -> list[Use]:
-    """Every third-party import reachable from ``face`` through first-party modules (dit.*, scripts/)."""
+    """Every third-party import reachable from ``face`` through first-party modules (dit.*, its folder's)."""
 
     def module_path(name: str) -> Path | None:
         parts = name.split(".")

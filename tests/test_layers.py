@@ -1,5 +1,5 @@
-"""The layer rule of docs/architecture.md: foundations <- core <- cost <- data <- engine <- faces, no import
-downward, no import cycle, and every module in a folder named for its layer or component."""
+"""The layer rule of docs/architecture.md: foundations <- core <- cost <- data <- engine <- faces <- studies, no
+import downward, no import cycle, and every module in a folder named for its layer or component."""
 
 import ast
 from pathlib import Path
@@ -18,8 +18,15 @@ LAYERS = [  # module prefixes (folders), top layer first
         "faces",
         ("dit.quickstart", "dit.cost.__main__", "dit.eval.__main__", "dit.checkpoint.__main__"),
     ),  # python -m
+    ("studies", ("studies",)),  # studies/, outside dit/: a study imports its siblings by their bare names
 ]
 LOOSE = {"__init__.py", "models.py"}  # the only modules directly in dit/: the package and the official drop-in
+STUDIES = ROOT / "studies"
+
+
+def python_files(*folders: str) -> list[Path]:
+    """The scripts at the repository's root and every module under ``folders``."""
+    return [*ROOT.glob("*.py"), *(p for d in folders for p in (ROOT / d).rglob("*.py"))]
 
 
 def layer_of(module: str) -> int:
@@ -31,6 +38,22 @@ def layer_of(module: str) -> int:
     return max(found)[1]
 
 
+def _imported(tree: ast.Module) -> list[str]:
+    """Every module name an import statement of ``tree`` names (relative imports left out: dit uses none)."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+def _as_layered(name: str) -> str:
+    """A study's sibling module, imported by its bare name, as ``studies.NAME``; any other name as it is."""
+    return f"studies.{name}" if (STUDIES / f"{name.split('.')[0]}.py").is_file() else name
+
+
 def test_no_module_imports_a_layer_below_it():
     bad = []
     for path in sorted((ROOT / "dit").rglob("*.py")):
@@ -38,14 +61,29 @@ def test_no_module_imports_a_layer_below_it():
         if module == "dit":
             continue
         mine = layer_of(module)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                if name.startswith("dit.") and layer_of(name) > mine:
-                    bad.append(f"{module} ({LAYERS[mine][0]}) imports {name} ({LAYERS[layer_of(name)][0]})")
+        for name in map(_as_layered, _imported(ast.parse(path.read_text()))):
+            if (name.startswith(("dit.", "studies.")) or name == "studies") and layer_of(name) > mine:
+                bad.append(f"{module} ({LAYERS[mine][0]}) imports {name} ({LAYERS[layer_of(name)][0]})")
     assert not bad, "\n".join(bad)
+
+
+def test_a_framework_module_importing_a_study_is_found():
+    """The rule's own check: dit/ importing ``studies.x`` or a study by its bare name is a layer below."""
+    study = next(STUDIES.glob("*.py")).stem
+    names = map(_as_layered, _imported(ast.parse(f"import {study}\nfrom studies.x import y\nimport numpy")))
+    assert [layer_of(n) for n in names if n.startswith("studies.")] == [len(LAYERS) - 1] * 2
+
+
+def test_studies_import_the_framework_and_each_other_only():
+    """A study reaches the framework by ``dit.`` imports and its siblings by name, never scripts/ or a face's
+    module at the repository's root, so it runs as ``python studies/NAME.py`` from the root."""
+    faces = {p.stem for p in (*ROOT.glob("*.py"), *(ROOT / "scripts").glob("*.py"))}
+    bad = []
+    for path in sorted(STUDIES.glob("*.py")):
+        for name in _imported(ast.parse(path.read_text())):
+            if name.split(".")[0] in faces | {"scripts", "tests", "helpers"}:
+                bad.append(f"studies/{path.name} imports {name}")
+    assert not bad, bad
 
 
 def _modules() -> dict[str, Path]:
@@ -122,7 +160,7 @@ def test_cost_never_imports_the_engine_or_torch_at_module_level():
 def test_no_code_reads_the_shared_folder():
     """Users clone the repo alone: a path into the shared folder beside it may stand in a comment, never in code."""
     needle, offenders = "shared" + "/", []  # built, so that this test does not find itself
-    for path in [*ROOT.glob("*.py"), *(p for d in ("dit", "scripts", "tests") for p in (ROOT / d).rglob("*.py"))]:
+    for path in python_files("dit", "scripts", "studies", "tests"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -140,7 +178,7 @@ def test_only_the_runtime_sets_the_matmul_mode():
         "allow_bf16_reduced_precision_reduction",
     }
     offenders = []
-    for path in [*ROOT.glob("*.py"), *(p for d in ("dit", "scripts") for p in (ROOT / d).rglob("*.py"))]:
+    for path in python_files("dit", "scripts", "studies"):
         if "runtime" in path.relative_to(ROOT).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):

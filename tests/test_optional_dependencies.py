@@ -40,7 +40,7 @@ for call in (lambda: __import__("dit.data.vae").data.vae.load_vae("ema"),
              lambda: ode_sample(FlowField(Transport(), None, {}), torch.zeros(1), [0.0, 1.0], "dopri5"),
              lambda: Sampler(sm, 5, "dpmpp-2m"),
              lambda: __import__("dit.data.encoder").data.encoder.check_encoder_name("vit_base_patch14_dinov2.lvd142m"),
-             lambda: __import__("dit.eval.features").eval.features.InceptionFeatures(None, "inception")):
+             lambda: __import__("dit.eval.inception").eval.inception.InceptionFeatures(None, "inception")):
     try:
         call()
         raise SystemExit("an optional dependency was not optional")

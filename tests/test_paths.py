@@ -183,7 +183,7 @@ def test_a_study_row_naming_features_outside_its_folder_is_refused(sampler, tmp_
     study.write_text(json.dumps({"ckpt_sha256": "0", "num_samples": 2, "seed": 0, "feature_networks": [],
                                  "rows": [row]}))  # fmt: skip
     with pytest.raises(UserError, match=rf"{re.escape(str(study))}: row '.*escaped.*' is not a name inside"):
-        face("scripts/sampling_verdicts.py").load((str(study),), {"fid": (np.zeros(2), np.eye(2))})
+        face("studies/sampling_verdicts.py").load((str(study),), {"fid": (np.zeros(2), np.eye(2))})
 
 
 # ---- 48. a face that writes over or inside what it reads --------------------------------------------------
@@ -211,15 +211,16 @@ WRITES = re.compile(
 # Command lines with no Face: what each reads and writes (nothing a user names is written).
 NO_FACE = {
     "scripts/installed.py": "takes install-set names and prints what is missing; writes nothing",
-    "scripts/vae_precision.py": "measures a VAE built in memory and prints the figures; writes nothing",
+    "studies/vae_precision.py": "measures a VAE built in memory and prints the figures; writes nothing",
 }
 
 
 def _entry_points() -> list[str]:
-    """Every command line of the repository: a top-level script, a script under scripts/, a package's
+    """Every command line of the repository: a top-level script, a script under scripts/ or studies/, a package's
     ``__main__.py``, any module with a ``__main__`` guard."""
     found = []
-    for path in sorted({*ROOT.glob("*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("dit/**/*.py")}):
+    folders = ("scripts/*.py", "studies/*.py", "dit/**/*.py")
+    for path in sorted({*ROOT.glob("*.py"), *(p for folder in folders for p in ROOT.glob(folder))}):
         if path.name == "__main__.py" or re.search(r"^if __name__ == .__main__.:", path.read_text(), re.M):
             found.append(str(path.relative_to(ROOT)))
     return found

@@ -71,7 +71,7 @@ def test_a_runs_decode_is_in_its_precision_and_its_judge_in_float32():
     matmuls in a bf16 run, not IEEE float32); the judge that scores them keeps IEEE float32 in the same run."""
     from helpers import TINY, build_tiny_vae, randomize
 
-    from dit.eval.features import load_digit_classifier
+    from dit.eval.digit_nets import load_digit_classifier
     from dit.model.dit import DiT
     from dit.sample.generate import Sampler, SamplingModel, generate
 

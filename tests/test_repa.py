@@ -431,7 +431,7 @@ def test_digits_mae_loads_by_name_with_its_report():
     digits = torch.rand(3, 1, 28, 28) * 2 - 1
     assert encoder.features(digits).shape == (3, 49, 128)
     # the classifier behind the digit FID is another network
-    from dit.eval.features import DIGIT_WEIGHTS
+    from dit.eval.digit_nets import DIGIT_WEIGHTS
 
     assert sha256_file(DIGIT_WEIGHTS) != report["sha256"]
 
@@ -453,7 +453,7 @@ def test_the_quick_start_model_trains_with_digits_mae(tmp_path):
 def test_the_digit_encoder_script_is_deterministic(tmp_path):
     from helpers import face
 
-    script = face("scripts/train_digit_encoder.py")
+    script = face("studies/train_digit_encoder.py")
     for name in ("a", "b"):
         assert script.main(["--epochs", "1", "--out", str(tmp_path / f"{name}.safetensors")]) == 0
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))

@@ -122,7 +122,7 @@ def test_a_digit_set_carries_its_labels_and_dit_eval_scores_its_class_accuracy(t
     from helpers import write_our_checkpoint
 
     from dit.eval.__main__ import main as eval_main
-    from dit.eval.features import load_digit_classifier
+    from dit.eval.digit_nets import load_digit_classifier
     from dit.eval.reference import digits_reference, save_stats
 
     ckpt = write_our_checkpoint(tmp_path, None, in_channels=1, input_size=28, patch_size=4)

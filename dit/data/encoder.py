@@ -42,7 +42,7 @@ class LocalEncoder:
         return self.weights.with_suffix(".json")
 
 
-# The digit encoder (scripts/train_digit_encoder.py): patch 4 on 28x28 digits is the quick start's 7x7 grid.
+# The digit encoder (studies/train_digit_encoder.py): patch 4 on 28x28 digits is the quick start's 7x7 grid.
 LOCAL_ENCODERS = {
     "digits-mae": LocalEncoder(
         architecture="vit_tiny_patch16_224",
@@ -163,7 +163,7 @@ class Encoder:
         if local and not local.weights.is_file() and weights is None:
             raise UserError(
                 f"{name}'s weights {local.weights} are missing: reinstall dit-ledger, or run "
-                "scripts/train_digit_encoder.py to make them."
+                "studies/train_digit_encoder.py to make them."
             )
         if file is not None:
             pretrained = {"file": file, "num_classes": 0}

@@ -17,15 +17,11 @@ import sys
 import time
 from dataclasses import dataclass
 
+from dit.eval.digit_nets import DigitFeatures
 from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, judges_for, shard_batches
-from dit.eval.features import (
-    FEATURE_NETS,
-    INCEPTION_NAME,
-    DigitFeatures,
-    FeatureNet,
-    feature_net_for,
-    load_feature_net,
-)
+from dit.eval.feature_net import FeatureNet
+from dit.eval.features import FEATURE_NETS, feature_net_for, load_feature_net
+from dit.eval.inception import INCEPTION_NAME
 from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES, min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dit.eval.features import DIGIT_JUDGE_REFERENCE, FeatureNet, judge_key, load_digit_judge, load_dinov2
+from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_judge
+from dit.eval.dinov2 import load_dinov2
+from dit.eval.feature_net import FeatureNet
+from dit.eval.features import judge_key
 from dit.eval.metrics import (
     BOOTSTRAP_RESAMPLES,
     PR_BATCH_SIZE,

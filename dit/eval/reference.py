@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from dit import __version__
-from dit.eval.features import INCEPTION_NAME
+from dit.eval.inception import INCEPTION_NAME
 from dit.eval.metrics import mean_cov
 from dit.eval.sources import NpzImages
 from dit.io.atomic import atomic_write
@@ -197,8 +197,7 @@ def _check_arrays(path: str, stats: ReferenceStats) -> None:
 def digits_reference(net, batch_size: int = 500) -> ReferenceStats:
     """Statistics of the 4,000 training digits of MNIST-5k (``digit_split``) under the digit network: the
     reference of the quick start's digit FID, computed in memory in well under a second."""
-    from dit.data.digits import load_mnist_5k
-    from dit.eval.features import digit_split
+    from dit.data.digits import digit_split, load_mnist_5k
 
     images, labels = load_mnist_5k()
     train, _ = digit_split(labels)

@@ -20,7 +20,7 @@ from torchvision.utils import save_image
 
 from dit.checkpoint import latest_checkpoint
 from dit.data.digits import NUM_CLASSES, DigitDataset
-from dit.eval.features import load_digit_classifier
+from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError

@@ -16,7 +16,7 @@ from dit.sample.loading import read_model, recorded_objective
 
 @dataclass(frozen=True)
 class GuideSection(Section):
-    """The guide (sample.py, scripts/sample_ddp.py, scripts/sampling_study.py; flags ``--guide-*``): with a
+    """The guide (sample.py, scripts/sample_ddp.py, studies/sampling_study.py; flags ``--guide-*``): with a
     checkpoint, guidance extrapolates from the guide's conditional output instead of the unconditional pass."""
 
     ckpt: str | None = option(

@@ -2,19 +2,19 @@
 early checkpoint and with a smaller model as guides against classifier-free guidance (CFG), and random against
 balanced labels, each against today's default (the classic EMA, CFG 1.5, balanced labels), by the rule.
 
-Reads the model's runs (one per training seed, ``scripts/scaling.py --ema-profiles 0.05 0.1 --keep-evals``) and a
+Reads the model's runs (one per training seed, ``studies/scaling.py --ema-profiles 0.05 0.1 --keep-evals``) and a
 smaller model's run (the small guide). Reconstructs each --sigma-rels EMA per run (``python -m dit.checkpoint
-ema``); samples each setting with ``scripts/sampling_study.py`` (DDIM, sampling seed 0, so image i has the same
+ema``); samples each setting with ``studies/sampling_study.py`` (DDIM, sampling seed 0, so image i has the same
 noise and label in every study, and the training seeds are the rule's seeds), keeping the features; then, per
 method, picks its best setting (the lowest mean over both judges of its seed-mean score relative to the
 default's) and judges it against the default, and autoguidance also against CFG's best, with the paired
-bootstrap of ``scripts/sampling_verdicts.py``. Everything lands in --work; a rerun skips what is there.
+bootstrap of ``studies/sampling_verdicts.py``. Everything lands in --work; a rerun skips what is there.
 
 The CFG settings and an early-checkpoint guide cost the same (two passes of the model per step); the smaller guide
 is cheaper per step, so it gets the most DDIM steps whose FLOPs stay within CFG's (``equal_flops_steps``). Each
 method's best is picked on the samples that judge it: a "better" is worth confirming with --seed 1.
 
-  python scripts/after_training.py --runs out/after_runs/M-diffusion-s0 out/after_runs/M-diffusion-s1 \\
+  python studies/after_training.py --runs out/after_runs/M-diffusion-s0 out/after_runs/M-diffusion-s1 \\
       --small out/after_runs/S-diffusion-s0 --work out/after --out out/after/after_training_verdict.json
 """
 
@@ -27,9 +27,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import sampling_verdicts
+from compare import better
 from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
-from dit.eval.compare import better
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
@@ -66,20 +67,12 @@ class AfterConfig(Section):
 
 
 FACE = Face(
-    "scripts/after_training.py",
+    "studies/after_training.py",
     __doc__,
     sections={"after": AfterConfig},
     outputs={"work": "folder", "out": "file"},
     inputs={"runs": "folder", "small": "folder"},
 )
-
-
-def verdicts():
-    """scripts/sampling_verdicts.py, which reads studies for the rule: imported from this script's folder (first on
-    sys.path when the script runs), when the study is judged."""
-    import sampling_verdicts
-
-    return sampling_verdicts
 
 
 def run(command: list) -> None:
@@ -96,7 +89,7 @@ def run(command: list) -> None:
 def checkpoints(run_folder: str) -> list[tuple[int, Path]]:
     found = list_checkpoints(Path(run_folder) / "checkpoints")
     if not found:
-        raise UserError(f"{run_folder} has no checkpoints: pass a finished run folder of scripts/scaling.py.")
+        raise UserError(f"{run_folder} has no checkpoints: pass a finished run folder of studies/scaling.py.")
     return found
 
 
@@ -111,7 +104,7 @@ def equal_flops_steps(steps: int, model_flops: float, guide_flops: float) -> int
 
 def study(c: AfterConfig, out: Path, ckpt, scales, steps: int, *extra) -> Path:
     if not c.aggregate_only:
-        run([ROOT / "scripts/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
+        run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
              "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
              c.batch_size, "--seed", 0, *extra])  # fmt: skip
     return out
@@ -135,7 +128,7 @@ def run_studies(c: AfterConfig) -> tuple[dict, dict]:
         early = [(s, p) for s, p in kept[:-1] if c.guide_steps is None or s in c.guide_steps]
         if len(early) < len(c.guide_steps or [None]):
             raise UserError(f"{folder} keeps no early checkpoint{' at each --guide-steps' * bool(c.guide_steps)}: "
-                            "train it with scripts/scaling.py --keep-evals, or pass --guide-steps it kept.")  # fmt: skip
+                            "train it with studies/scaling.py --keep-evals, or pass --guide-steps it kept.")  # fmt: skip
         classic = study(
             c, work / f"classic-s{seed}.json", final, sorted({d, *c.guidance}), c.steps, "--labels", "balanced"
         )
@@ -168,7 +161,7 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
     """Per method, its best setting (scores per seed, intervals, sampling FLOPs) and its verdicts against the
     default and, for autoguidance, against CFG's best. ``default``: {"studies": [paths per seed], "setting"};
     ``methods``: {method: {label: [study paths per seed]}}."""
-    load, judges = verdicts().load, verdicts().SCORES
+    load, judges = sampling_verdicts.load, sampling_verdicts.SCORES
     base_rows, base = load(tuple(str(p) for p in default["studies"]), refs, recipes=True)
     if default["setting"] not in base:
         raise UserError(f"the default's studies lack {default['setting']}: run them with its scale and steps.")
@@ -211,7 +204,7 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
 def scores(rows: list[dict]) -> dict:
     """A setting's sampling FLOPs and, per judge, its score and bootstrap interval per training seed."""
     out = {"tflop_per_1000": rows[0]["sampling_tflop_per_1000"], "labels": rows[0].get("labels", "random")}
-    for s in verdicts().SCORES:
+    for s in sampling_verdicts.SCORES:
         out[s] = [r[s] for r in rows]
         out[f"{s}_intervals"] = [r["intervals"][s] for r in rows]
     return out
@@ -222,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(c.work).mkdir(parents=True, exist_ok=True)
     default, methods = run_studies(c)
     summary = {
-        "command": "python scripts/after_training.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python studies/after_training.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "rule": "docs/evaluation.md: both judges, >= 95% of paired resamples, the training seeds' ranges apart",
-        **aggregate(default, methods, verdicts().references()),
+        **aggregate(default, methods, sampling_verdicts.references()),
     }
     atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
     for method, row in summary["methods"].items():

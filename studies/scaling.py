@@ -6,9 +6,9 @@ smaller models take more steps, and is evaluated with the digit FID at evenly sp
 equal network evaluations (DDIM 10 steps for diffusion, Heun 5 steps = 10 NFE for flow). A finished run is
 reused and a stopped one resumes, so the script can be rerun. Not part of CI; times are in docs/evaluation.md.
 
-  python scripts/scaling.py --results-dir out/studies --plot docs/images/scaling_mnist.png \\
+  python studies/scaling.py --results-dir out/studies --plot docs/images/scaling_mnist.png \\
       --out docs/results/scaling_mnist.json
-  python scripts/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --results-dir out/studies \\
+  python studies/scaling.py --sizes M --objectives diffusion flow --seeds 0 1 --results-dir out/studies \\
       --plot docs/images/flow_vs_diffusion_mnist.png --out docs/results/flow_vs_diffusion_mnist.json
 """
 
@@ -24,7 +24,7 @@ from dit.cost.analytic import training_flops_per_image
 from dit.cost.plots import plot_quality
 from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
-from dit.eval.features import load_digit_classifier
+from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
@@ -155,7 +155,7 @@ class ScalingConfig(Section):
 
 
 FACE = Face(
-    "scripts/scaling.py",
+    "studies/scaling.py",
     __doc__,
     sections={"scaling": ScalingConfig},
     outputs={"results_dir": "folder", "plot": "file", "out": "file", "verdict": "file"},
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
     summary = {
-        "command": "python scripts/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python studies/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "flops_counted": count,
         "runs": {},
     }

@@ -2,19 +2,19 @@
 precision, recall and class accuracy against the sampling FLOPs of each sampler x network evaluations x
 guidance scale x guidance interval, from one checkpoint.
 
-The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``scripts/scaling.py``
+The checkpoint is the quick start's (``bash scripts/quickstart.sh``) or a run of ``studies/scaling.py``
 (digits in pixel space). Each setting draws ``--num-samples`` images (image i of every setting has the label
 and noise of (seed, i); ``--labels`` balanced, N/C per class, or random), scored by the digit classifier and
-by the digit judge against the 4,000 training digits, as the quick start and scripts/scaling.py score theirs. Each setting's features are kept beside the
-JSON (``--out`` with ``.features/``) for paired comparisons (``scripts/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
+by the digit judge against the 4,000 training digits, as the quick start and studies/scaling.py score theirs. Each setting's features are kept beside the
+JSON (``--out`` with ``.features/``) for paired comparisons (``studies/sampling_verdicts.py``). The FLOPs are the DiT's as the sampler ran them: two passes per
 guided evaluation, one per unguided one (``dit.objectives.samplers``); with ``--guide-ckpt`` every guided
 setting is autoguidance, its second pass the guide's (docs/sampling.md). Finished rows are kept in the ``--out``
 JSON and skipped when the command runs again, so a stopped study resumes; the chart (``--plot``) is FID
 against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: the full grid is hours.
 
-  python scripts/sampling_study.py --ckpt results/quickstart/run/checkpoints/0001200.pt \\
+  python studies/sampling_study.py --ckpt results/quickstart/run/checkpoints/0001200.pt \\
       --out out/sampling_study/quickstart.json
-  python scripts/sampling_study.py --ckpt CKPT --samplers ddim dpmpp-2m --nfe 10 25 --guidance 1 2 \\
+  python studies/sampling_study.py --ckpt CKPT --samplers ddim dpmpp-2m --nfe 10 25 --guidance 1 2 \\
       --intervals all edm2 0.1:0.6
 """
 
@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dit.cost.plots import plot_sampling_front
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
+from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.evaluator import Evaluator, judges_for
-from dit.eval.features import load_digit_classifier
 from dit.eval.reference import digits_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
@@ -75,7 +74,7 @@ EDM2_SIGMAS = (
 class StudyConfig(Section):
     """Digit FID, precision, recall and class accuracy against sampling FLOPs, per sampler and setting."""
 
-    ckpt: str = option(help="a digits checkpoint: the quick start's, or a scripts/scaling.py run's")
+    ckpt: str = option(help="a digits checkpoint: the quick start's, or a studies/scaling.py run's")
     out: str = option("out/sampling_study/results.json", "the rows (JSON); a rerun skips the finished ones")
     plot: str | None = option(None, "the Pareto chart (PNG; default: --out with .png)")
     samplers: tuple[str, ...] | None = option(
@@ -104,7 +103,7 @@ class StudyConfig(Section):
 
 
 FACE = Face(
-    "scripts/sampling_study.py",
+    "studies/sampling_study.py",
     __doc__,
     sections={"study": StudyConfig, "guide": (GuideSection, GUIDE_PREFIX)},
     outputs={"out": "file", "plot": "file"},
@@ -210,7 +209,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
 def features_path(c: StudyConfig, setting: dict) -> Path:
     """Where a setting's sample features are kept: one .npz per setting, a score's features under its key."""
     name = "{sampler}-{steps}-g{guidance_scale:g}-{interval}.npz".format(**setting).replace(":", "_")
-    fix = "a study's rows are settings scripts/sampling_study.py ran; pass another --out"
+    fix = "a study's rows are settings studies/sampling_study.py ran; pass another --out"
     return inside(Path(c.out).with_suffix(".features"), name, c.out, "setting", fix, one_name=True)
 
 
@@ -238,6 +237,42 @@ def load_rows(path: Path, data: dict | None, header: dict) -> list[dict]:
 def interval(row: dict, score: str) -> str:
     low, high = row["intervals"][score]
     return f"[{low:.4g}, {high:.4g}]"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (cost, loss) points no other point beats on both (lower is better for each), by cost."""
+    front, best = [], float("inf")
+    for cost, loss in sorted(points):
+        if loss < best:
+            front.append((cost, loss))
+            best = loss
+    return front
+
+
+def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -> str:
+    """FID against sampling TFLOP per 1,000 images, one colour per sampler, and the Pareto front over all of
+    them: which sampler and settings buy a quality for the least compute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for sampler in dict.fromkeys(r["sampler"] for r in rows):
+        mine = [r for r in rows if r["sampler"] == sampler]
+        ax.scatter([r["sampling_tflop_per_1000"] for r in mine], [r["fid"] for r in mine], s=18, label=sampler)
+    front = pareto_front([(r["sampling_tflop_per_1000"], r["fid"]) for r in rows])
+    ax.plot(*zip(*front), color="black", lw=1, drawstyle="steps-post", label="Pareto front")
+    network = rows[0].get("feature_network", "")
+    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)",
+           ylabel=f"FID ({network})" if network else "FID")  # fmt: skip
+    ax.set_title(title or "Quality against sampling compute")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip
-            summary = {"command": "python scripts/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            summary = {"command": "python studies/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
                        "ckpt": c.ckpt, **header, "rows": rows}  # fmt: skip
             out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(out, (json.dumps(summary, indent=1) + "\n").encode())

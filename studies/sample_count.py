@@ -1,12 +1,12 @@
 """How the digit FID's and the digit judge's FD spread and bias shrink with the sample count: 500, 1,000, 2,000.
 
-Reads the kept features of one setting sampled with ``scripts/sampling_study.py`` at a large ``--num-samples``
+Reads the kept features of one setting sampled with ``studies/sampling_study.py`` at a large ``--num-samples``
 under one or more sampling seeds (every image has its own noise, so disjoint slices of a set are independent
 sample sets). For each count n and score: the scores of the disjoint n-image slices (their mean, spread and
 range: what a sampling seed changes), the mean width of their 95% bootstrap intervals, and the bias, from a
 fit of score = S_inf + b / n over every slice (a Fréchet distance's finite-sample bias falls as 1 / n).
 
-  python scripts/sample_count.py --kept-features out/count_s0.features/unipc-15-g1.25-edm2.npz \\
+  python studies/sample_count.py --kept-features out/count_s0.features/unipc-15-g1.25-edm2.npz \\
       out/count_s1.features/unipc-15-g1.25-edm2.npz --counts 500 1000 2000 --out docs/results/sample_count.json
 """
 
@@ -18,16 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dit.eval.features import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.metrics import fd_interval, frechet_distance, mean_cov
-from dit.eval.reference import digits_reference, load_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.io.errors import UserError
 from dit.io.userfiles import read_matrices
-
-SCORES = ("fid", "fd_judge")
+from sampling_verdicts import SCORES, references
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,7 @@ class CountConfig(Section):
 
 
 FACE = Face(
-    "scripts/sample_count.py",
+    "studies/sample_count.py",
     __doc__,
     sections={"count": CountConfig},
     outputs={"out": "file"},
@@ -75,14 +72,12 @@ def measure(sets: list[np.ndarray], mu: np.ndarray, sigma: np.ndarray, sizes: tu
 
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["count"]
-    classifier = digits_reference(load_digit_classifier())
-    judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
-    refs = {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-    fix = "pass a file from the .features folder beside a scripts/sampling_study.py JSON"
+    refs = references()
+    fix = "pass a file from the .features folder beside a studies/sampling_study.py JSON"
     widths = {s: len(mu) for s, (mu, _) in refs.items()}
     files = [read_matrices(p, "--kept-features", fix, widths) for p in c.kept_features]
     result = {
-        "command": "python scripts/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python studies/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
         **{s: measure([f[s] for f in files], *refs[s], c.counts) for s in SCORES},
     }
     for s in SCORES:

@@ -1,9 +1,9 @@
 """Train the digit judge, the second judge of the quick start's digits (dit/eval/weights/digits_judge.safetensors).
 
-    python scripts/train_digit_judge.py --report dit/eval/weights/digits_judge.json
+    python studies/train_digit_judge.py --report dit/eval/weights/digits_judge.json
 
 Self-supervised: SimCLR's NT-Xent loss (Chen et al. 2020) on two random affine views of each digit, no labels,
-on the 1,000 held-out digits of MNIST-5k (``dit.eval.features.digit_split``) that neither the classifier nor
+on the 1,000 held-out digits of MNIST-5k (``dit.data.digits.digit_split``) that neither the classifier nor
 the digit reference uses. Deterministic: one thread, fixed seeds and deterministic kernels write the same bytes
 on every run (the file's sha256 names the judge in every statistics file). The labels are read only for a
 figure of the report: the 1-nearest-neighbour accuracy of the 4,000 training digits against the 1,000.
@@ -23,13 +23,12 @@ import torch.nn.functional as F
 from safetensors.torch import save
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit.data.digits import load_mnist_5k, seeded_script
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.store import sha256_file
-from dit.eval.features import (
+from dit.eval.digit_nets import (
     DIGIT_JUDGE_REFERENCE,
     DIGIT_JUDGE_WEIGHTS,
     DigitJudge,
-    digit_split,
     digits_to_input,
     load_digit_judge,
 )
@@ -38,6 +37,7 @@ from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
+from seeded import seeded_script
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -93,7 +93,7 @@ class JudgeConfig(Section):
     report: str | None = option(None, "also write the run's figures to this JSON file")
 
 
-FACE = Face("scripts/train_digit_judge.py", __doc__, sections={"train": JudgeConfig},
+FACE = Face("studies/train_digit_judge.py", __doc__, sections={"train": JudgeConfig},
             outputs={"out": "file", "reference_out": "file", "report": "file"})  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     noise = torch.randn(1000, 1, 28, 28, generator=generator).mul(0.5).clamp(-1, 1)
     ref = mean_cov(f_train.double().numpy())
     result = {
-        "command": "python scripts/train_digit_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python studies/train_digit_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "seed": args.seed,
         "steps": args.steps,
         "batch_size": args.batch_size,

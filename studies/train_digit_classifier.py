@@ -1,10 +1,10 @@
 """Train the digit classifier behind the MNIST FID (dit/eval/weights/mnist_classifier.safetensors).
 
-    python scripts/train_digit_classifier.py
+    python studies/train_digit_classifier.py
 
 Deterministic: one thread, a fixed seed and deterministic kernels give the same bytes on every run (the file's
 sha256 names the network in every statistics file made with it). Trains on the 4,000 training digits of
-MNIST-5k (``dit.eval.features.digit_split``) with shifts of up to 2 pixels for 30 epochs, and reports the accuracy on the
+MNIST-5k (``dit.data.digits.digit_split``) with shifts of up to 2 pixels for 30 epochs, and reports the accuracy on the
 1,000 held-out digits, which docs/evaluation.md records.
 """
 
@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save
 
-from dit.data.digits import load_mnist_5k, seeded_script
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.store import sha256_file
-from dit.eval.features import DIGIT_WEIGHTS, DigitClassifier, digit_split, digits_to_input
+from dit.eval.digit_nets import DIGIT_WEIGHTS, DigitClassifier, digits_to_input
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
+from seeded import seeded_script
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:
@@ -52,7 +53,7 @@ class ClassifierConfig(Section):
     report: str | None = option(None, "also write the run's figures to this JSON file")
 
 
-FACE = Face("scripts/train_digit_classifier.py", __doc__, sections={"train": ClassifierConfig},
+FACE = Face("studies/train_digit_classifier.py", __doc__, sections={"train": ClassifierConfig},
             outputs={"out": "file", "report": "file"})  # fmt: skip
 
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model.eval()
     result = {
-        "command": "python scripts/train_digit_classifier.py "
+        "command": "python studies/train_digit_classifier.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "train_images": len(train),
         "held_out_images": len(held_out),

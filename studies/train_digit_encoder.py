@@ -1,12 +1,12 @@
 """Train REPA's digit encoder, ``digits-mae`` (dit/data/weights/digits_mae.safetensors), without labels.
 
-    python scripts/train_digit_encoder.py
+    python studies/train_digit_encoder.py
 
 The digit FID's classifier must not be REPA's teacher, so this is another network trained another way: the
 timm ViT of ``dit.data.encoder.LOCAL_ENCODERS["digits-mae"]`` (patch 4 on 28x28: the quick start's 7x7 token grid)
 as a masked autoencoder (He et al. 2021, reimplemented from the paper): 75% of the patches hidden, the
 encoder sees the rest, a small decoder (discarded) predicts the hidden patches' pixels, normalised per patch.
-On the 4,000 training digits of MNIST-5k (``dit.eval.features.digit_split``), no labels. Deterministic: one
+On the 4,000 training digits of MNIST-5k (``dit.data.digits.digit_split``), no labels. Deterministic: one
 thread, fixed seeds, deterministic kernels. The JSON beside the weights records the command, the time and the
 training FLOPs (FlopCounterMode over a real step: an upstream cost REPA's x axis adds), and a linear probe on
 the held-out digits (the only use of labels, to show the features carry the digit).
@@ -30,14 +30,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import vit_forward_macs
 from dit.cost.measured import CPU_SDPA_FORMULAS
-from dit.data.digits import load_mnist_5k, seeded_script
+from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.data.store import sha256_file
-from dit.eval.features import digit_split
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Face, Section, option
 from dit.model.layers import sincos_2d
+from seeded import seeded_script
 
 NAME = "digits-mae"
 
@@ -123,7 +123,7 @@ class EncoderConfig(Section):
     seed: int = option(0, "the seed of the weights, the masks and the order")
 
 
-FACE = Face("scripts/train_digit_encoder.py", __doc__, sections={"train": EncoderConfig}, outputs={"out": "file"})
+FACE = Face("studies/train_digit_encoder.py", __doc__, sections={"train": EncoderConfig}, outputs={"out": "file"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     state = {k: v.contiguous() for k, v in encoder.state_dict().items()}
     atomic_write_bytes(out, save(state))
     result = {
-        "command": "python scripts/train_digit_encoder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python studies/train_digit_encoder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "encoder": NAME,
         "architecture": local.architecture,
         "kwargs": local.kwargs,

@@ -1,15 +1,15 @@
 """The rule applied to a sampling study: every setting against a baseline (DDPM-250) under both judges; or,
 with ``--against``, two training recipes: the same setting sampled from each recipe's checkpoints.
 
-Reads one ``scripts/sampling_study.py`` JSON per sampling seed (the same checkpoint, sample count and judges) and
+Reads one ``studies/sampling_study.py`` JSON per sampling seed (the same checkpoint, sample count and judges) and
 each setting's kept features, and for every setting all the studies ran: its digit FID and digit-judge FD per
 seed, the share of paired bootstrap resamples (the same rows of both sets: image i has the same noise seed and
-label) in which it is ahead of the baseline under each judge, and the verdict of ``dit.eval.compare``:
+label) in which it is ahead of the baseline under each judge, and the verdict of ``compare.py``:
 "better", "worse" or "within noise". "matches" holds where neither judge puts the baseline ahead by the
 rule's two tests (>= 95% of paired resamples and the seeds' ranges apart). The cheapest setting that matches
 is the study's answer to "what does DDPM-250's quality cost".
 
-  python scripts/sampling_verdicts.py --studies docs/results/sampling_judged_s0.json \\
+  python studies/sampling_verdicts.py --studies docs/results/sampling_judged_s0.json \\
       docs/results/sampling_judged_s1.json --baseline ddpm-250-g1-all --out docs/results/sampling_verdicts.json
 
 With ``--against``, ``--studies`` are one recipe's studies (one per training seed, one sampling seed) and
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dit.eval.compare import Judged, better, judge_ahead
-from dit.eval.features import DIGIT_JUDGE_REFERENCE, load_digit_classifier
+from compare import Judged, better, judge_ahead
+from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
@@ -37,7 +37,7 @@ from dit.io.userfiles import inside, read_json, read_matrices
 SCORES = ("fid", "fd_judge")
 FEATURES_FIX = (
     "the study keeps each setting's features beside its JSON: remove a damaged one and rerun "
-    "scripts/sampling_study.py with that --out, which runs the settings again whose features are missing"
+    "studies/sampling_study.py with that --out, which runs the settings again whose features are missing"
 )
 
 
@@ -45,7 +45,7 @@ FEATURES_FIX = (
 class VerdictsConfig(Section):
     """Every setting of a sampling study against a baseline, by the rule (both judges, paired, seeds)."""
 
-    studies: tuple[str, ...] = option(help="one scripts/sampling_study.py JSON per sampling seed")
+    studies: tuple[str, ...] = option(help="one studies/sampling_study.py JSON per sampling seed")
     baseline: str = option("ddpm-250-g1-all", "the setting to match: SAMPLER-STEPS-gSCALE-INTERVAL")
     against: tuple[str, ...] | None = option(
         None, "another recipe's studies (one per training seed): judge the same settings of --studies against them"
@@ -54,7 +54,7 @@ class VerdictsConfig(Section):
 
 
 FACE = Face(
-    "scripts/sampling_verdicts.py",
+    "studies/sampling_verdicts.py",
     __doc__,
     sections={"verdicts": VerdictsConfig},
     outputs={"out": "file"},
@@ -80,8 +80,8 @@ ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": 
 
 
 def read_study(path: str) -> dict:
-    """A study's JSON, checked to be one that scripts/sampling_study.py wrote, down to the fields of its rows."""
-    fix = "pass the --out of scripts/sampling_study.py"
+    """A study's JSON, checked to be one that studies/sampling_study.py wrote, down to the fields of its rows."""
+    fix = "pass the --out of studies/sampling_study.py"
     data = read_json(path, "study", fix)
     if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
         raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
@@ -122,7 +122,7 @@ def load(
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        fix = "a study's rows are settings scripts/sampling_study.py ran; pass its --out"
+        fix = "a study's rows are settings studies/sampling_study.py ran; pass its --out"
         paths = [inside(Path(s).with_suffix(".features"), f"{k.replace(':', '_')}.npz", s, "row", fix, True)
                  for s in studies]  # fmt: skip
         files = [
@@ -147,7 +147,7 @@ def recipes(c: VerdictsConfig) -> int:
               f"FID A {a[k]['fid'].scores} B {b[k]['fid'].scores}; judge A {a[k]['fd_judge'].scores} B "
               f"{b[k]['fd_judge'].scores})")  # fmt: skip
     if c.out:
-        command = "python scripts/sampling_verdicts.py " + " ".join(sys.argv[1:])
+        command = "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:])
         atomic_write_bytes(c.out, (json.dumps({"command": command, "rows": out}, indent=1) + "\n").encode())
     return 0
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         table.append(row)
     matching = [r for r in table if r.get("matches")]
     summary = {
-        "command": "python scripts/sampling_verdicts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "baseline": c.baseline,
         "cheapest_match": matching[0]["setting"] if matching else None,
         "rows": table,

@@ -1,12 +1,15 @@
-"""The rule (dit.eval.compare): "better" only when both judges agree, the paired bootstrap puts A ahead in at
+"""The rule (studies/compare.py): "better" only when both judges agree, the paired bootstrap puts A ahead in at
 least 95% of resamples under each, and the seeds' ranges do not overlap; one test per clause."""
 
 from __future__ import annotations
 
 import numpy as np
+from helpers import face
 
-from dit.eval.compare import Evidence, Judged, better, verdict
 from dit.eval.metrics import mean_cov
+
+compare = face("studies/compare.py")
+Evidence, Judged, better, verdict = compare.Evidence, compare.Judged, compare.better, compare.verdict
 
 A_AHEAD = [Evidence("fid", (40.0, 42.0), (50.0, 53.0), 0.99), Evidence("fd_judge", (7.0, 7.2), (8.0, 8.5), 0.97)]
 

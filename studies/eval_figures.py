@@ -1,6 +1,6 @@
 """The figures of docs/evaluation.md: the digit metric's targets and what an evaluation costs.
 
-    python scripts/eval_figures.py --out docs/results/eval_figures.json
+    python studies/eval_figures.py --out docs/results/eval_figures.json
 
 Writes the digit sets it scores (.npz, as ``python -m dit.eval`` reads them) and the training digits'
 statistics into ``--results-dir`` (default out/eval_digits), so each row can be rerun with the command the JSON
@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dit.data.digits import load_mnist_5k
+from dit.data.digits import digit_split, load_mnist_5k
+from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.evaluator import Evaluator, shard_batches
-from dit.eval.features import InceptionFeatures, digit_split, load_digit_classifier
+from dit.eval.inception import InceptionFeatures
 from dit.eval.metrics import (
     PR_BATCH_SIZE,
     PR_DISTANCES,
@@ -126,7 +127,7 @@ class FiguresConfig(Section):
 
 
 FACE = Face(
-    "scripts/eval_figures.py",
+    "studies/eval_figures.py",
     __doc__,
     sections={"figures": FiguresConfig},
     outputs={"out": "file", "results_dir": "folder"},
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     net = load_digit_classifier()
     train_ref, rest_ref = reference(net, sets, "train"), reference(net, sets, "train_rest")
     figures = {
-        "command": "python scripts/eval_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python studies/eval_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads",
         "reference": f"{train_ref} (4,000 training digits, 400 per class)",
