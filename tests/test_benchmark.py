@@ -133,3 +133,19 @@ def test_train_skips_a_configuration_that_does_not_fit_and_says_why(tmp_path):
         and "72.0 GiB usable" in row["skipped"]
     )
     assert "skipped: dit-cost memory estimates" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["sample", "--cfg-scale", "0.5"], "--guidance-scale (--cfg-scale) must be >= 1"),
+        (["sample", "--peak-tflops", "0"], "--peak-tflops must be > 0"),
+        (["train", "--peak-tflops", "-1"], "--peak-tflops must be > 0"),
+    ],
+)
+def test_a_bad_bound_is_one_line_before_any_run(argv, needle, capsys):
+    """The bounds live at the fields, as in train.py and dit-cost: nothing downstream checks them again."""
+    from helpers import run_face
+
+    code, _, err = run_face("scripts/benchmark.py", argv, capsys)
+    assert code == 2 and err.startswith(f"error: {needle}") and err.count("\n") == 1, err

@@ -133,6 +133,7 @@ def test_custom_pixel_model(capsys):
             ["sample", "--model", "DiT-S/2", "--gpu", "A100", "--mfu", "0.3", "--num-sampling-steps", "0"],
             "--num-sampling-steps",
         ),
+        (["sample", "--model", "DiT-S/2", "--cfg-scale", "0.5"], "--guidance-scale (--cfg-scale) must be >= 1"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(capsys, argv, needle):

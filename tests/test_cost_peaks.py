@@ -105,7 +105,7 @@ def test_dtype_columns():
         table_peak("Tesla V100-SXM2-16GB", "bf16")
     with pytest.raises(UserError, match="A10G.*--peak-tflops"):
         table_peak("NVIDIA A10G", "bf16")
-    with pytest.raises(UserError, match="precision"):
+    with pytest.raises(UserError, match="no published dense int8 rate.*--peak-tflops"):  # a dtype with no column
         table_peak("NVIDIA H100 80GB HBM3", "int8")
 
 
@@ -133,8 +133,6 @@ def test_override_and_environment_win(monkeypatch):
     monkeypatch.setenv(PEAK_ENV, "fast")
     with pytest.raises(UserError, match=PEAK_ENV):
         resolve_peak("NVIDIA H100 80GB HBM3", "bf16")
-    with pytest.raises(UserError, match="--peak-tflops"):
-        resolve_peak("NVIDIA H100 80GB HBM3", "bf16", override_tflops=-1)
 
 
 def test_cpu_and_unknown_devices_are_measured_never_an_a100_guess(monkeypatch):

@@ -35,6 +35,14 @@ def test_flags_set_every_backend_so_the_legacy_getters_read(name):
     assert _per_operator() == before and _legacy() == legacy_before
 
 
+def test_a_precision_is_one_of_the_named_policies():
+    """A face's --precision is checked at its field; a library caller's other name has no policy."""
+    dtypes = [Precision(name, "cuda").amp_dtype for name in PRECISIONS]
+    assert dtypes == [None, None, torch.bfloat16, torch.float16]
+    with pytest.raises(KeyError, match="fp8"):
+        Precision("fp8")
+
+
 def test_flags_nest_and_restore_a_callers_own_setting():
     torch.backends.cudnn.conv.fp32_precision = "ieee"  # the caller's own half-set state (the legacy getter raises)
     try:

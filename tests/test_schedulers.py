@@ -171,8 +171,14 @@ def test_the_planner_needs_no_torch():
 
 
 @pytest.mark.parametrize("interval", [(0.5,), (0.8, 0.2), (-0.1, 0.5), (0.1, 1.5), (0.1, float("nan"))])
-def test_a_bad_guidance_interval_is_one_line(interval):
-    with pytest.raises(UserError, match="--guidance-interval takes two times LO HI"):
+def test_a_bad_guidance_interval_is_one_line(interval, capsys):
+    """Refused where it is born, the sampling section (the field's bounds, then its check), as one line."""
+    from dit.cost.__main__ import main
+
+    assert main(["sample", "--model", "DiT-S/2", "--guidance-interval", *map(str, interval)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --guidance-interval ") and err.count("\n") == 1, err
+    with pytest.raises(UserError, match="guidance_interval takes two times LO HI"):  # a study's own interval flag
         check_guidance_interval(interval)
 
 

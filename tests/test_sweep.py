@@ -391,7 +391,7 @@ def test_degenerate_weights_files_are_one_line(kind, suffix, tmp_path, capsys):
 SAMPLING_REQUESTS = [
     (["--num-sampling-steps", "2000"], "exceeds the diffusion's 1000 steps"),
     (["--num-sampling-steps", "0"], "--num-sampling-steps must be >= 1"),
-    (["--num-sampling-steps", "1"], "must be >= 2 for --sampler ddpm"),
+    (["--num-sampling-steps", "1"], "--sampler ddpm needs --num-sampling-steps 2 or more"),
     (["--sampler", "ddim", "--num-sampling-steps", "1001"], "exceeds the diffusion's 1000 steps"),
     (["--guidance-scale", "0.5"], "must be >= 1"),
     (["--guidance-scale=-inf"], "must be a finite number"),

@@ -238,7 +238,7 @@ def test_a_one_step_diffusion_sampler_is_refused_in_one_line():
 
     from dit.sample.generate import Sampler
 
-    with pytest.raises(UserError, match="must be >= 2 for --sampler ddim"):
+    with pytest.raises(UserError, match="--sampler ddim needs --num-sampling-steps 2 or more"):
         Sampler(SimpleNamespace(objective=DiffusionObjective()), 1, "ddim")
 
 

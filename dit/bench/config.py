@@ -40,7 +40,7 @@ class TrainBench(Section):
     )
     calibration: str | None = option(None, "write the best row as a dit-cost calibration JSON")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
-    peak_tflops: float | None = option(None, "override the peak used for MFU")
+    peak_tflops: float | None = option(None, "override the peak used for MFU", gt=0)
     memory_gib: float | None = option(
         None,
         "device memory for the fit check: a configuration whose dit-cost memory estimate exceeds the usable part "
@@ -61,10 +61,10 @@ class SampleBench(Section):
     image_size: int = option(256, "pixels (latents are image / 8)")
     attention: tuple[str, ...] = option(["auto"], "attention kernels", choices=ATTENTION_BACKENDS)
     num_sampling_steps: int = option(10, "denoising steps")
-    guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",))
+    guidance_scale: float = option(4.0, GUIDANCE_HELP, aliases=("--cfg-scale",), ge=1)
     repeats: int = option(3, "timed runs after one warm-up run")
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
-    peak_tflops: float | None = option(None, "override the peak used for MFU")
+    peak_tflops: float | None = option(None, "override the peak used for MFU", gt=0)
     out: str | None = option(None, OUT_HELP)
 
 

@@ -107,7 +107,7 @@ def reconstruct(run: str | os.PathLike, sigma_rel: float, step: int | None = Non
     if step not in {s for s, _ in used}:
         raise UserError(
             f"{run} has no EMA snapshot at step {step} (its snapshots: steps {found[0][0]} to {found[-1][0]}): "
-            "pass --step with one of them."
+            "pass a --step among them."
         )
     snaps = [(s, load_checkpoint(p)) for s, p in used]
     terms = [(s, float(k), w) for s, ckpt in snaps for k, w in ckpt[PROFILES].items()]

@@ -176,8 +176,6 @@ def sampling_flops_per_image(
     sparse blocks; ``guide`` (autoguidance) runs that model's forward in place of the unconditional pass."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
-    if guidance_scale < 1.0:
-        raise UserError(f"--guidance-scale must be >= 1 (1 disables guidance), got {guidance_scale}.")
     if not 0 <= unguided_nfe <= num_steps:
         raise ValueError(f"unguided_nfe must be in [0, {num_steps}], got {unguided_nfe}")
     check_path_drop(path_drop, cfg)
@@ -300,8 +298,8 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
         )
     chans, layers, latent = list(cfg["block_out_channels"]), cfg["layers_per_block"], cfg["latent_channels"]
     down = 2 ** (len(chans) - 1)
-    if image_size <= 0 or image_size % down:
-        raise UserError(f"--image-size must be a positive multiple of {down} for this VAE, got {image_size}.")
+    if image_size % down:
+        raise UserError(f"--image-size {image_size}: pass a multiple of {down}, this VAE's downsampling.")
     attn = cfg["mid_block_add_attention"]
 
     side, macs = image_size, _conv(image_size**2, cfg["in_channels"], chans[0], 3)

@@ -1,8 +1,6 @@
 """Dense peak FLOP/s per device and dtype: the MFU denominator, matched from the device name, never guessed.
 
-Other trainers' tables fall back to the A100 for unknown devices (that is how MFU > 100% gets reported),
-match "l40s" case-sensitively, or list one dtype. Here: one row per device with every dtype, a matcher on
-whole words with the most specific name first, and for anything unknown (or the CPU) a measured matmul
+The datasheet rows are ``dit.cost.devices``' table; for anything it lacks (or the CPU) a measured matmul
 peak labelled "measured". ``--peak-tflops`` and ``DIT_PEAK_TFLOPS`` override everything.
 """
 
@@ -18,9 +16,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from dit.cost.devices import DEVICES as DEVICES  # re-exported: dit-cost peaks prints the table
+from dit.cost.devices import KNOWN_DEVICES, PRECISIONS, DeviceSpec, find_device, normalised_name
+from dit.cost.devices import device_memory_bytes as device_memory_bytes  # re-exported for the planner
 from dit.io.errors import UserError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 PEAK_ENV = "DIT_PEAK_TFLOPS"
 
 
@@ -34,8 +34,8 @@ class Peak:
     measured_on: str = ""  # a measured peak's date (ISO), so that every cost line can say its age
 
     def describe(self) -> str:
-        """'0.434 TFLOP/s fp32 on cpu (measured 2026-12-01, 0 days old; best of 5 probes ...)': the peak, its
-        source and its age, as every cost line prints it."""
+        """'X TFLOP/s fp32 on cpu (measured DATE, N days old; best of 5 probes ...)': the peak, its source and
+        its age, as every cost line prints it."""
         where = f" on {self.device}" if self.device else ""
         source = self.source
         if self.measured_on:
@@ -45,102 +45,19 @@ class Peak:
         return f"{self.flops / 1e12:.4g} TFLOP/s {self.precision}{where} ({source}{detail})"
 
 
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Datasheet dense TFLOP/s (sparsity halved); None where the device has no such rate."""
-
-    name: str
-    pattern: str  # regex on the normalised name (lower case, '-', '_' and '/' as spaces)
-    fp32: float | None
-    tf32: float | None
-    bf16: float | None
-    fp16: float | None
-    fp8: float | None
-    memory_gib: float | None  # None: several sizes exist
-    memory_in_name: bool = False  # the name gives the size ("A100-SXM4-80GB"); GH200's "480GB" is CPU+GPU
-
-
-# Order matters where one name is a prefix of another (GB200/B200, H200 NVL/H200, MI250X/MI250); patterns
-# match whole words, so "gh200" is not "h200", "l40s" not "l40", "h20" not "h200". Sources: NVIDIA and
-# AMD datasheets and whitepapers, Google Cloud TPU pages (see ../shared/research/accounting.md, 3.2).
-# GeForce 16-bit rates are the FP32-accumulate ones PyTorch GEMMs use. MI250X/MI250 are per GCD (one torch
-# device, half an OAM). TPUs are per chip and only for planning (torch.cuda never reports them).
-DEVICES = (
-    DeviceSpec("GB200", r"\bgb200\b", 80, 1250, 2500, 2500, 5000, 186),
-    DeviceSpec("B200", r"\bb200\b", 75, 1100, 2250, 2250, 4500, 180),
-    DeviceSpec("GH200", r"\bgh200\b", 67, 494.7, 989.4, 989.4, 1978.9, None),
-    DeviceSpec("H200 NVL", r"\bh200\b.*\bnvl\b", 60, 420, 836, 836, 1671, 141),
-    DeviceSpec("H200 SXM", r"\bh200\b", 67, 494.7, 989.4, 989.4, 1978.9, 141),
-    DeviceSpec("H20", r"\bh20\b", 44, 74, 148, 148, 296, 96),
-    DeviceSpec("H100 NVL", r"\bh100\b.*\bnvl\b", 60, 417.5, 835, 835, 1670, 94),
-    DeviceSpec("H100 PCIe", r"\bh100\b.*\bpcie\b", 51, 378, 756, 756, 1513, 80),
-    DeviceSpec("H100 SXM", r"\bh100\b", 67, 494.7, 989.4, 989.4, 1978.9, 80),
-    DeviceSpec("H800 PCIe", r"\bh800\b.*\bpcie\b", 51, 378, 756, 756, 1513, 80),
-    DeviceSpec("H800 SXM", r"\bh800\b(?!.*\bnvl\b)", 67, 494.7, 989.4, 989.4, 1978.9, 80),
-    DeviceSpec("A100", r"\ba100\b", 19.5, 156, 312, 312, None, None, True),
-    DeviceSpec("A800", r"\ba800\b", 19.5, 156, 312, 312, None, None, True),
-    DeviceSpec("A10G", r"\ba10g\b", None, None, None, None, None, 24),  # NVIDIA publishes no A10G sheet
-    DeviceSpec("A10", r"\ba10\b", 31.2, 62.5, 125, 125, None, 24),
-    DeviceSpec("L40S", r"\bl40s\b", 91.6, 183, 362, 362, 733, 48),
-    DeviceSpec("L40", r"\bl40\b", 90.5, 90.5, 181, 181, 362, 48),
-    DeviceSpec("L4", r"\bl4\b", 30.3, 60, 121, 121, 242.5, 24),
-    DeviceSpec("RTX 5090", r"\brtx 5090\s*$", 104.8, 104.8, 209.5, 209.5, 419, 32),
-    DeviceSpec("RTX 4090", r"\brtx 4090\s*$", 82.6, 82.6, 165.2, 165.2, 330.3, 24),
-    DeviceSpec("RTX 3090", r"\brtx 3090\s*$", 35.6, 35.6, 71, 71, None, 24),
-    DeviceSpec("V100S PCIe", r"\bv100s\b", 16.4, None, None, 130, None, 32),
-    DeviceSpec("V100 PCIe", r"\bv100 pcie\b", 14, None, None, 112, None, None, True),
-    DeviceSpec("V100 SXM2", r"\bv100 sxm2\b", 15.7, None, None, 125, None, None, True),
-    DeviceSpec("T4", r"\bt4\b", 8.1, None, None, 65, None, 16),
-    DeviceSpec("MI325X", r"\bmi325x\b", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 256),
-    DeviceSpec("MI300X", r"\bmi300x\b", 163.4, 653.7, 1307.4, 1307.4, 2614.9, 192),
-    DeviceSpec("MI250X", r"\bmi250x\b", 47.9, None, 191.5, 191.5, None, 64),
-    DeviceSpec("MI250", r"\bmi250\b", 45.3, None, 181.0, 181.0, None, 64),
-    DeviceSpec("TPU v3", r"\btpu ?v3\b", None, None, 123, None, None, 32),
-    DeviceSpec("TPU v4", r"\btpu ?v4\b", None, None, 275, None, None, 32),
-    DeviceSpec("TPU v5e", r"\btpu ?v5e\b", None, None, 197, None, None, 16),
-    DeviceSpec("TPU v5p", r"\btpu ?v5p\b", None, None, 459, None, None, 95),
-    DeviceSpec("TPU v6e", r"\btpu ?v6e\b", None, None, 918, None, None, 32),
-)
-KNOWN_DEVICES = tuple(d.name for d in DEVICES)
 _HOW_TO_OVERRIDE = f"pass the peak with --peak-tflops (or set {PEAK_ENV}, in TFLOP/s)"
 _HOW_TO_PLAN = "pass the peak with --peak-tflops (dense TFLOP/s per device)"  # plans ignore the env variable
 
 
-def _normalise(name: str) -> str:
-    return " ".join(re.sub(r"[-_/]", " ", name.lower()).split())
-
-
-def find_device(device_name: str) -> DeviceSpec | None:
-    """The table row for a ``torch.cuda.get_device_name()`` string or an alias like "H100-SXM"."""
-    norm = _normalise(device_name)
-    return next((d for d in DEVICES if re.search(d.pattern, norm)), None)
-
-
-def device_memory_bytes(device_name: str) -> int | None:
-    """Memory of one device (GiB as marketed), from the table or from names like "NVIDIA A100-SXM4-80GB"."""
-    spec = find_device(device_name)
-    if spec is None:
-        return None
-    if spec.memory_gib is not None:
-        return int(spec.memory_gib * 2**30)
-    size = re.search(r"\b(\d+)\s*gb\b", device_name.lower()) if spec.memory_in_name else None
-    return int(size.group(1)) * 2**30 if size else None
-
-
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown --precision {precision!r}; choose one of {', '.join(PRECISIONS)}.")
-
-
 def _table_tflops(spec: DeviceSpec, precision: str) -> float | None:
+    """The row's rate for ``precision``; None where it has none (a dtype that is no column has none)."""
     if precision == "tf32" and spec.tf32 is None:
         return spec.fp32  # no TF32 units (pre-Ampere, CDNA2): fp32 matmuls run at the fp32 rate
-    return getattr(spec, precision)
+    return getattr(spec, precision) if precision in PRECISIONS else None
 
 
 def table_peak(device_name: str, precision: str) -> Peak:
     """The datasheet peak, or a UserError that lists the known devices and how to pass a peak."""
-    _check_precision(precision)
     spec = find_device(device_name)
     if spec is None:
         raise UserError(
@@ -158,9 +75,7 @@ def table_peak(device_name: str, precision: str) -> Peak:
 
 
 def _override(override_tflops: float | None, device: str, precision: str) -> Peak | None:
-    if override_tflops is not None:
-        if not override_tflops > 0:
-            raise UserError(f"--peak-tflops must be a positive number of TFLOP/s, got {override_tflops}.")
+    if override_tflops is not None:  # --peak-tflops, checked at its field
         return Peak(override_tflops * 1e12, "override", device, precision)
     env = os.environ.get(PEAK_ENV)
     if env:
@@ -182,10 +97,8 @@ def resolve_peak(
     ``device_name`` None or "cpu" measures the CPU; an unknown accelerator (or a known one without a
     published rate for ``precision``, like an A10G) is measured on the current device with a warning, and
     labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this:
-    it names the device it runs on. A name that is not this machine's device is refused, not measured
-    (``dit-cost peaks --gpu X`` on a machine without X measured the CPU and labelled it X).
+    it names the device it runs on. A name that is not this machine's device is refused, not measured.
     """
-    _check_precision(precision)
     label = device_name or "cpu"
     forced = _override(override_tflops, label, precision)
     if forced is not None:
@@ -199,7 +112,7 @@ def resolve_peak(
     present = (
         find_device(here) is spec
         if spec
-        else re.search(rf"\b{re.escape(_normalise(device_name))}\b", _normalise(here))
+        else re.search(rf"\b{re.escape(normalised_name(device_name))}\b", normalised_name(here))
     )
     if not present:
         unknown = f"no peak is known for {device_name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
@@ -315,8 +228,8 @@ def cache_dir() -> Path:
 
 
 def cpu_arithmetic(precision: str) -> str:
-    """What a CPU really computes for ``precision``: tf32 is a CUDA matmul mode, so on a CPU it is fp32 (its
-    own probe once measured 0.057 TFLOP/s against fp32's 0.434 on one machine: one arithmetic, two peaks)."""
+    """What a CPU really computes for ``precision``: tf32 is a CUDA matmul mode, so on a CPU it is fp32, one
+    arithmetic and one peak (docs/cost_model.md, section 5)."""
     return "fp32" if precision == "tf32" else precision
 
 
@@ -342,13 +255,12 @@ CPU_PEAK_AGREEMENT = 0.10
 def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
     """The CPU's matmul peak: the best of ``CPU_PEAK_PROBES`` bursts, kept per machine for 30 days.
 
-    One 1 s probe at start-up measured 0.097, 0.049 and 0.060 TFLOP/s in three runs minutes apart, so MFU
-    moved with the probe more than with the run. The best of several bursts is a ceiling noise can only
-    lower, and the cache (``$DIT_CACHE_DIR`` or ~/.cache/dit-ledger/cpu_peaks.json) makes every later run
-    on the machine divide by the same number. A new measurement is two rounds of probes; it is kept only
-    if the rounds agree within ``CPU_PEAK_AGREEMENT`` and it is not that far below an expired kept peak
-    (a busy machine measures low): otherwise this run uses the better figure and keeps nothing, and the
-    detail says which was used and why. Delete the file to measure again.
+    Single probes differ from run to run (docs/cost_model.md, section 5). The best of several bursts is a
+    ceiling noise can only lower, and the cache (``$DIT_CACHE_DIR`` or ~/.cache/dit-ledger/cpu_peaks.json)
+    makes every later run on the machine divide by the same number. A new measurement is two rounds of probes;
+    it is kept only if the rounds agree within ``CPU_PEAK_AGREEMENT`` and it is not that far below an expired
+    kept peak (a busy machine measures low): otherwise this run uses the better figure and keeps nothing, and
+    the detail says which was used and why. Delete the file to measure again.
     """
     arithmetic = cpu_arithmetic(precision)
     path = cache_dir() / "cpu_peaks.json"
@@ -394,8 +306,8 @@ _WARNED: set[Path] = set()
 
 def _keep(path: Path, data: bytes) -> str | None:
     """Write the cache file; None, or why it cannot be. The cache is an optimisation: a ``$DIT_CACHE_DIR``
-    that is a file, read-only or not creatable (it stopped training with "File exists") is one warning line
-    per process, on rank 0, and the run goes on with its peak measured and not kept."""
+    that is a file, read-only or not creatable is one warning line per process, on rank 0, and the run goes
+    on with its peak measured and not kept."""
     from dit.io.atomic import atomic_write_bytes
 
     try:

@@ -176,8 +176,8 @@ def check_path_drop(path_drop: bool, cfg: DiTConfig) -> None:
     """Path-drop guidance needs a SPRINT model: one trained with sparse middle blocks to skip."""
     if path_drop and not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
         raise UserError(
-            "--guidance-path-drop skips the sparse middle blocks of a model trained with --token-drop R > 0 and the "
-            f"sprint layout; this one is {describe(cfg)}: leave --guidance-path-drop out."
+            "--guidance-path-drop skips the sparse middle blocks of a model trained with token drop (--token-drop "
+            f"R, the sprint layout); this one is {describe(cfg)}: leave --guidance-path-drop out."
         )
 
 

@@ -62,7 +62,8 @@ class Objective(ABC):
         kind = kind or (cls.fast_sampler if fast else cls.default_sampler)
         if kind not in cls.samplers:
             raise UserError(
-                f"--sampler {kind} does not sample a {cls.noun} model: use one of {', '.join(cls.samplers)}."
+                f"--sampler {kind} does not sample a {cls.noun} model: pick from its samplers, "
+                f"{', '.join(cls.samplers)}."
             )
         return kind
 

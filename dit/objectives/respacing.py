@@ -53,8 +53,8 @@ def shift_timesteps(kept, time_shift: float, diffusion_steps: int = DIFFUSION_ST
     moved = [round(last * (1 - shift_time(1 - i / last, time_shift))) for i in kept]
     if len(set(moved)) < len(moved):
         raise UserError(
-            f"--time-shift {time_shift:g} puts two of the {len(kept)} respaced steps on one of the {diffusion_steps} "
-            "timesteps: pass fewer --num-sampling-steps, or a shift nearer 1."
+            f"--time-shift {time_shift:g} puts two of the {len(kept)} respaced steps on one timestep (of "
+            f"{diffusion_steps}): pass fewer --num-sampling-steps, or a shift nearer 1."
         )
     return moved
 

@@ -48,13 +48,14 @@ DIFFUSION_FORMS = ("constant", "SBDM", "sigma", "linear", "decreasing", "increas
 
 
 def check_guidance_interval(interval: Sequence[float] | None) -> tuple[float, float] | None:
-    """``--guidance-interval LO HI``: two times with 0 <= LO <= HI <= 1, or None (guide every evaluation)."""
+    """The one rule of a guidance interval (``SamplingSection.check``; a study's own interval flag): two times
+    with 0 <= LO <= HI <= 1, or None (guide every evaluation). Names the field as ``{guidance_interval}``."""
     if interval is None:
         return None
     values = [float(v) for v in interval]
     if len(values) != 2 or not all(math.isfinite(v) for v in values) or not 0 <= values[0] <= values[1] <= 1:
-        raise UserError(
-            f"--guidance-interval takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = noise; "
+        raise FieldError(
+            "{guidance_interval} takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = noise; "
             f"flow t, 1 = data), got {' '.join(map(str, interval))}."
         )
     return values[0], values[1]
@@ -156,13 +157,9 @@ def sampling_plan(
     the last, 2N - 1). Flow samplers: see ``flow_grid``; ``flow_interval`` is the transport's sampling
     interval [t0, t1] (SiT's velocity models: [0, 1]). ``method`` is the flow integrator. ``time_shift`` (a
     number: "auto" resolved) moves the flow's grid (``flow_grid``) or the diffusion's kept timesteps
-    (``shift_timesteps``).
+    (``shift_timesteps``). The sampling section checks ``sampler`` (one of ``SAMPLERS``), ``num_steps`` (>= 1)
+    and ``interval``; the checks here are the samplers' own.
     """
-    if sampler not in SAMPLERS:
-        raise UserError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}.")
-    if num_steps < 1:
-        raise UserError(f"--num-sampling-steps must be >= 1, got {num_steps}.")
-    interval = check_guidance_interval(interval)
     try:
         check_method(sampler, method, last_step)
     except FieldError as e:
@@ -179,7 +176,7 @@ def sampling_plan(
     else:
         if num_steps < 2:
             raise UserError(
-                f"--num-sampling-steps must be >= 2 for --sampler {sampler}: a one-step respacing has no posterior "
+                f"--sampler {sampler} needs --num-sampling-steps 2 or more: a one-step respacing has no posterior "
                 "(the official diffusion's variances need two steps)."
             )
         if num_steps > diffusion_steps:

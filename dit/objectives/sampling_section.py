@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 from dit.io.config import FieldError, Section, option
 from dit.objectives.integrators import ODE_METHODS
-from dit.objectives.samplers import DIFFUSION_FORMS, LAST_STEPS, SAMPLERS, SCHEDULER_SAMPLERS, check_method
+from dit.objectives.samplers import (
+    DIFFUSION_FORMS,
+    LAST_STEPS,
+    SAMPLERS,
+    SCHEDULER_SAMPLERS,
+    check_guidance_interval,
+    check_method,
+)
 
 GUIDANCE_HELP = "classifier-free guidance scale; 1 disables it (--cfg-scale is the official spelling)"
 CHANNELS_HELP = "noise channels to guide: 3 (the official code, used for the paper's FIDs) or all"
@@ -70,12 +77,7 @@ class SamplingSection(Section):
 
     def check(self) -> None:
         check_method(self.sampler, self.sampling_method, self.last_step)
-        interval = self.guidance_interval
-        if interval is not None and (len(interval) != 2 or interval[0] > interval[1]):
-            raise FieldError(
-                "{guidance_interval} takes two times LO HI with 0 <= LO <= HI <= 1 (t/1000 for diffusion, 1 = "
-                f"noise; flow t, 1 = data), got {' '.join(map(str, interval))}."
-            )
+        check_guidance_interval(self.guidance_interval)
 
     def guidance(self, has_null_class: bool) -> float:
         """The guidance scale for a model with (or without) a null class: the asked one, else the default."""

@@ -16,33 +16,33 @@ precision, as the reference evaluators compute, so scores stay comparable).
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dit.io.errors import UserError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# Each precision's autocast dtype (None: the model runs in float32); its keys are the --precision choices.
+AUTOCAST_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = tuple(AUTOCAST_DTYPES)
 
 
 @dataclass(frozen=True)
 class Precision:
+    """A precision policy by name (one of ``PRECISIONS``: a face's ``--precision``, checked at its field, or a
+    checkpoint's record of one); another name has no policy (KeyError)."""
+
     name: str = "fp32"
     device_type: str = "cpu"
+    amp_dtype: torch.dtype | None = field(init=False, repr=False, compare=False)  # the autocast dtype
 
     def __post_init__(self):
-        if self.name not in PRECISIONS:
-            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.name!r}.")
+        object.__setattr__(self, "amp_dtype", AUTOCAST_DTYPES[self.name])
         if self.name == "fp16" and self.device_type != "cuda":
             # autocast would run fp16 on the CPU at a fraction of the speed, and GradScaler needs CUDA.
             raise UserError(
                 "fp16 needs a CUDA device (it runs fp32 on CPU without a word): use --precision bf16 or fp32."
             )
-
-    @property
-    def amp_dtype(self) -> torch.dtype | None:
-        """The autocast dtype, None where the model runs in float32."""
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -24,7 +24,7 @@ from dit.io.errors import UserError
 from dit.model.config import DiTConfig, check_path_drop
 from dit.model.dit import DiT, extrapolate
 from dit.objectives import Objective
-from dit.objectives.samplers import DEFAULT_METHODS, check_guidance_interval, guided_at, sampling_plan
+from dit.objectives.samplers import DEFAULT_METHODS, guided_at, sampling_plan
 from dit.objectives.sampling_section import SamplingSection
 from dit.objectives.times import latent_dim, shift_factor
 from dit.objectives.transport import Transport
@@ -32,6 +32,8 @@ from dit.runtime import Precision, Stream, mix_seed
 
 # The official sample.py's classes: golden retriever, otter, red panda, geyser, macaw, valley, balloon, arctic fox.
 OFFICIAL_CLASS_LABELS = (207, 360, 387, 974, 88, 979, 417, 279)
+# --guidance-channels (its choices) as ``Guidance.channels`` holds them: 3 (the official code's) or every channel.
+GUIDANCE_CHANNELS = {"3": 3, "all": "all"}
 
 
 @dataclass
@@ -81,22 +83,9 @@ class SamplingModel:
 # ---- checks on what the user asked for --------------------------------------------------------------------
 
 
-def parse_guidance_channels(value: str | int) -> int | str:
-    """``--guidance-channels``: 3 (the official behaviour, used for the paper's FID) or "all"."""
-    if str(value) == "all":
-        return "all"
-    if str(value) == "3":
-        return 3
-    raise UserError(f"--guidance-channels must be 3 (official) or all, got {value!r}.")
-
-
 def check_guidance(guidance_scale: float, cfg: DiTConfig | None) -> None:
-    """The scale, and (for classifier-free guidance: ``cfg`` the model's config, None under autoguidance) the
-    null class it guides against."""
-    if not guidance_scale >= 1.0:
-        raise UserError(
-            f"--guidance-scale (--cfg-scale) must be >= 1 (1 disables guidance), got {guidance_scale}."
-        )
+    """The null class that classifier-free guidance guides against (``cfg``: the model's config; None under
+    autoguidance)."""
     if guidance_scale > 1.0 and cfg is not None and cfg.class_dropout_prob <= 0:
         raise UserError(
             "this model was trained without class dropout, so it has no unconditional label to guide against: "
@@ -150,7 +139,7 @@ class PerImageNoise:
 
 @dataclass(frozen=True)
 class Guidance:
-    """Guidance: the scale (1 turns it off), the noise channels it guides (3, the official code's, or "all"),
+    """Guidance: the scale (1 or less: off), the noise channels it guides (3, the official code's, or "all"),
     and the interval of times it is on (None: every evaluation; the units are ``dit.objectives.samplers``':
     t/1000 for diffusion, 1 = noise; flow t, 1 = data). What it guides against: the unconditional pass
     (classifier-free guidance; ``path_drop``: that pass skips the sparse blocks, SPRINT's path-drop guidance),
@@ -173,10 +162,9 @@ class Guidance:
     def from_options(cls, c: SamplingSection, has_null_class: bool, guide: DiT | None = None) -> Guidance:
         """A sampling section's guidance for a model with (or without) a null class, against ``guide`` where
         given (which needs no null class): its scale, or the default."""
-        interval = check_guidance_interval(c.guidance_interval)
-        channels = parse_guidance_channels(c.guidance_channels)
         scale = c.guidance(has_null_class or guide is not None)
-        return cls(scale, channels, interval, c.guidance_path_drop, guide)
+        channels = GUIDANCE_CHANNELS[c.guidance_channels]
+        return cls(scale, channels, c.guidance_interval, c.guidance_path_drop, guide)
 
 
 class GuidedModel:

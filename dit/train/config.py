@@ -222,7 +222,8 @@ def _launcher_precision(v: Values) -> Values:
     if "precision" in v.given or "precision" in v.preset:
         raise UserError(
             f"accelerate launch asks for {launcher} (--mixed_precision) and this run for --precision "
-            f"{v.values['precision']}: drop one of them (--precision alone decides under torchrun)."
+            f"{v.values['precision']}: drop --mixed_precision or --precision (--precision alone decides under "
+            "torchrun)."
         )
     return dataclasses.replace(v, values={**v.values, "precision": launcher})
 

@@ -22,10 +22,9 @@ TABLE = "y_embedder.embedding_table.weight"
 def init_from(model: DiT, path: str, weights: str = "ema", report: Path | None = None) -> str:
     """Load ``path``'s weights into ``model`` (fresh, unsharded); return the start-up line and write the
     full list of loaded, recomputed and re-initialised tensors to ``report`` (JSON)."""
-    if weights not in ("ema", "model"):
-        raise UserError(f"--init-from-weights must be ema or model, got {weights!r}.")
+    use_ema = {"ema": True, "model": False}[weights]  # the choice (checked at --init-from-weights) picks them
     ckpt = load_checkpoint(path)
-    source, which = model_weights(ckpt, use_ema=weights == "ema")
+    source, which = model_weights(ckpt, use_ema=use_ema)
     if weights == "model" and which != "model":
         raise UserError(f"{path} holds no raw model weights (only {which}): pass --init-from-weights ema.")
     source = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in source.items()}
