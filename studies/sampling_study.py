@@ -36,7 +36,7 @@ from dit.eval.evaluator import Evaluator, judges_for
 from dit.eval.reference import digits_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Face, FieldError, Section, option
 from dit.io.errors import UserError
 from dit.io.userfiles import inside, read_json
 from dit.objectives.samplers import check_guidance_interval, sampling_plan, split_sampler
@@ -130,7 +130,10 @@ def parse_interval(text: str, sm) -> tuple[float, float] | None:
         values = []
     if len(values) != 2:
         raise UserError(f"--intervals takes all, edm2 or LO:HI, got {text!r}.")
-    return check_guidance_interval(values)
+    try:
+        return check_guidance_interval(values)
+    except FieldError as e:
+        raise UserError(e.spelled(lambda name: "--intervals")) from None
 
 
 def steps_for(spec: str, nfe: int) -> int | None:
