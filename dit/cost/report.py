@@ -1,7 +1,5 @@
-"""What a plan reports: the training, sampling and memory plans as dataclasses, and their one renderer (the
-text table, or ``--json``: the plan's fields in order, each nested part's fields in its place).
-
-No torch here: ``dit-cost`` answers in a fraction of a second.
+"""What a plan reports: the training, sampling and memory plans as dataclasses, and their one renderer (the text,
+or ``--json``: the fields in order, each nested part's in its place). No torch here.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ def _part(**default):
 
 
 def flat(plan) -> dict:
-    """A plan's JSON object: its fields in order, each part's fields in the part's place; an optional field
-    that is None and a field for the text alone are left out."""
+    """A plan's JSON object: fields in order, parts in place; None optionals and text-only fields left out."""
     out = {}
     for f in fields(plan):
         value = getattr(plan, f.name)
@@ -319,7 +316,6 @@ def _print_memory(r: MemoryPlan) -> None:
 
 
 def show(plan: TrainingPlan | SampleBudget | MemoryPlan, as_json: bool) -> None:
-    """Print a plan: its JSON object, or its text."""
     if as_json:
         print(json.dumps(flat(plan), indent=2))
     elif isinstance(plan, MemoryPlan):

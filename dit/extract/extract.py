@@ -1,8 +1,6 @@
-"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md).
-
-Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
-folder scan, and batches never straddle shards, so the bytes never depend on how many processes wrote them.
-A rerun verifies what a killed run left and redoes exactly the missing or bad shards.
+"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md). Shard k
+holds the decodable images among sources [k * shard_size, (k + 1) * shard_size) and batches never straddle shards,
+so the bytes do not depend on the process count; a rerun redoes only the missing or bad shards.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ from dit.runtime.stop import close_workers, ignore_stop_signals
 
 @dataclass(frozen=True)
 class ExtractConfig(Section):
-    """The settings of extract_features.py: one section, read by the extraction alone."""
+    """extract_features.py's settings."""
 
     feature_path: str = option(
         help="the store folder (created, resumed or verified)", aliases=("--features-path",)
@@ -136,10 +134,8 @@ def _encode_views(
 
 
 def extract_features(cfg: ExtractConfig, repa: RepaEncoderSection | None = None) -> dict:
-    """Build or resume the store at ``cfg.feature_path`` (with ``repa``'s encoder: its features too); returns a
-    summary of the store and this rank's work.
-
-    "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
+    """Build or resume the store at ``cfg.feature_path`` (with ``repa``'s encoder features); a summary of the store
+    and this rank's work. fp32 means no TF32 and deterministic cuDNN: the bytes must not change with the GPU."""
     repa = repa or RepaEncoderSection()
     if repa.encoder and not cfg.flip:
         raise UserError(
