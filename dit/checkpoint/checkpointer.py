@@ -34,8 +34,7 @@ class Checkpointer:
         self._write(state, payload, self.folder, self.background)
 
     def snapshot_due(self, state, last: bool) -> bool:
-        """Whether to snapshot the post-hoc EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``
-        step."""
+        """Whether to snapshot the EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``."""
         return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
 
     def snapshot(self, state) -> None:
@@ -110,8 +109,7 @@ class Checkpointer:
 
     @contextmanager
     def _written(self, temp: Path, final: Path):
-        """DCP's writes: a refused one (every rank gets each rank's error) removes the temp folder and is the one
-        line."""
+        """DCP's writes: a refused one (each rank gets every rank's error) removes the temp folder."""
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
@@ -130,8 +128,7 @@ class Checkpointer:
         return saved
 
     def _async_group(self):
-        """Gloo groups of their own for the background writer and for asking how it went, apart from the step's
-        collectives."""
+        """Gloo groups of their own for the background writer and for asking how it went."""
         if not self.background:
             return None
         if self._group is None:

@@ -118,8 +118,7 @@ class LatentStoreDataset(Dataset):
         )
 
     def _shard(self, index: int) -> dict[str, np.ndarray]:
-        """Shard ``index``'s tensors, mapped once per process, hashed before first use unless ``verify_once``
-        did."""
+        """Shard ``index``'s tensors, mapped once per process, hashed first unless ``verify_once`` did."""
         if self._shards is None or self._shards[0] != os.getpid():
             self._shards = (os.getpid(), {})
         mapped = self._shards[1]

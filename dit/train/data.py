@@ -191,7 +191,6 @@ def build_data(
     if data.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        # REPA: and the encoder's features
         ds = LatentStoreDataset(data.feature_path, features=features, latent_norm=data.latent_norm)
         c, h, _ = ds.latent_shape
         ds.check_compatible(in_channels=c, input_size=image_size // ds.downsample, num_classes=num_classes or None)
