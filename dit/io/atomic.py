@@ -1,6 +1,4 @@
-"""Atomic file writes and folder locks: every file a crash must not corrupt is written here (one rule, one name for
-its temporary files).
-"""
+"""Atomic file writes and folder locks: every file a crash must not corrupt is written here, one way."""
 
 from __future__ import annotations
 
