@@ -1,14 +1,8 @@
 """Which checkpoints of a run folder continue which: branches, so that a rollback is never undone by a requeue.
-
-Every checkpoint records its ``lineage``: its ``branch`` (an id), the ``forks`` it descends from (branch ->
-the step it left that branch at) and its ``parent``, the checkpoint its run segment resumed from (file, step,
-sha256, branch). A resume from what ``--resume auto`` would pick continues that branch; a resume from any
-other checkpoint (an older one, with another ``--lr``) starts a new branch, and the checkpoints of the folder
-that are not on its line are moved to ``checkpoints/abandoned/BRANCH/`` first: nothing is deleted, none is
-overwritten by a save at the same step, and ``keep_last`` only ever counts the line being followed.
-``checkpoints/branch.json`` names the branch that ran last, for ``--resume auto`` (a fresh run, one branch,
-needs none). Checkpoints saved before
-lineage was recorded form one branch, ``""``: they still resume.
+Each checkpoint records its ``lineage``: its ``branch``, the ``forks`` it descends from and its ``parent``. A
+resume from anything but ``--resume auto``'s pick starts a new branch, and the checkpoints off its line move to
+``checkpoints/abandoned/BRANCH/`` (nothing deleted or overwritten); ``checkpoints/branch.json`` names the branch
+that ran last. Checkpoints without lineage form branch "".
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ _LINEAGE: dict[tuple, dict | None] = {}
 
 
 def read_lineage(path: Path) -> dict | None:
-    """A checkpoint's lineage (None: saved before lineage, or unreadable), its weights only mapped, not read;
-    every checkpoint of the folder is asked, so none is hashed here (a resume verifies the one it loads)."""
+    """A checkpoint's lineage (None: none recorded, or unreadable), read with its weights mapped and not hashed."""
     stat = path.stat()
     key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _LINEAGE:

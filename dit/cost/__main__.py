@@ -1,9 +1,4 @@
-"""``dit-cost`` / ``python -m dit.cost``: FLOPs, training and sampling budgets, memory, peaks and charts.
-
-Readable tables by default, ``--json`` for machines. Flags shared with train.py and sample.py keep their
-names: --model, --image-size, --vae, --global-batch-size, --max-steps, --precision,
---activation-checkpointing, --num-sampling-steps, --guidance-scale (alias --cfg-scale).
-"""
+"""``dit-cost`` / ``python -m dit.cost``: FLOPs, training and sampling budgets, memory, peaks and charts."""
 
 from __future__ import annotations
 

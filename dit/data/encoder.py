@@ -1,10 +1,7 @@
-"""Frozen image encoders for REPA, built with timm: any timm ViT by name (``vit_base_patch14_dinov2.lvd142m`` is
-REPA's), or ours (``digits-mae``, a small ViT trained without labels on the quick start's digits).
-
-Weights come through timm's own loading: downloaded when online, from ``--repa-encoder-weights FILE`` offline
-(``weights_only``), from the committed file for ours. The normalisation is the encoder's pretrained data
-config's; the input size is REPA's choice, not the config's (timm's DINOv2 configs say 518 px: 5x the tokens of
-REPA's 224), by default the DiT's token grid times the encoder's patch, so that the two grids agree.
+"""Frozen image encoders for REPA, built with timm: any timm ViT by name (REPA's
+``vit_base_patch14_dinov2.lvd142m``) or ours (``digits-mae``). Weights come through timm (downloaded,
+``--repa-encoder-weights FILE`` offline, or our committed file); the normalisation is the pretrained config's, the
+input size REPA's choice: by default the DiT's token grid times the encoder's patch, so that the two grids agree.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ WEIGHTS = Path(__file__).resolve().parent / "weights"
 
 @dataclass(frozen=True)
 class LocalEncoder:
-    """An encoder of ours: a timm architecture with overridden sizes, and committed weights beside a JSON
-    report of how they were made (the command, the training FLOPs)."""
+    """An encoder of ours: a timm architecture with our sizes, and committed weights beside their JSON report."""
 
     architecture: str
     kwargs: dict
@@ -127,8 +123,8 @@ def vit_shape(model: nn.Module) -> ViTShape:
 
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
-    """``input_size``, or the one whose patch grid equals the DiT's ``grid`` (REPA: 16 x 14 = 224 px); checked
-    to be a multiple of the encoder's patch. Builds the encoder on the meta device: no weights, no download."""
+    """``input_size``, or the one whose patch grid is the DiT's ``grid`` (REPA: 16 x 14 = 224 px), checked against
+    the encoder's patch on the meta device."""
     check_encoder_name(name)
     patch = vit_shape(create_encoder_model(name, "meta", None, False)).patch_size
     size = input_size or grid * patch
@@ -152,8 +148,8 @@ def upstream_flops(name: str) -> float | None:
 
 
 class Encoder:
-    """A frozen timm ViT with its normalisation and input size; ``features`` maps images in [-1, 1] to patch
-    tokens (N, grid * grid, width). Not an ``nn.Module``: it is no part of what trains or checkpoints."""
+    """A frozen timm ViT with its normalisation and input size (not an ``nn.Module``: nothing of it trains or
+    saves)."""
 
     def __init__(self, name: str, weights: str | None, input_size: int, device: torch.device | str = "cpu"):
         check_encoder_name(name)
@@ -214,8 +210,8 @@ class Encoder:
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (prefix tokens dropped) of images (N, C, H, W) in [-1, 1]: a 1-channel image is
-        repeated for a 3-channel encoder; resized to the input size, normalised as the encoder was trained."""
+        """Patch tokens (prefix tokens dropped) of images (N, C, H, W) in [-1, 1], grey repeated to 3 channels,
+        resized to the input size and normalised as the encoder was trained."""
         x = (images.float() + 1) / 2
         want = self.shape.in_channels
         if x.shape[1] != want:
