@@ -66,10 +66,8 @@ def plot_memory_vs_batch(
     batches: list[int] | None = None,
     traced_batches: tuple[int, ...] = (),
 ) -> str:
-    """Analytic peak memory per device against batch, with and without checkpointing every block.
-
-    ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check.
-    """
+    """Analytic peak memory per device against batch, with and without every block checkpointed; ``traced_batches``
+    adds FakeTensor traces as points."""
     plt = _pyplot()
     batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     fig, ax = plt.subplots(figsize=(7, 5))
@@ -101,11 +99,9 @@ def plot_quality(
     count: str = "model",
     groups: list[str] | None = None,
 ) -> str:
-    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
-    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
-    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``).
-    ``groups`` (one name per run, e.g. its recipe) colours the runs of a group alike and gives the legend
-    one entry per group: 14 runs of 6 recipes were unreadable with a colour and an entry each."""
+    """FID (and P/R) against cumulative training FLOPs, one line per run: the DiT paper's figure. ``up_to_steps``
+    cuts the runs at a budget, ``count`` "total" adds auxiliary and upstream FLOPs, ``groups`` colours a group
+    alike with one legend entry."""
     from matplotlib.lines import Line2D
 
     from dit.cost.quality import pflops_of, read_run
@@ -165,8 +161,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -> str:
-    """FID against sampling TFLOP per 1,000 images, one colour per sampler, and the Pareto front over all of
-    them: which sampler and settings buy a quality for the least compute (scripts/sampling_study.py)."""
+    """FID against sampling TFLOP per 1,000 images, a colour per sampler, and the Pareto front over them all."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for sampler in dict.fromkeys(r["sampler"] for r in rows):

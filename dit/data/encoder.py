@@ -148,8 +148,7 @@ def upstream_flops(name: str) -> float | None:
 
 
 class Encoder:
-    """A frozen timm ViT with its normalisation and input size (not an ``nn.Module``: nothing of it trains or
-    saves)."""
+    """A frozen timm ViT with its normalisation and input size (no ``nn.Module``: it never trains or saves)."""
 
     def __init__(self, name: str, weights: str | None, input_size: int, device: torch.device | str = "cpu"):
         check_encoder_name(name)

@@ -52,8 +52,7 @@ class EvalSection(Section):
 
 @dataclass(frozen=True)
 class EvalSamplingSection(SamplingSection):
-    """The evaluation's sampler: the sampling flags under ``--eval-``, with cheaper defaults (50 DDIM steps, no
-    guidance)."""
+    """The evaluation's sampler: the sampling flags under ``--eval-``, with cheaper defaults (50 DDIM steps)."""
 
     FAST = True  # ddim for diffusion, ode for flow
     GUIDANCE_DEFAULT = 1.0

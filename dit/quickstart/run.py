@@ -58,8 +58,7 @@ def _score(record: dict, key: str, fmt: str = ".1f") -> str:
 
 
 def quality(metrics_path: Path) -> str:
-    """One line from the last evaluation record: digit FID and the judge's FD with their intervals, class
-    accuracy."""
+    """One line from the last evaluation: digit FID and the judge's FD with their intervals, class accuracy."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     last = [r for r in rows if r.get("kind") == "eval"][-1]
     return (
