@@ -1,11 +1,7 @@
-"""DCP's ``.metadata`` read safely: an exact allow-list of the classes it pickles, then its entries checked
-against what our writer writes, before DCP reads a byte of the shards.
-
-``.metadata`` is a pickle. An unpickler imports whatever ``module.name`` the file names, and protocol 4
-follows dotted names (``torch.distributed.checkpoint.metadata`` imports ``os``, so ``os.system`` is reachable
-through it). Here a (module, name) pair is looked up in a table, exactly: nothing is imported and no
-attribute is walked. DCP's planner unpickles a bytes entry with ``torch.load(weights_only=False)``, so a
-folder with any entry other than the tensors we write is refused as well.
+"""DCP's ``.metadata`` read safely. It is a pickle, and protocol 4 follows dotted names (``os.system`` is reachable
+through ``torch.distributed.checkpoint.metadata``), so each (module, name) is looked up in an exact table with
+nothing imported; and as DCP unpickles bytes entries with ``weights_only=False``, any entry but the tensors we
+write is refused, before DCP reads the shards.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ _SHARD = re.compile(r"^__\d+_\d+\.distcp$")  # the only files DCP's writer names
 
 
 def _allowed() -> dict[tuple[str, str], object]:
-    """(module, name) -> the object, for every global DCP's ``.metadata`` pickles (torch 2.13 and 2.14 write
-    the same names). Paths come back pure: they are never opened."""
+    """(module, name) -> object for every global DCP's ``.metadata`` pickles; paths come back pure."""
     from torch.distributed.checkpoint import filesystem, metadata
 
     table: dict[tuple[str, str], object] = {
@@ -66,9 +61,8 @@ class _Unpickler(pickle.Unpickler):
 
 
 def read(path: Path, roots: tuple[str, ...]) -> object:
-    """The folder's DCP metadata at ``path``, once it holds only tensor entries under ``roots`` (the top-level
-    names our writer gives DCP) stored in the folder's own shard files, untransformed. Anything else is the
-    one-line ``UserError`` that says the folder is not a checkpoint we wrote."""
+    """The folder's DCP metadata at ``path``, once it holds only untransformed tensor entries under ``roots`` in
+    the folder's own shards; anything else is the one-line ``UserError``."""
     folder = path.parent
     try:
         metadata = _Unpickler(path.read_bytes()).load()

@@ -1,13 +1,8 @@
-"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C), written from the paper.
-
-A power-function EMA of exponent ``gamma`` averages the weights of steps 1..t with the profile
-``p(s) = (gamma + 1) s^gamma / t^(gamma + 1)`` on ``[0, t]``; its update is ``beta_t = (1 - 1/t)^(gamma + 1)``
-(``dit.train.ema.PowerEMA``), which gives step ``s``'s weights exactly the profile's mass on ``(s - 1, s]``.
-Its width relative to t is ``sigma_rel = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))``. A run tracks a few
-profiles and saves them every N steps (snapshots, ``checkpoints/ema/``); any other profile at a snapshot's
-step is then a linear combination of the snapshots, whose coefficients solve the least-squares problem between
-the profiles (their inner products are closed-form). ``reconstruct`` does it and returns a checkpoint whose
-``ema`` weights sample.py and the evaluator read.
+"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C). A power-function EMA of exponent
+gamma (``dit.train.ema.PowerEMA``) averages steps 1..t with the profile ``p(s) = (gamma + 1) s^gamma / t^(gamma +
+1)``, of relative width ``sigma_rel = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))``. A run saves a few profiles
+every N steps (``checkpoints/ema/``); ``reconstruct`` combines the snapshots by least squares (closed-form inner
+products) into any other profile, as a checkpoint whose ``ema`` weights sample.
 """
 
 from __future__ import annotations
@@ -72,9 +67,8 @@ def list_snapshots(checkpoints: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
-    """A run segment that starts at ``step``: the snapshots after it are off its line (another branch, or a
-    segment that was cut short and is replayed), moved to ``ema/after-NNNNNNN/`` (nothing deleted); lines
-    for the log. Called by the run folder's lock holder, before its first save."""
+    """The snapshots after ``step`` are off a segment that starts there: moved to ``ema/after-NNNNNNN/`` (nothing
+    deleted); lines for the log. Called by the run folder's lock holder, before its first save."""
     newer = [p for s, p in list_snapshots(checkpoints) if s > step]
     if not newer:
         return []

@@ -1,10 +1,5 @@
-"""What a launcher asked for that its environment does not carry in torchrun's terms.
-
-dit-ledger joins process groups from the variables torchrun sets (``dit.runtime``). ``accelerate launch``
-sets them too when it hands over to torchrun (``--multi_gpu``), but on CPUs (``--cpu --num_processes 2``)
-it starts one process without a word unless mpirun is set up, and its ``--mixed_precision`` travels as
-``ACCELERATE_MIXED_PRECISION``. Both are read here, so that a run does what was asked or says why not.
-No torch: the flag parser reads the precision.
+"""What a launcher asked for that its environment does not carry in torchrun's terms: ``accelerate launch``'s
+process count on CPUs and its ``--mixed_precision``, read so that a run does what was asked or says why not.
 """
 
 from __future__ import annotations
@@ -81,9 +76,7 @@ class ProcessEnv:
 
 
 def process_env(script: str = "train.py") -> ProcessEnv:
-    """WORLD_SIZE, RANK, LOCAL_RANK (and MASTER_ADDR/PORT for several processes), as torchrun sets them. A
-    hand-set or half-set environment (``WORLD_SIZE=2`` alone, ``abc``, ``0``, a RANK outside the world) was
-    a traceback or a silent wait of minutes: one line here, naming torchrun."""
+    """WORLD_SIZE, RANK, LOCAL_RANK (and MASTER_ADDR/PORT) as torchrun sets them; a bad environment is one line."""
     launch = f"launch with `torchrun --nproc_per_node=N {script} ...`, or unset it for one process"
 
     def number(name: str, default: int, low: int) -> int:

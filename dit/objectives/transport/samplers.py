@@ -1,18 +1,7 @@
-"""ODE and SDE samplers for flow-matching models, from noise (t = t0) to data (t = 1), counting the network
-evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for. Their
-time grids come from ``dit.objectives.respacing`` (``flow_grid``), the plan ``dit-cost`` reads too.
-
-ODE: the integrators of ``dit.objectives.integrators.ODE_INTEGRATORS`` (each entry is its step and the evaluations
-the step makes): ``euler``, ``heun`` (the trapezoid of the ends, torchdiffeq's ``heun2``), ``ab2``-``ab4``
-(Adams-Bashforth) on a uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's
-default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps);
-here it counts steps.
-
-SDE (SiT's Euler-Maruyama and Heun): dx = (v + w s) dt + sqrt(2 w) dW on a grid from t0 to 1 - h, then one
-last deterministic step of length h from there to t = 1 (SiT's ``Mean``, h = 0.04, by default). w(t) is the
-diffusion form; SiT's CLI default is ``sigma`` (w = sigma_t). Each evaluation calls the network once: SiT's
-code calls it twice with the same input (for the velocity, then for the score); the result is the same,
-the cost half.
+"""ODE and SDE samplers for flow-matching models, from noise (t0) to data (t = 1), counting the network evaluations
+they make (NFE), on ``dit.objectives.respacing.flow_grid``'s grids. ODE: ``ODE_INTEGRATORS`` (euler, heun, ab2-ab4
+on a uniform grid, or torchdiffeq's adaptive dopri5). SDE: SiT's Euler-Maruyama and Heun, dx = (v + w s) dt +
+sqrt(2 w) dW, then a last deterministic step, one network call per evaluation (docs/flow_matching.md).
 """
 
 from __future__ import annotations
