@@ -1,14 +1,8 @@
-"""Block options: one entry each, carrying its module builder, its cost terms and its memory terms.
-
-``norm`` and ``mlp`` choose an entry of ``NORMS`` and ``MLPS``; a ``SWITCHES`` entry is on when the
-``DiTConfig`` field of its name is true; the first entries, all switches off, are the official DiT.
-``dit.cost`` reads the terms of a config's entries (``chosen``), never their names, so a new option needs no
-edit to ``dit/cost/`` or the docs. No torch at import: builders import it when called.
-
-Terms per block, as ``dit.cost`` counts them (docs/cost_model.md): ``macs``, forward multiply-accumulates per
-token in matmuls (also the weights autocast copies to 16 bits); ``params``, weights and biases; ``saved``,
-D-wide tensors of the activation dtype backward keeps per token, and ``saved_fp32`` float32 bytes per
-(token x D) element; ``new_qk``: makes new q and k, which attention keeps (two tensors, once for all).
+"""Block options: one entry each, with its module builder, cost terms and memory terms. ``norm`` and ``mlp`` choose
+an entry of ``NORMS`` and ``MLPS``; a ``SWITCHES`` entry is on when its ``DiTConfig`` field is; the first entries
+are the official DiT. ``dit.cost`` reads the terms (``chosen``), never the names. Terms per block
+(docs/cost_model.md): ``macs`` per token in matmuls; ``params``; ``saved``, D-wide tensors of the activation dtype
+kept per token; ``saved_fp32``, float32 bytes per element; ``new_qk``: makes new q and k, which attention keeps.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The one interface a training objective implements: what the trainer and the samplers call.
-
-The class attributes (samplers, defaults) need no torch, so ``dit-cost sample`` plans with them.
-"""
+"""The one interface a training objective implements; its class attributes need no torch (``dit-cost``)."""
 
 from __future__ import annotations
 

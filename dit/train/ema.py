@@ -11,8 +11,7 @@ from torch import nn
 from dit.checkpoint.posthoc import gamma_of, profile_key
 from dit.train.parallel import local
 
-# Devices whose foreach kernels fuse a whole list into a few launches, for dense tensors only. The CPU's loop over
-# the tensors anyway, where a dense weight is one more read of every parameter (DiT-S/2: 57 -> 72 ms an update).
+# Devices whose foreach kernels fuse a list of dense tensors into a few launches (docs/ema.md, "What it costs")
 FUSED_FOREACH = ("cuda",)
 
 
@@ -44,9 +43,8 @@ class Average:
         self.num_updates += 1
 
     def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
-        """``apply * weight`` as one dense tensor per parameter, each a view of one buffer as large as the largest:
-        CUDA's fused foreach kernel takes only dense, non-overlapping tensors (an ``expand``ed 0-dim weight has
-        stride 0 and fell back to one kernel per parameter), and torch has no 0-dim-tensor weight for lerp."""
+        """``apply * weight`` as dense tensors, views of one buffer: CUDA's fused foreach kernel takes only dense,
+        non-overlapping tensors, and torch has no 0-dim-tensor weight for lerp."""
         largest = max(d.numel() for d in dst)
         buffer = self._weights
         if (
@@ -72,9 +70,8 @@ class PowerEMA(Average):
 
 
 class EMA(Average):
-    """The classic EMA, ``decay`` at every update, and the post-hoc profiles ``profiles`` (sigma_rel values)
-    updated with it. Like the official DiT's, it starts as the model; ``warmup`` uses decay = min(decay,
-    (1 + n) / (10 + n)) at update n, without which a 0.9999 EMA of a short run is mostly the initialisation."""
+    """The classic EMA (``decay`` at every update) and the post-hoc ``profiles`` beside it; it starts as the model
+    and ``warmup`` uses decay = min(decay, (1 + n) / (10 + n)), as the official DiT's."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False, profiles=()):
         if not 0.0 <= decay < 1.0:
