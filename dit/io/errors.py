@@ -1,7 +1,5 @@
-"""The one exception type for user mistakes.
-
-Faces catch it, print its message (which names the problem and the fix) without a stack trace, and exit
-non-zero. Anything else that escapes is a bug and keeps its traceback.
+"""The one exception type for user mistakes: faces print its message (the problem and the fix) without a traceback
+and exit non-zero; anything else is a bug and keeps its traceback.
 """
 
 import errno
@@ -34,8 +32,7 @@ class ReportedByRankZero(UserError):
 
 
 def unwrap_worker_error(e: UserError) -> UserError:
-    """A UserError raised in a DataLoader worker comes back with the worker's whole traceback as its message;
-    the user's line is the last one. One line again, as from the main process."""
+    """A DataLoader worker's UserError (its message the worker's whole traceback) as its last line again."""
     text = str(e)
     if "Original Traceback" not in text:
         return e
@@ -56,10 +53,8 @@ def require(module: str, extra: str, purpose: str):
 
 
 def refuse_newer_format(path, what: str, found, newest, writer=None) -> None:
-    """Every reader's check of a versioned file: refuse one whose format ``found`` is newer than ``newest``, the
-    newest this code reads, in one line naming the version that wrote it (``writer``, a file's WRITER_KEY, when
-    recorded). Both are version numbers or ``name/N`` tags of the same name; older and other formats pass (the
-    reader then reads what it can of them, or says what else it is)."""
+    """Every reader's check of a versioned file: refuse one whose format ``found`` is newer than ``newest``, naming
+    the version that wrote it (``writer``); both are versions or ``name/N`` tags; older and other formats pass."""
 
     def number(tag) -> int | None:
         if isinstance(tag, int) and not isinstance(tag, bool):

@@ -1,17 +1,8 @@
-"""Token dropping: the sparse blocks of a DiT see only a kept subset of the tokens (``DiTConfig.token_drop``).
-
-Two layouts (``DiTConfig.sparse_blocks``):
-- ``sprint`` (SPRINT, arXiv 2510.21986): the first blocks see every token, the middle blocks the kept ones,
-  the last blocks every token again. At the re-entry the middle's output is scattered back to its positions,
-  the dropped positions filled with a learned mask token, and fused with the dense features from before the
-  drop: ``fuse([dense | sparse padded])``, a linear 2D -> D (SPRINT's "concat_linear" residual).
-- ``maskdit`` (MaskDiT, arXiv 2306.09305): tokens are dropped at the input, all blocks but the last see the
-  kept ones, and the dropped positions re-enter as the mask token plus their fixed position embedding, with
-  no dense features (MaskDiT's separate decoder is the model's own last blocks here).
-
-The kept set is indices (N, K) drawn per sample by ``draw_kept``; the positions (sin-cos table, RoPE) follow
-the kept tokens. With no kept set, every block sees every token: the SPRINT fusion still runs (its full-token
-fine-tune and sampling), and the MaskDiT model is the plain DiT.
+"""Token dropping: a DiT's sparse blocks see only a kept subset of the tokens (``DiTConfig.token_drop``), in two
+layouts. ``sprint`` (SPRINT, arXiv 2510.21986): dense first and last blocks; the middle's output is scattered back,
+the dropped positions a learned mask token, and fused with the pre-drop features (a linear 2D -> D). ``maskdit``
+(MaskDiT, arXiv 2306.09305): dropped at the input, the dropped positions re-entering before the last blocks as the
+mask token plus their position embedding. With no kept set every block sees every token.
 """
 
 from __future__ import annotations

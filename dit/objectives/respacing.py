@@ -12,12 +12,8 @@ DIFFUSION_STEPS = 1000  # T: the training timesteps every DiT diffusion has
 
 
 def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
-    """The timesteps to keep (ADM's respacing).
-
-    ``section_counts`` is "ddimN" (an exact stride: "ddim50" gives 0, 20, ..., 980), a comma-separated
-    string or list of counts per equal section ("250" gives 0, 4, 8, ..., 991, 995, 999: each section is
-    strided by rounding so that its ends are kept).
-    """
+    """The timesteps to keep (ADM's respacing): "ddimN" an exact stride ("ddim50": 0, 20, ..., 980), or counts per
+    equal section ("250": 0, 4, ..., 995, 999, each section's ends kept)."""
     if isinstance(section_counts, str):
         if section_counts.startswith("ddim"):
             desired = int(section_counts[len("ddim") :])
@@ -43,9 +39,8 @@ def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
 
 
 def shift_timesteps(kept, time_shift: float, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
-    """A respacing's timesteps moved by the shift: i -> round((T - 1) tau'), tau = i / (T - 1) the noise fraction
-    shifted as the flow's time (``shift_time`` on 1 - tau), so the ends 0 and T - 1 stay; two steps landing on
-    one timestep are refused."""
+    """A respacing's timesteps moved by the shift, the noise fraction i / (T - 1) shifted as the flow's time; the
+    ends stay, and two steps landing on one timestep are refused."""
     kept = sorted(kept, reverse=True)
     if time_shift == 1:
         return kept
@@ -67,13 +62,9 @@ def diffusion_timesteps(
 
 
 def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean", time_shift: float = 1.0):
-    """The time grid of a fixed-step flow sampler on [t0, t1].
-
-    ODE: ``steps`` intervals from t0 to t1. SDE (as SiT): ``steps`` points, the Euler-Maruyama steps between
-    them; with a last step the grid ends at 1 - 0.04 and the last step runs from there to t = 1 (SiT's), with
-    ``--last-step none`` it ends at t1 itself. A ``time_shift`` moves the points inside the grid's ends
-    (each fraction of the way shifted by ``shift_time``); the ends stay.
-    """
+    """The time grid of a fixed-step flow sampler on [t0, t1]: ODE, ``steps`` intervals; SDE (as SiT), ``steps``
+    points ending at 1 - 0.04 for the last step to t = 1 (at t1 with ``last_step`` none). ``time_shift`` moves the
+    inner points (``shift_time``); the ends stay."""
     if kind == "ode":
         points, end = steps + 1, t1
     else:

@@ -1,14 +1,7 @@
-"""diffusers' schedulers as samplers of our diffusion models: DPM-Solver++ (2M, and 2M SDE), UniPC, DEIS,
-Euler and Heun (``--sampler dpmpp-2m`` etc.); our DDPM/DDIM loops stay the reference.
-
-Our diffusion configures each scheduler: its training schedule is the respaced betas (the N steps kept of
-the 1000), and it visits all N in order ("trailing" spacing, no offset), so its timestep k is our respaced
-step k and the model sees ``timestep_map[k]``, the original timestep, as in our DDPM/DDIM (a test holds
-diffusers' DDIM to ours). The scheduler gets the model's first C channels only: a learned-sigma DiT's
-variance channels never reach it (diffusers' DPM-Solver with ``variance_type="learned"`` keeps the first 3,
-wrong for 4-channel latents), as the noise, or as x0 ("sample") for an x0-predicting diffusion. Guidance
-is applied before the scheduler sees the output. The SDE variant's noise comes from the per-image
-generators (``variance_noise``), so a set is the same on any number of processes.
+"""diffusers' schedulers as samplers of our diffusion models (DPM-Solver++ 2M and 2M SDE, UniPC, DEIS, Euler,
+Heun); our DDPM/DDIM loops stay the reference. A scheduler trains on the respaced betas and visits all N steps
+("trailing", no offset), so that its step k is ours and the model sees ``timestep_map[k]``; it gets the first C
+channels only (never a learned variance), and the SDE's noise comes from the per-image generators.
 """
 
 from __future__ import annotations
@@ -32,10 +25,8 @@ def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):
     x0 = diffusion.model_mean_type == ModelMeanType.START_X
     return getattr(diffusers, class_name)(
         num_train_timesteps=diffusion.num_timesteps,
-        # diffusers takes alpha-bar as a float32 cumprod: at 5 of the cosine schedule's 1000 steps the last
-        # respaced beta (1 - 2.4e-9 / 0.144) rounds to 1, alpha-bar to 0, sigma to inf, and every image to NaN
-        # (digit FID 5938 for dpmpp-2m and unipc at 5 NFE). Kept at float32's largest beta below 1, the last
-        # alpha-bar is 8.6e-9 instead of 2.4e-9: sigma_max 1.1e4 instead of 2.0e4, for x_T ~ N(0, I) alike.
+        # diffusers' float32 alpha-bar cumprod rounds the last respaced beta of a few-step cosine schedule to 1
+        # (NaN images): it is kept at float32's largest beta below 1 (docs/reliability.md, row 19)
         trained_betas=np.minimum(diffusion.betas, 1 - 2.0**-24).tolist(),
         timestep_spacing="trailing",
         steps_offset=0,
