@@ -2,8 +2,7 @@
 
     torchrun --nproc_per_node=8 scripts/sample_ddp.py --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2
 
-The same set on any number of devices; rerunning after a kill finishes it without duplicates or gaps.
-"""
+The same set on any number of devices; rerunning after a kill finishes it without duplicates or gaps."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The benchmarks' modes and their runner: one dataclass per mode (``dit.bench.config``) and one ``run`` that
-returns rows; the ``train`` mode's JSON is what ``dit-cost train --calibration`` reads.
-"""
+returns rows; the ``train`` mode's JSON is what ``dit-cost train --calibration`` reads."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Checkpoints: the one package that writes and reads them (``format``, ``sharded``, ``dcp_metadata``, ``lineage``,
-``section``, ``checkpointer``, ``posthoc``: docs/architecture.md).
-"""
+``section``, ``checkpointer``, ``posthoc``: docs/architecture.md)."""
 
 from dit.checkpoint.checkpointer import Checkpointer
 from dit.checkpoint.format import (

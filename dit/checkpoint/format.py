@@ -2,8 +2,7 @@
 is a ``torch.save`` of tensors, numbers, strings, lists and dicts (``weights_only=True`` loads it) with ``format``,
 the writer's version (``WRITER_KEY``), ``model_config``, ``config`` and ``model``/``ema``. Official files are bare
 state dicts, or ``{model, ema, opt, args}`` with an ``argparse.Namespace``, the one object allowed. An FSDP
-checkpoint is a folder of shards with the same payload (``dit.checkpoint.sharded``).
-"""
+checkpoint is a folder of shards with the same payload (``dit.checkpoint.sharded``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 Each checkpoint records its ``lineage``: its ``branch``, the ``forks`` it descends from and its ``parent``. A
 resume from anything but ``--resume auto``'s pick starts a new branch, and the checkpoints off its line move to
 ``checkpoints/abandoned/BRANCH/`` (nothing deleted or overwritten); ``checkpoints/branch.json`` names the branch
-that ran last. Checkpoints without lineage form branch "".
-"""
+that ran last. Checkpoints without lineage form branch ""."""
 
 from __future__ import annotations
 

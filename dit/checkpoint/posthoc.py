@@ -2,8 +2,7 @@
 gamma (``dit.train.ema.PowerEMA``) averages steps 1..t with the profile ``p(s) = (gamma + 1) s^gamma / t^(gamma +
 1)``, of relative width ``sigma_rel = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))``. A run saves a few profiles
 every N steps (``checkpoints/ema/``); ``reconstruct`` combines the snapshots by least squares (closed-form inner
-products) into any other profile, as a checkpoint whose ``ema`` weights sample.
-"""
+products) into any other profile, as a checkpoint whose ``ema`` weights sample."""
 
 from __future__ import annotations
 

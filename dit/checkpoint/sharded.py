@@ -2,8 +2,7 @@
 does. ``NNNNNNN/`` holds DCP's shard files and ``.metadata``, ``record.pt`` (the payload's non-tensor part) and
 ``manifest.json`` (written last: format, step, every file's sha256); it is written as ``NNNNNNN.tmp-dcp/`` and
 renamed once every rank is done. DCP's pickled ``.metadata`` is read through an exact allow-list
-(``dcp_metadata``).
-"""
+(``dcp_metadata``)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,6 @@ from dit.model.config import model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_section import FidSamplingSection
 
-# ---- commands -------------------------------------------------------------------------------------------
-
 
 def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     m, o = model, args

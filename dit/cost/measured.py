@@ -1,7 +1,6 @@
 """FLOPs counted by running the real model, once (tests, ``dit-cost flops --measure``): the check on
 ``dit.cost.analytic``. It counts on the meta device, where SDPA decomposes into counted ``bmm``s (on CPU torch
-counts the flash kernel as 0: docs/cost_model.md).
-"""
+counts the flash kernel as 0: docs/cost_model.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Training memory per device: an analytic estimate, and a trace of one real step (forward, backward, AdamW, EMA)
 on fake tensors with torch's ``MemTracker``. The estimate is what a planner can afford per batch size; tests hold
-it to the trace.
-"""
+it to the trace."""
 
 from __future__ import annotations
 

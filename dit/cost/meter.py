@@ -1,6 +1,5 @@
 """Throughput, MFU and HFU per logging window from host-side counters only: ``step`` every step (no sync),
-``window`` after the log step's one sync; saves, sampling and warm-up are kept out of the window.
-"""
+``window`` after the log step's one sync; saves, sampling and warm-up are kept out of the window."""
 
 from __future__ import annotations
 

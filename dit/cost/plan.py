@@ -1,6 +1,5 @@
 """Budgets before a run: FLOPs, device-hours, days and money for training and for sampling N images. Time is FLOPs
-/ (devices x peak x MFU); MFU is never assumed: pass it, or a benchmark's calibration (``Calibration``).
-"""
+/ (devices x peak x MFU); MFU is never assumed: pass it, or a benchmark's calibration (``Calibration``)."""
 
 from __future__ import annotations
 
@@ -87,11 +86,6 @@ def model_for_image(
     return model_config(model, **fields)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Calibration: what a benchmark measured, so that plans use a real MFU
-# --------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Calibration:
     """A benchmark's calibration JSON (other keys ignored): ``device`` as ``torch.cuda.get_device_name()`` or a
@@ -156,11 +150,6 @@ def _mfu_and_device(
     if device is None:
         raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
     return mfu, "given", device
-
-
-# --------------------------------------------------------------------------------------------------------
-# Plans: the compute always; time, device-hours and money when a device and an MFU are given
-# --------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

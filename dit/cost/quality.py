@@ -1,7 +1,6 @@
 """Quality against compute from a run's ``metrics.jsonl``: the curve, and the compute a target FID took,
 interpolated linearly in log(FLOPs) between the two evaluations that bracket it; its step, time and cost follow
-from the run's own records.
-"""
+from the run's own records."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What a plan reports: the training, sampling and memory plans as dataclasses, and their one renderer (the text,
-or ``--json``: the fields in order, each nested part's in its place). No torch here.
-"""
+or ``--json``: the fields in order, each nested part's in its place). No torch here."""
 
 from __future__ import annotations
 
@@ -187,9 +186,6 @@ class MemoryPlan:
     peak_phase: str
     traced: Traced | None = _part()
     fit: Fit | None = _part()
-
-
-# ---- text -----------------------------------------------------------------------------------------------
 
 
 def print_table(rows: list[list], headers: list[str]) -> None:

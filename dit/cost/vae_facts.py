@@ -1,6 +1,5 @@
 """What the planner and the VAE loader agree on about the autoencoders, without torch or diffusers: the SD VAE's
-aliases and config, VA-VAE's, diffusers' AutoencoderKL defaults, and the downsampling a config implies.
-"""
+aliases and config, VA-VAE's, diffusers' AutoencoderKL defaults, and the downsampling a config implies."""
 
 from __future__ import annotations
 

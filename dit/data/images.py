@@ -1,6 +1,5 @@
 """Images as DiT sees them: ADM's centre crop, random flips, CHW float32 in [-1, 1], from an ImageNet-style folder
-(labels: the sorted class folder names, as in the official release) or from uint8 arrays.
-"""
+(labels: the sorted class folder names, as in the official release) or from uint8 arrays."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Evaluation during training: the EMA weights sample the same images every time (labels and noise keyed by the
 run's seed in ``Stream.EVAL``) and are scored against one reference, so that a run's points lie on one curve for
-any resume and world size. It runs with the MFU clock paused; its own cost is a record of its own.
-"""
+any resume and world size. It runs with the MFU clock paused; its own cost is a record of its own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The metrics as pure math on feature arrays, defined as the ADM evaluator defines them (docs/evaluation.md gives
-the formulas and where each choice comes from).
-"""
+the formulas and where each choice comes from)."""
 
 from __future__ import annotations
 
@@ -160,10 +159,6 @@ def class_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
         raise UserError(f"{len(logits)} images but {len(labels)} labels: give one class label per image.")
     return (torch.as_tensor(logits).argmax(dim=1).cpu() == torch.as_tensor(labels).cpu()).float().mean().item()
 
-
-# ------------------------------------------------------------------------------------------------------------
-# Bootstrap intervals and paired comparisons (docs/evaluation.md, "Intervals")
-# ------------------------------------------------------------------------------------------------------------
 
 BOOTSTRAP_RESAMPLES = 200
 BOOTSTRAP_LEVEL = 0.95

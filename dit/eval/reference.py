@@ -1,8 +1,7 @@
 """Reference statistics: ADM's reference batches, and our own ``.npz`` files (no pickle) with ADM's array names,
 ``mu``/``sigma`` (``mu_s``/``sigma_s``, the pool features unless left out) and a ``meta`` JSON (network, image
 count, source, a sha256 over every array). ADM's batches are TF Inception-v3 statistics; their ``arr_0``, 10,000
-images, is precision/recall's reference set.
-"""
+images, is precision/recall's reference set."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md). Shard k
 holds the decodable images among sources [k * shard_size, (k + 1) * shard_size) and batches never straddle shards,
-so the bytes do not depend on the process count; a rerun redoes only the missing or bad shards.
-"""
+so the bytes do not depend on the process count; a rerun redoes only the missing or bad shards."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The one exception type for user mistakes: faces print its message (the problem and the fix) without a traceback
-and exit non-zero; anything else is a bug and keeps its traceback.
-"""
+and exit non-zero; anything else is a bug and keeps its traceback."""
 
 import errno
 

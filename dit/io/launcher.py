@@ -1,6 +1,5 @@
 """What a launcher asked for that its environment does not carry in torchrun's terms: ``accelerate launch``'s
-process count on CPUs and its ``--mixed_precision``, read so that a run does what was asked or says why not.
-"""
+process count on CPUs and its ``--mixed_precision``, read so that a run does what was asked or says why not."""
 
 from __future__ import annotations
 

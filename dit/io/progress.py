@@ -1,6 +1,5 @@
 """Progress for people: tqdm's bar on a terminal; elsewhere (a log, a CI transcript) plain lines, at most one per
-``PlainProgress.SECONDS`` unless a tenth of the work was done, and one at the end.
-"""
+``PlainProgress.SECONDS`` unless a tenth of the work was done, and one at the end."""
 
 from __future__ import annotations
 

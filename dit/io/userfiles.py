@@ -1,7 +1,6 @@
 """The files a user names (presets, calibrations, class names, a VAE's config.json, an ``.npz`` of features), read
 at one point: a missing, binary or malformed one is one line naming the file and the fix. And the paths a face will
-write, checked before any work (``check_output``, ``check_apart``). Torch-free.
-"""
+write, checked before any work (``check_output``, ``check_apart``). Torch-free."""
 
 from __future__ import annotations
 

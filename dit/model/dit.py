@@ -1,6 +1,5 @@
 """The Diffusion Transformer (Peebles & Xie 2022), built from one ``DiTConfig``. Its module tree and parameter
-names are the official release's (its checkpoints load with ``strict=True``), and so are its numerics.
-"""
+names are the official release's (its checkpoints load with ``strict=True``), and so are its numerics."""
 
 from __future__ import annotations
 
@@ -97,8 +96,6 @@ class DiT(nn.Module):
         if self.token_drop is not None:
             nn.init.normal_(self.token_drop.mask_token, std=0.02)
 
-    # ---- activation checkpointing ---------------------------------------------------------------------
-
     def set_checkpointing(self, blocks: str | int | bool | Iterable[int] | None = "all"):
         """Recompute blocks' forward in backward: "all"/True, "none"/False/None/0, the first n, or some indices."""
         depth = len(self.blocks)
@@ -134,8 +131,6 @@ class DiT(nn.Module):
     @property
     def num_checkpointed_blocks(self) -> int:
         return sum(self.checkpoint_mask)
-
-    # ---- forward --------------------------------------------------------------------------------------
 
     def _check_input(self, x: torch.Tensor):
         """A shape bug keeps its traceback (ValueError): user data is checked where it is loaded."""
@@ -242,8 +237,6 @@ class DiT(nn.Module):
     def guided_channels(self, cfg_channels: int | str = 3) -> int:
         """The leading channels guidance moves (the noise's, or its first ``cfg_channels``), never the variance."""
         return self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
-
-    # ---- checkpoints ----------------------------------------------------------------------------------
 
     def load_weights(self, state_dict: dict, source: str = "checkpoint"):
         """Strict load whose error lists every missing, unexpected and mis-shaped key."""

@@ -1,6 +1,5 @@
 """The DiT's blocks, embedders, attention and MLPs, with the official module names and numerics; with every block
-option (``dit.model.options``) off, the block is the official one.
-"""
+option (``dit.model.options``) off, the block is the official one."""
 
 from __future__ import annotations
 
@@ -17,10 +16,6 @@ from torch.utils.checkpoint import checkpoint
 from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.options import MLPS, NORMS, SWITCHES
-
-# --------------------------------------------------------------------------------------------------------
-# Embedding tables
-# --------------------------------------------------------------------------------------------------------
 
 
 def sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
@@ -62,11 +57,6 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     if dim % 2:
         emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
     return emb
-
-
-# --------------------------------------------------------------------------------------------------------
-# Modules
-# --------------------------------------------------------------------------------------------------------
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

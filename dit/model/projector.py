@@ -1,6 +1,5 @@
 """REPA (Yu et al. 2024), the trained half: a 3-layer MLP projects the DiT's tokens after one block onto a frozen
-encoder's patch features, and the loss adds their negative cosine similarity, averaged over tokens.
-"""
+encoder's patch features, and the loss adds their negative cosine similarity, averaged over tokens."""
 
 from __future__ import annotations
 

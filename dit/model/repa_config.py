@@ -1,6 +1,5 @@
 """REPA's options (Yu et al. 2024, docs/repa.md) under the ``repa_`` prefix: the frozen encoder, named alike by
-every face, and the alignment it trains. No torch: ``dit-cost`` imports it.
-"""
+every face, and the alignment it trains. No torch: ``dit-cost`` imports it."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 layouts. ``sprint`` (SPRINT, arXiv 2510.21986): dense first and last blocks; the middle's output is scattered back,
 the dropped positions a learned mask token, and fused with the pre-drop features (a linear 2D -> D). ``maskdit``
 (MaskDiT, arXiv 2306.09305): dropped at the input, the dropped positions re-entering before the last blocks as the
-mask token plus their position embedding. With no kept set every block sees every token.
-"""
+mask token plus their position embedding. With no kept set every block sees every token."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What a run trains the DiT to do, behind one interface (``Objective``): DiT's Gaussian diffusion or SiT's flow
-matching (``OBJECTIVES``). Nothing outside this package asks which one it is.
-"""
+matching (``OBJECTIVES``). Nothing outside this package asks which one it is."""
 
 from dit.objectives.diffusion import DiffusionObjective
 from dit.objectives.flow import FlowObjective

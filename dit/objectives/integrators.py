@@ -1,6 +1,5 @@
 """The flow ODE integrators, one entry each (its step and the evaluations it makes): ``ode_sample`` runs the step
-and the sampling plan reads ``times``, so a new integrator is one line of ``ODE_INTEGRATORS``. No torch.
-"""
+and the sampling plan reads ``times``, so a new integrator is one line of ``ODE_INTEGRATORS``. No torch."""
 
 from __future__ import annotations
 

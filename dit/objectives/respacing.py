@@ -1,6 +1,5 @@
 """The times a sampler steps on: ADM's respacing of the diffusion's timesteps (with the timestep shift) and
-the flow samplers' time grids. No torch here: the sampling plan and the samplers read the same grids.
-"""
+the flow samplers' time grids. No torch here: the sampling plan and the samplers read the same grids."""
 
 from __future__ import annotations
 

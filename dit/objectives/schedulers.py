@@ -1,8 +1,7 @@
 """diffusers' schedulers as samplers of our diffusion models (DPM-Solver++ 2M and 2M SDE, UniPC, DEIS, Euler,
 Heun); our DDPM/DDIM loops stay the reference. A scheduler trains on the respaced betas and visits all N steps
 ("trailing", no offset), so that its step k is ours and the model sees ``timestep_map[k]``; it gets the first C
-channels only (never a learned variance), and the SDE's noise comes from the per-image generators.
-"""
+channels only (never a learned variance), and the SDE's noise comes from the per-image generators."""
 
 from __future__ import annotations
 

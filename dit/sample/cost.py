@@ -1,6 +1,5 @@
 """What sampling cost: FLOPs from the cost package, time from the clock, DiT and VAE decode apart, each MFU
-dividing its own FLOPs by its own timed region.
-"""
+dividing its own FLOPs by its own timed region."""
 
 from __future__ import annotations
 

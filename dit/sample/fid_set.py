@@ -1,7 +1,6 @@
 """FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator, on any number of processes.
 Image i's label comes from (seed, i, N, C) (``dit.sample.labels``) and its noise from ``noise_seed(seed, i)``, so
-any world size and any number of resumes give the same set; a folder of other settings is refused, not mixed.
-"""
+any world size and any number of resumes give the same set; a folder of other settings is refused, not mixed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Autoguidance's guide (Karras et al. 2024, arXiv 2406.02507): a smaller or less-trained model of the same task,
-run conditionally in place of the unconditional pass, loaded and checked beside the model it guides.
-"""
+run conditionally in place of the unconditional pass, loaded and checked beside the model it guides."""
 
 from __future__ import annotations
 

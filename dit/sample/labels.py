@@ -1,7 +1,6 @@
 """The class labels of a sample set: ``balanced`` (N // C per class, one more for the first N mod C classes of a
 seeded permutation; the default) or ``random`` (a draw per image, as the official sample_ddp.py). Image i's label
-depends only on (seed, i, N, C), so any world size or resume makes the same labels.
-"""
+depends only on (seed, i, N, C), so any world size or resume makes the same labels."""
 
 from __future__ import annotations
 

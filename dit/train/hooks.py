@@ -1,7 +1,6 @@
 """Side features of the training step (REPA, encoding on the fly) as ``StepHook``s, so that the step has no branch
 for any: ``draw`` per step (the global batch's keyed randomness), then per micro-batch ``prepare`` (the model's
-input), ``output`` (its prediction) and ``loss`` (an added term).
-"""
+input), ``output`` (its prediction) and ``loss`` (an added term)."""
 
 from __future__ import annotations
 

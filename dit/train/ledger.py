@@ -1,7 +1,6 @@
 """The run's ledger: a step's cost (analytic and measured FLOPs, VAE, peak, memory), the meter that turns host-side
 counts into MFU/HFU per window, and the sinks. The loop calls ``count`` each step and ``log`` at log steps; nothing
-here touches the device between log steps.
-"""
+here touches the device between log steps."""
 
 from __future__ import annotations
 
@@ -165,8 +164,6 @@ class Ledger:
         self.projected = self.peak_doubted = self.memory_compared = False
         self.memory_estimate = float("nan")  # per device, set by ``report``
 
-    # ---- the start-up report -------------------------------------------------------------------------
-
     def report(self, batch_per_device: int, sharded: bool) -> None:
         """The start-up lines: model, FLOPs per image, VAE, memory, peak."""
         precision, mc, s = self.device.precision, self.model_cfg, self.sinks
@@ -229,8 +226,6 @@ class Ledger:
             f"VAE encode: paid once, at extraction: {vae.encode / 1e9:.4g} GFLOP per image x {views} view(s) x "
             f"{m.get('num_images', 0):,} images = {total / 1e15:.4g} PFLOP ({data.vae_spec}); not in this run's MFU"
         )
-
-    # ---- every step, and every log step ---------------------------------------------------------------
 
     def count(self, local_images: int, data_wait_s: float, dropping: bool = True) -> None:
         """One step's images; ``dropping``: whether it dropped tokens."""

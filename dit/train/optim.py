@@ -1,6 +1,5 @@
 """The optimisation recipe: AdamW, its schedule, the EMA, the batch and the data order's seed, and when non-finite
-steps stop a run; the paper's by default (AdamW 1e-4 constant, no weight decay, batch 256, EMA 0.9999).
-"""
+steps stop a run; the paper's by default (AdamW 1e-4 constant, no weight decay, batch 256, EMA 0.9999)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """REPA in a training run (``--repa-encoder``): the checks, the projector, the alignment targets (the frozen
-encoder inside the step, or a store's features of both flips) and their cost, as a ``StepHook``.
-"""
+encoder inside the step, or a store's features of both flips) and their cost, as a ``StepHook``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Where the ledger's records go: ``Sink``s behind one fan-out. The console with ``log.txt`` and ``metrics.jsonl``
-are always kept; ``--sinks`` adds TensorBoard and each ``dit/train/sinks_NAME.py``'s ``SINK``.
-"""
+are always kept; ``--sinks`` adds TensorBoard and each ``dit/train/sinks_NAME.py``'s ``SINK``."""
 
 from __future__ import annotations
 

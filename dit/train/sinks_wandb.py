@@ -1,7 +1,6 @@
 """Weights & Biases (``--sinks wandb``, ``dit-ledger[wandb]``): numbers as ``KIND/key`` at their step, sample
 grids, the configuration; ``WANDB_MODE=offline`` keeps the run in the results folder. The ledger finds ``SINK`` by
-this file's name and takes ``WandBOptions`` into its section.
-"""
+this file's name and takes ``WandBOptions`` into its section."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """When a run drops tokens, and which: SPRINT's two stages (after ``--token-drop-until`` every block sees every
-token, and the fusion fuses the full-token output, as sampling does) and the kept set keyed by (seed, step).
-"""
+token, and the fusion fuses the full-token output, as sampling does) and the kept set keyed by (seed, step)."""
 
 from __future__ import annotations
 

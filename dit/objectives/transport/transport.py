@@ -5,8 +5,7 @@ predicts the velocity (the default), the score or the noise; per-sample losses, 
   noise:    w |eps_hat - x0|^2                    score: w |sigma_t s_hat + x0|^2
   w = 1 (none), (d_t / sigma_t)^2 (velocity: the velocity loss in disguise), d_t / sigma_t^2 (likelihood)
 
-Training times, their shift and the cosine term: docs/flow_matching.md.
-"""
+Training times, their shift and the cosine term: docs/flow_matching.md."""
 
 from __future__ import annotations
 
