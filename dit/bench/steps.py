@@ -197,8 +197,7 @@ def bench_accounting(
     precision: str = "fp32",
     image_size: int = 256,
 ) -> dict:
-    """The cost accounting's share of a step: the meter's per-step count plus one log amortised over
-    ``log_every``."""
+    """The cost accounting's share of a step: the meter's count, plus one log amortised over ``log_every``."""
     (step,) = bench_train(
         model=model, image_size=image_size, precisions=(precision,), batch_size=batch_size, steps=5, warmup=2
     )
@@ -256,8 +255,7 @@ def profile_train_step(
 
 
 def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0), ("fp32", 1)), tail=0.25) -> dict:
-    """Whether a precision moves the loss curve more than a seed does: each (precision, seed) of ``runs`` trains
-    ``base``; a run's gap is its mean loss over the last ``tail`` of the windows relative to the first run's."""
+    """Whether a precision moves the loss curve more than a seed does: each run's tail loss against the first's."""
     curves = {}
     for precision, seed in runs:
         with tempfile.TemporaryDirectory() as out:
@@ -295,8 +293,7 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
 
 
 def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:
-    """The quick start's training ``runs`` times in fresh processes, each run's MFU and peak (their spread is MFU's
-    trust); ``fresh_peak``: every run measures the CPU peak anew; ``eval_every`` adds the in-loop evaluation."""
+    """The quick start's training ``runs`` times in fresh processes: each run's MFU and peak, and their spread."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
@@ -333,8 +330,7 @@ def bench_precision_quality(
     eval_samples: int = 500,
     device: str | None = None,
 ) -> list[dict]:
-    """The quick start's recipe at each precision and seed, scored by the digit FID and class accuracy of its EMA
-    samples."""
+    """The quick start's recipe at each precision and seed, scored by its EMA samples' digit FID and accuracy."""
     from dit.data.digits import DigitDataset
     from dit.eval.features import load_digit_classifier
     from dit.eval.reference import digits_reference, save_stats

@@ -27,8 +27,7 @@ class Checkpointer:
         self._group = self._asking = None
 
     def save(self, state) -> None:
-        """``state`` as step ``state.step``'s checkpoint; every rank calls it. A write the OS refuses is one
-        ``CannotWrite`` on rank 0 (``ReportedByRankZero`` elsewhere), and nothing partial is left."""
+        """``state`` as its step's checkpoint (every rank calls it); a refused write leaves nothing partial."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
         self._write(state, payload, self.folder, self.background)
 
@@ -66,8 +65,7 @@ class Checkpointer:
         return self.retention if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
-        """Seal the sharded save in progress (every rank calls it): each rank hashes its shards, then rank 0 writes
-        the record and manifest, renames the folder into place and retires old checkpoints."""
+        """Seal the sharded save in progress (every rank calls it): hashes, record, manifest, rename, retention."""
         if self.pending is None:
             return
         temp, final, step, record, future = self.pending
@@ -88,8 +86,7 @@ class Checkpointer:
         self.runtime.raise_together(refused)
 
     def check(self, everyone: bool) -> None:
-        """Stop the run on a failed background save as soon as it shows. With several processes the ranks agree on
-        it only where they ask each other anyway (``everyone``), so that every rank stops at the same step."""
+        """Stop on a failed background save as soon as it shows (several processes: when ``everyone`` asks)."""
         future = self.pending[4] if self.pending is not None else None
         if future is None:
             return
@@ -137,8 +134,7 @@ class Checkpointer:
         return self._group
 
     def restore(self, state, ckpt: dict, source: str) -> list[str]:
-        """Continue ``state`` from ``ckpt``, returning lines for the log; a sharded folder is resharded into this
-        run's shards, or read whole by a run without them."""
+        """Continue ``state`` from ``ckpt`` (a sharded folder resharded, or read whole); lines for the log."""
         folder = ckpt.get(SHARDED)
         if folder is None:
             return state.load_state_dict(ckpt, self.runtime, source)

@@ -60,8 +60,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def read(path: Path, roots: tuple[str, ...]) -> object:
-    """The folder's DCP metadata at ``path``, once it holds only untransformed tensor entries under ``roots`` in
-    the folder's own shards; anything else is the one-line ``UserError``."""
+    """``path``'s DCP metadata once it holds only our untransformed tensor entries; else the one-line error."""
     folder = path.parent
     try:
         metadata = _Unpickler(path.read_bytes()).load()

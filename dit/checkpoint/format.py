@@ -111,8 +111,7 @@ def official_release(image_size: int | None) -> str:
 
 
 def find_checkpoint(name: str | os.PathLike) -> Path:
-    """A checkpoint path; an official release name that is no file here is looked up in (and downloaded to) torch
-    hub's cache, as the official sample.py does."""
+    """A checkpoint path; an official release name is found in (or downloaded to) torch hub's cache."""
     path = Path(name)
     if path.is_file() or path.name not in OFFICIAL_RELEASES or str(path) != path.name:
         return path
@@ -253,8 +252,7 @@ def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dic
 
 
 def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
-    """Delete what saves a killed run never finished; (files, bytes) removed. Only the holder of the run folder's
-    lock may call it: another run's save in progress looks the same."""
+    """Delete what saves a killed run never finished, (files, bytes); only the run folder's lock holder may."""
     found = stale_temp_files(folder)
     files = [f for p in found for f in ([p] if not p.is_dir() else [q for q in p.rglob("*") if q.is_file()])]
     size = sum(p.stat().st_size for p in files if p.exists())

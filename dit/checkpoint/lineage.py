@@ -45,8 +45,7 @@ def branch_of(lineage: dict | None) -> str:
 
 
 def on_line(branch: str, step: int, line: dict, upto: int | None = None) -> bool:
-    """Whether a checkpoint of ``branch`` at ``step`` is an ancestor of ``line`` (a lineage), or on its own
-    branch up to step ``upto`` (None: the whole branch)."""
+    """Whether ``branch`` at ``step`` is an ancestor of ``line``, or on its own branch up to step ``upto``."""
     if branch == line["branch"]:
         return upto is None or step <= upto
     return step <= line["forks"].get(branch, -1)
@@ -92,8 +91,7 @@ def _pick(folder: Path) -> tuple[Path | None, list[Path], list[Path]]:
 
 
 def follow(folder: Path) -> tuple[Path | None, list[Path]]:
-    """``--resume auto``'s checkpoint: the newest that verifies on the line of the branch that ran last (None:
-    an empty folder), and the newer ones there that fail their checksum."""
+    """``--resume auto``'s pick: the newest that verifies on the last branch's line, and newer ones that fail."""
     path, bad, tips = _pick(folder)
     if tips:
         raise UserError(
@@ -110,8 +108,7 @@ def follow(folder: Path) -> tuple[Path | None, list[Path]]:
 
 
 def plan_segment(folder: Path, resume_from: Path | None, ckpt: dict | None) -> tuple[dict, list[tuple[Path, str]]]:
-    """This run segment's lineage, and the checkpoints of the folder off its line (path, branch), to be moved
-    aside before it saves: a resume from anything but ``--resume auto``'s pick starts a new branch."""
+    """This segment's lineage, and the folder's checkpoints off its line (path, branch), to be moved aside."""
     if resume_from is None:
         return {"branch": secrets.token_hex(4), "forks": {}, "parent": None}, []
     folder, step = Path(folder), int(ckpt["step"])
@@ -141,8 +138,7 @@ def plan_segment(folder: Path, resume_from: Path | None, ckpt: dict | None) -> t
 
 
 def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list[str]:
-    """Record ``line`` as the branch that runs now, then move ``off`` (with their checksums) to
-    ``abandoned/BRANCH/``; lines for the log. Called by the run folder's lock holder, before its first save."""
+    """Record ``line`` as the running branch and move ``off`` to ``abandoned/BRANCH/``; lines for the log."""
     folder, parent = Path(folder), line["parent"]
     if parent is None:  # a fresh run is one branch, the newest checkpoint its tip: a stale record is dropped
         (folder / HEAD).unlink(missing_ok=True)

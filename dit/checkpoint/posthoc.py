@@ -44,8 +44,7 @@ def _dot(ta, ga, tb, gb):
 
 
 def coefficients(steps, gammas, step: int, gamma: float) -> tuple[np.ndarray, float]:
-    """The weights of the snapshots (``steps``, ``gammas``) whose sum is nearest, in L2, to the profile
-    (``step``, ``gamma``); and the relative L2 distance that remains (0: exact)."""
+    """The snapshots' weights whose sum is nearest (L2) to the profile (``step``, ``gamma``), and the residual."""
     t = np.asarray(steps, dtype=np.float64) / step  # the solution is the same on any time scale
     g = np.asarray(gammas, dtype=np.float64)
     a = _dot(t[:, None], g[:, None], t[None, :], g[None, :])
@@ -66,8 +65,7 @@ def list_snapshots(checkpoints: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
-    """The snapshots after ``step`` are off a segment that starts there: moved to ``ema/after-NNNNNNN/`` (nothing
-    deleted); lines for the log. Called by the run folder's lock holder, before its first save."""
+    """Move the snapshots after ``step`` to ``ema/after-NNNNNNN/`` (off this segment's line); lines for the log."""
     newer = [p for s, p in list_snapshots(checkpoints) if s > step]
     if not newer:
         return []
@@ -86,8 +84,7 @@ def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
 
 
 def reconstruct(run: str | os.PathLike, sigma_rel: float, step: int | None = None) -> dict:
-    """The checkpoint of the EMA of width ``sigma_rel`` at ``step`` (default: the newest snapshot's), from
-    the snapshots of run folder ``run`` up to that step; its ``posthoc_ema`` says how it was made."""
+    """The checkpoint of the EMA of width ``sigma_rel`` at ``step``, from run ``run``'s snapshots up to it."""
     gamma = gamma_of(sigma_rel)
     found = list_snapshots(Path(run) / "checkpoints")
     if not found:

@@ -33,8 +33,7 @@ def temp_folder(final: Path) -> Path:
 
 
 def split(payload: dict) -> tuple[dict, dict]:
-    """(the tensors DCP shards, the record rank 0 writes): the optimizer's state goes with the tensors, its
-    hyperparameters with the record."""
+    """(the tensors DCP shards, the record rank 0 writes): the optimizer's state goes with the tensors."""
     tensors = {k: payload[k] for k in TENSORS if k in payload}
     record = {k: v for k, v in payload.items() if k not in tensors}
     if "optimizer" in payload:
@@ -130,8 +129,7 @@ def seal(folder: Path, final: Path, step: int, record: dict, digests: dict[str, 
 
 
 def verify(folder: Path) -> bool:
-    """Whether every file the manifest lists still has its saved content (False without a manifest); a newer format
-    is refused."""
+    """Whether every file the manifest lists still has its saved content; a newer format is refused."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):

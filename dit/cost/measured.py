@@ -122,8 +122,7 @@ def _sdpa_macs(inputs, outputs) -> int:
 
 
 def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool = True) -> dict:
-    """fvcore's forward MACs per image (the model run on CPU) with the SDPA handle it lacks; its LayerNorm count
-    comes apart as ``layer_norm``, the ops it skipped as ``unsupported``."""
+    """fvcore's forward MACs per image, with the SDPA handle it lacks; its LayerNorm and skipped ops apart."""
     require("fvcore", "fvcore", "the fvcore cross-check (--fvcore)")
     with warnings.catch_warnings():  # fvcore warns on import about its own deprecated dependencies
         warnings.simplefilter("ignore")

@@ -176,8 +176,7 @@ def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) ->
 
 
 def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
-    """What a step may use of a device: all but a reserve for the CUDA context and fragmentation (``reserve_gib``,
-    else 10% and at least 2 GiB)."""
+    """What a step may use of a device: all but ``reserve_gib``, by default 10% and at least 2 GiB."""
     reserve = reserve_gib * 2**30 if reserve_gib is not None else max(2 * 2**30, 0.1 * capacity_bytes)
     return int(capacity_bytes - reserve)
 
@@ -189,8 +188,7 @@ def fit_checkpointing(
     checkpointed_blocks: int | str = "auto",
     **estimate_kwargs,
 ) -> tuple[int, MemoryEstimate]:
-    """The blocks to recompute and the estimate with them: as given, or for "auto" the fewest that fit
-    ``budget_bytes`` (all where none does; the caller compares)."""
+    """The blocks to recompute and their estimate: as given, or for "auto" the fewest that fit (else all)."""
     candidates = range(cfg.depth + 1) if checkpointed_blocks == "auto" else (checkpointed_blocks,)
     for blocks in candidates:
         estimate = estimate_training_memory(cfg, batch_per_device, checkpointed_blocks=blocks, **estimate_kwargs)
@@ -240,8 +238,7 @@ def trace_training_memory(
     ema: bool = True,
     attention: str = "fused",
 ) -> MemoryTrace:
-    """Peak memory of one steady-state training step on one device, traced on fake tensors: 16-bit under CPU
-    autocast, AdamW ``foreach``, after an untracked warm-up step that creates the optimizer state."""
+    """Peak memory of one steady-state step, traced on fake tensors (CPU autocast, AdamW ``foreach``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 

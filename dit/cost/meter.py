@@ -49,8 +49,7 @@ class CostMeter:
             self._paused_at = self._start
 
     def step(self, local_images: int, data_wait_s: float = 0.0, flops: tuple[float, float] | None = None) -> None:
-        """Count one optimizer step of ``local_images`` images, ``data_wait_s`` of it spent waiting for data;
-        ``flops``: its (model, hardware) FLOPs per image, where they differ from the meter's."""
+        """Count one step of ``local_images`` images; ``flops``: its (model, hardware) FLOPs per image."""
         model, hardware = (
             flops if flops is not None else (self.model_flops_per_image, self.hardware_flops_per_image)
         )

@@ -198,8 +198,7 @@ def plan_training(
     repa: RepaFlops | None = None,
     repa_cached: bool = False,
 ) -> TrainingPlan:
-    """FLOPs per image, per step and in total (DiT and VAE encode apart), memory per device, and time and cost with
-    a device and an MFU. ``repa``: REPA's auxiliary FLOPs, timed at the same MFU but not in the plan's."""
+    """FLOPs per image, step and run (DiT, VAE encode, REPA apart), memory, and time and cost at one MFU."""
     num_devices, precision = budget.num_devices, budget.precision
     if global_batch_size % num_devices:
         raise UserError(
@@ -289,8 +288,7 @@ def plan_memory(
     trace: bool = False,
     ema_profiles: int = 0,
 ) -> MemoryPlan:
-    """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits;
-    ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does."""
+    """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
     if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA

@@ -66,8 +66,7 @@ def plot_memory_vs_batch(
     batches: list[int] | None = None,
     traced_batches: tuple[int, ...] = (),
 ) -> str:
-    """Analytic peak memory per device against batch, with and without every block checkpointed; ``traced_batches``
-    adds FakeTensor traces as points."""
+    """Analytic peak memory against batch, with and without checkpointing, and FakeTensor traces as points."""
     plt = _pyplot()
     batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     fig, ax = plt.subplots(figsize=(7, 5))

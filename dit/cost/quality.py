@@ -12,8 +12,7 @@ from dit.io.errors import UserError
 
 
 def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], list[dict]]:
-    """(training records, evaluation records) of a run folder or metrics.jsonl in step order: a step a resume
-    repeats counts once (the later); ``up_to_step`` reads the run as if it had stopped there."""
+    """(train records, eval records) of a run in step order, a step a resume repeated counted once."""
     path = Path(run_dir)
     path = path if path.suffix == ".jsonl" else path / "metrics.jsonl"
     if not path.is_file():
@@ -44,8 +43,7 @@ COUNTS = ("model", "total")
 
 
 def pflops_of(evaluation: dict, count: str = "model") -> float:
-    """An evaluation's training compute so far: the DiT's (``model``), or ``total`` with the auxiliary FLOPs of its
-    steps and the upstream ones (training the encoder, extracting its features)."""
+    """An evaluation's training compute so far: the DiT's (``model``), or with auxiliary and upstream FLOPs."""
     pflops = evaluation["total_model_pflops"]
     if count == "total":
         pflops += sum(evaluation.get(k) or 0.0 for k in ("total_aux_pflops", "upstream_pflops",
@@ -80,8 +78,7 @@ def compute_to_target(
     count: str = "model",
     score: str = "fid",
 ) -> dict:
-    """The training compute (``count``), time and cost at which a run's FID (or ``score``) first reached
-    ``target_fid``; reached at the first evaluation, an upper bound (``upper_bound``)."""
+    """The compute, time and cost at which a run's ``score`` first reached ``target_fid`` (interpolated)."""
     train, evals = read_run(run_dir, up_to_step)
     points = [(e["step"], pflops_of(e, count), e[score]) for e in evals if e.get(score) is not None]
     if not points:

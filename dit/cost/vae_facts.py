@@ -67,8 +67,7 @@ def known_vae_config(spec: str | None) -> dict | None:
 
 
 def latent_downsample_of(config) -> int:
-    """Image pixels per latent pixel along one side, from an AutoencoderKL config (a dict or diffusers'
-    FrozenDict): each encoder block but the last halves the resolution."""
+    """Image pixels per latent pixel along a side: each encoder block but the last halves the resolution."""
     blocks = config.get("block_out_channels", AUTOENCODER_KL_DEFAULTS["block_out_channels"])
     return 2 ** (len(blocks) - 1)
 

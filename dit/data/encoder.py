@@ -74,8 +74,7 @@ def check_encoder_name(name: str) -> None:
 def create_encoder_model(
     name: str, device="cpu", input_size: int | None = None, pretrained: dict | bool = False
 ) -> nn.Module:
-    """timm.create_model for ``name`` on ``device`` without a head; ``pretrained``: False (random weights),
-    True (timm downloads them), or a pretrained-config overlay (``{"file": PATH}``: timm loads that file)."""
+    """timm.create_model for ``name`` without a head; ``pretrained``: False, True, or a config overlay."""
     timm = _timm()
     local = LOCAL_ENCODERS.get(name)
     kwargs = dict(local.kwargs) if local else {}
@@ -123,8 +122,7 @@ def vit_shape(model: nn.Module) -> ViTShape:
 
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
-    """``input_size``, or the one whose patch grid is the DiT's ``grid`` (REPA: 16 x 14 = 224 px), checked against
-    the encoder's patch on the meta device."""
+    """``input_size``, or the one whose patch grid is the DiT's ``grid`` (REPA: 16 x 14 = 224 px)."""
     check_encoder_name(name)
     patch = vit_shape(create_encoder_model(name, "meta", None, False)).patch_size
     size = input_size or grid * patch
@@ -209,8 +207,7 @@ class Encoder:
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (prefix tokens dropped) of images (N, C, H, W) in [-1, 1], grey repeated to 3 channels,
-        resized to the input size and normalised as the encoder was trained."""
+        """Patch tokens of images in [-1, 1], resized and normalised as the encoder was trained."""
         x = (images.float() + 1) / 2
         want = self.shape.in_channels
         if x.shape[1] != want:

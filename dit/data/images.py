@@ -36,8 +36,7 @@ def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """NCHW images as uint8, the inverse of ``to_model_range``: floats in [-1, 1] are quantised as the
-    official sample_ddp.py writes its PNGs (clamp(127.5 x + 128) truncated); uint8 stays as it is."""
+    """NCHW images as uint8: floats in [-1, 1] quantised as the official sample_ddp.py writes its PNGs."""
     if images.dtype == torch.uint8:
         return images
     if not images.is_floating_point():
@@ -51,8 +50,7 @@ def _random_flip(image: torch.Tensor) -> torch.Tensor:
 
 
 def to_rgb(image: Image.Image, path: str = "") -> Image.Image:
-    """8-bit RGB: 16- and 32-bit integer images are scaled to 8 bits first (PIL's ``convert`` clips them); float
-    images are refused (their range cannot be told from the file)."""
+    """8-bit RGB: wide integer images scaled first (PIL's ``convert`` clips them); float images refused."""
     if image.mode == "F" or image.mode.startswith("F;"):
         raise UserError(
             f"image {path} holds 32-bit floats, whose range (0-1 or 0-255) the file does not say: convert it "
@@ -188,8 +186,7 @@ def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
 
 
 class ImageFolderDataset(Dataset):
-    """(CHW float32 in [-1, 1], label) from an ImageNet-style folder, ADM-cropped and randomly flipped; a corrupt
-    image is a UserError when it is read."""
+    """(CHW float32 in [-1, 1], label) from an ImageNet-style folder, ADM-cropped, randomly flipped."""
 
     def __init__(self, root: str, image_size: int, flip: bool = True, strict: bool = False):
         scan = scan_image_folder(root)

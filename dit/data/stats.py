@@ -14,8 +14,7 @@ CHUNK = 256  # images summed at a time: a bound on the float64 copy, fixed so th
 
 
 def latent_stats(shard_paths: list[str], channels: int) -> dict | None:
-    """``{"mean": [C], "std": [C], "values": n}`` from the shards' moments ``[n, views, 2, C, H, W]`` (None for no
-    images); each shard summed in a thread, the sums added in shard order."""
+    """``{"mean": [C], "std": [C], "values": n}`` from the shards' moments, summed in shard order."""
     if len(shard_paths) > 1:
         with ThreadPoolExecutor(max_workers=min(8, len(shard_paths), os.cpu_count() or 1)) as pool:
             sums = list(pool.map(_shard_sums, shard_paths, [channels] * len(shard_paths)))

@@ -69,8 +69,7 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
 
 
 def vae_id_and_config_hash(vae: AutoencoderKL, spec: str) -> tuple[str, str]:
-    """A readable id (hub id or folder) and a sha256 of the config without diffusers' ``_*`` keys, so that a copied
-    VAE hashes equal (ema and mse share a config: ``weights_sha256`` tells them apart)."""
+    """A readable id and a sha256 of the config without diffusers' ``_*`` keys (a copy hashes equal)."""
     vae_id = resolve_vae_spec(spec)
     config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     blob = json.dumps(config, sort_keys=True, default=list).encode()

@@ -49,8 +49,7 @@ class Judge:
 def judges_for(
     network: str, judge_ref: str | None = None, dinov2_weights: str | None = None, device="cpu"
 ) -> list[Judge]:
-    """The second judges: the digit judge wherever the digit classifier scores, and the one whose statistics
-    ``judge_ref`` holds (FD_DINOv2 with ``dinov2_weights``, or the digit judge)."""
+    """The second judges: the digit judge where the digit classifier scores, and ``judge_ref``'s."""
     judges = []
     if judge_ref is not None:
         reference = load_reference(judge_ref)
@@ -85,8 +84,7 @@ class _Panel(FeatureNet):
 
 
 def my_batches(num_images: int, batch_size: int, rank: int = 0, world: int = 1) -> list[range]:
-    """This process's consecutive run of the global batches over images 0..N-1: gathering in rank order restores
-    the set's order, and the scores do not depend on the number of processes."""
+    """This process's consecutive global batches: gathered in rank order they are the set, for any world."""
     num_batches = math.ceil(num_images / batch_size)
     return [
         range(b * batch_size, min((b + 1) * batch_size, num_images))
@@ -262,8 +260,7 @@ class Evaluator:
         return features, radii, embedded, pairwise_flops(len(features), len(features), features.shape[1])
 
     def evaluate(self, batches: Iterable, keep_features: bool = False) -> dict:
-        """Scores of this process's share of ``batches``; ``seconds`` leaves out producing them; ``keep_features``
-        also returns the pool features each FD was computed on."""
+        """Scores of this process's share of ``batches``; ``keep_features`` also returns each FD's features."""
         local, feature_seconds = extract_features(self._panel, batches)
         start = time.perf_counter()
         feats = gather_features(local, self.runtime)

@@ -143,8 +143,7 @@ class InLoopEval:
         return self.section.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
 
     def run(self, ema: DiT, stop=None) -> dict:
-        """Score the (unsharded) EMA model and what the evaluation cost; a ``stop`` asked between batches drops it
-        (``EvalStopped``), so that a preempted run saves within one batch."""
+        """Score the EMA model; a ``stop`` between batches drops the evaluation (``EvalStopped``)."""
         c, rt = self.section, self.runtime
         start = time.perf_counter()
         sm = self._sampling_model(ema)

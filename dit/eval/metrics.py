@@ -192,8 +192,7 @@ def resample_indices(n: int, resamples: int, seed: int) -> torch.Tensor:
 def bootstrap_fd(
     features: torch.Tensor | np.ndarray, reference: FrechetToReference, indices: torch.Tensor
 ) -> np.ndarray:
-    """The FD of every resample of ``features`` (rows picked by ``indices``) to the reference, its moments weighted
-    sums over the centred rows (docs/evaluation.md, "Intervals")."""
+    """The FD of every resample of ``features`` (rows from ``indices``) to the reference."""
     x = torch.as_tensor(features).to(device=reference.mu.device, dtype=torch.float64)
     n = len(x)
     mean = x.mean(dim=0)
@@ -257,8 +256,7 @@ def paired_bootstrap(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> Paired:
-    """Two aligned sets (row i of each from the same seed and label) against one reference on the same resample
-    indices, so that the noise they share cancels."""
+    """Two aligned sets against one reference on the same resamples, so that their shared noise cancels."""
     a, b = torch.as_tensor(features_a), torch.as_tensor(features_b)
     if a.shape != b.shape:
         raise UserError(

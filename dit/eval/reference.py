@@ -85,8 +85,7 @@ _META_KEYS = {"format": str, "feature_network": str, "num_images": (int, type(No
 
 
 def load_reference(path: str) -> ReferenceStats:
-    """Our statistics (checksum verified) or an ADM reference batch, checked completely on opening (every array
-    read, shapes consistent, values finite); anything else is one line with the fix."""
+    """Our statistics (checksum verified) or an ADM batch, checked completely on opening."""
     if not os.path.isfile(path):
         raise UserError(f"reference {path}: no such file.")
     damaged = (

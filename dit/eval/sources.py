@@ -184,8 +184,7 @@ class FolderImages:
 
 
 class LatentStoreImages:
-    """A latent store's images, decoded: the posterior mean (no sampling, no flip) through the store's VAE,
-    quantised like saved samples. Refuses a VAE whose weights differ from the ones that made the store."""
+    """A store's images, decoded: the posterior mean through the store's VAE (its weights checked)."""
 
     def __init__(self, path: str, vae_spec: str | None = None, device: str | torch.device = "cpu"):
         self.store = LatentStoreDataset(path, flip=False, sample_posterior=False)

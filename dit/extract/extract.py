@@ -117,8 +117,7 @@ def _collate(items):
 def _encode_views(
     vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool, encoder=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image, and REPA's
-    ``encoder`` features [B, views, tokens, width] of the same images (None without an encoder)."""
+    """Moments [B, views, 2, C, H, W] of a batch (and its mirror), and REPA's features [B, views, T, D]."""
     x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
     if flips:
         x = torch.cat([x, x.flip(-1)])
@@ -133,8 +132,7 @@ def _encode_views(
 
 
 def extract_features(cfg: ExtractConfig, repa: RepaEncoderSection | None = None) -> dict:
-    """Build or resume the store at ``cfg.feature_path`` (with ``repa``'s encoder features); a summary of the store
-    and this rank's work. fp32 means no TF32 and deterministic cuDNN: the bytes must not change with the GPU."""
+    """Build or resume the store (fp32: no TF32, deterministic cuDNN); a summary of it and this rank's work."""
     repa = repa or RepaEncoderSection()
     if repa.encoder and not cfg.flip:
         raise UserError(

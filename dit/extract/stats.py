@@ -10,8 +10,7 @@ from dit.io.atomic import FolderLock
 
 
 def write_latent_stats(folder: str) -> dict:
-    """Verify every shard, compute the statistics, and rewrite the manifest with them (atomically, under the
-    store's lock); a store that fails verification is one error and left as it was. Returns the new manifest."""
+    """Verify every shard, then rewrite the manifest with the statistics, atomically and under the lock."""
     read_manifest(folder)  # not a store: refused before the lock creates anything
     with FolderLock(folder, "extraction", "wait for it to finish, then rerun --stats"):
         manifest = verify_store(folder)

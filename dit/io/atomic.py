@@ -64,8 +64,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
 
 class CannotWrite(UserError):
-    """The one line for a write the OS refused: the path, the fix and what is kept (by default the file's state; a
-    run names its newest checkpoint with ``keeping``)."""
+    """The one line for a write the OS refused: the path, the fix and what is kept (``keeping``)."""
 
     def __init__(self, path: str | os.PathLike, error: OSError, kept: str | None = None):
         self.path, self.error, self.kept = Path(path), error, kept
@@ -96,8 +95,7 @@ def stale_temp_files(folder: str | os.PathLike, name_prefix: str = "") -> list[P
 
 
 class FolderLock:
-    """An exclusive ``flock`` on ``FOLDER/.lock`` that dies with its process: a second asker gets a UserError
-    naming the holder, and a killed holder's file is taken over (``took_over``)."""
+    """An exclusive ``flock`` on ``FOLDER/.lock`` that dies with its process; a stale file is taken over."""
 
     def __init__(self, folder: str | os.PathLike, purpose: str, fix: str):
         self.path = Path(folder) / ".lock"

@@ -26,8 +26,7 @@ class UserError(ValueError):
 
 
 class ReportedByRankZero(UserError):
-    """A user error that every rank meets at once (a save refused on a full disk): rank 0 raises the line, the
-    others this, which exits as it does without a second copy of the line."""
+    """A user error every rank meets at once: rank 0 raises the line, the others this, without it."""
 
 
 def unwrap_worker_error(e: UserError) -> UserError:

@@ -29,8 +29,7 @@ def launcher_precision() -> str | None:
 
 
 def requested_processes() -> int | None:
-    """The process count a launcher was asked for, where WORLD_SIZE may not say it: mpirun's world size, or
-    ``accelerate launch``'s ``--num_processes`` read from the launching command line (Linux)."""
+    """The process count asked of a launcher: mpirun's world size, or ``accelerate launch``'s."""
     for name in _MPI_SIZE:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
@@ -51,8 +50,7 @@ def requested_processes() -> int | None:
 
 
 def check_process_count(world: int, script: str = "train.py") -> None:
-    """Refuse, in one line, a launch that started another number of processes than it was asked for. Where
-    torchrun's WORLD_SIZE is set it is the answer (an srun around torchrun has its own, smaller, MPI size)."""
+    """Refuse a launch that started another number of processes than asked (torchrun's WORLD_SIZE wins)."""
     if "WORLD_SIZE" in os.environ:
         return
     asked = requested_processes()

@@ -65,8 +65,7 @@ def inside(
 def read_matrices(
     path: str | os.PathLike, what: str, fix: str, widths: Mapping[str, int], rows: int | None = None
 ) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` named in ``widths``, each a finite float matrix of that many columns (and ``rows``
-    rows), read without pickle; anything else is one line naming the file and the fix."""
+    """The arrays of an ``.npz`` named in ``widths``, each a finite float matrix of that width, no pickle."""
     path = Path(path)
     if os.path.isdir(path):
         raise UserError(f"{what} {path} is a folder, not a file: {fix}.")
@@ -98,8 +97,7 @@ def read_matrices(
 
 
 def check_output(path: str, kind: str, flag: str) -> None:
-    """Before the expensive work: ``path`` (a "file" or a "folder") can be created or written here, or one line
-    naming the flag (a name too long, a folder for a file or the reverse, a parent that cannot be written)."""
+    """Before the work: ``path`` (a "file" or "folder") can be written here, or one line naming the flag."""
     target = Path(path)
     try:
         name_max = os.pathconf(_existing_ancestor(target), "PC_NAME_MAX")

@@ -25,8 +25,7 @@ def _flag(default, help: str, flag_default=_UNSET, **checks):
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """Everything that fixes a DiT's shapes and compute. The block options (``dit.model.options``) come last, by
-    default the official DiT's, so an older config builds with the defaults."""
+    """Everything that fixes a DiT's shapes and compute; the block options come last, the official by default."""
 
     depth: int = _flag(28, "custom size: override the registry depth", None, ge=1)
     hidden_size: int = _flag(1152, "custom size: override the hidden size", None, ge=4)
@@ -126,8 +125,7 @@ class DiTConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """hidden x mlp_ratio for GELU; for SwiGLU (three matrices to GELU's two) 2/3 of that, to a multiple of 8,
-        so that the weights match (docs/recipes.md)."""
+        """hidden x mlp_ratio for GELU; for SwiGLU 2/3 of it (to a multiple of 8): the same weights."""
         return MLPS[self.mlp].width(int(self.hidden_size * self.mlp_ratio))
 
     @property
@@ -205,8 +203,7 @@ def parse_activation_checkpointing(value: str, depth: int | None = None) -> int 
 
 
 def _section_fields():
-    """``ModelSection``'s fields: the registry name, DiTConfig's flagged ones, ``image_size`` for
-    ``input_size``."""
+    """``ModelSection``'s fields: the registry name, the flagged fields, ``image_size`` for ``input_size``."""
     hints = typing.get_type_hints(DiTConfig)
     yield "model", str, option("DiT-XL/2", lambda: f"registry name: {', '.join(model_names())}")
     for f in dataclasses.fields(DiTConfig):
@@ -229,8 +226,7 @@ def _with_flags(cls):
 
 @_with_flags
 class ModelSection(Section):
-    """The DiT to build: a registry name with any size overridden, its image size and classes; the data decide the
-    input channels and size, the objective ``learn_sigma`` (``dit_config``)."""
+    """The DiT to build: a registry name, sizes overridden, its image size and classes (``dit_config``)."""
 
     def check(self) -> None:
         try:

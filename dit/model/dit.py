@@ -33,8 +33,7 @@ def _registry_entry(name: str):
 
 
 def extrapolate(strong: torch.Tensor, weak: torch.Tensor, scale: float, channels: int) -> torch.Tensor:
-    """Guidance, ``weak + scale (strong - weak)``, on the first ``channels`` channels (the rest, a learned
-    variance, ``strong``'s). CFG's weak output is the unconditional pass; autoguidance's a weaker model's."""
+    """``weak + scale (strong - weak)`` on the first ``channels`` channels, the rest ``strong``'s."""
     weak_part = weak[:, :channels]
     return torch.cat([weak_part + scale * (strong[:, :channels] - weak_part), strong[:, channels:]], dim=1)
 
@@ -203,8 +202,7 @@ class DiT(nn.Module):
     def _reenter(
         self, dense: torch.Tensor, middle: torch.Tensor | None, kept: torch.Tensor | None
     ) -> torch.Tensor:
-        """The sparse path's output back at every position: SPRINT fuses it with the dense features; MaskDiT
-        fills the dropped positions with the mask token and their position embedding."""
+        """The sparse output at every position: fused by SPRINT, mask-token-filled by MaskDiT."""
         if self.config.token_drop_layout == "sprint":
             return self.token_drop.reenter(dense, middle, kept)
         if middle is None:

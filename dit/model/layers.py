@@ -32,8 +32,7 @@ def sincos_2d(dim: int, grid_size: int) -> np.ndarray:
 
 
 def rope_2d(head_dim: int, grid_size: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables (grid_size**2, head_dim) for ``apply_rope``, axial: a head's first half turns with the
-    column, the second with the row; within each half feature i pairs with i + head_dim/4."""
+    """Axial RoPE cos and sin tables: a head's first half turns with the column, the second with the row."""
     quarter = head_dim // 4
     omega = theta ** (-np.arange(quarter, dtype=np.float64) / quarter)
     rows, cols = np.divmod(np.arange(grid_size * grid_size), grid_size)
@@ -117,8 +116,7 @@ ATTENTION_BACKENDS = ("auto", "sdpa", *_PINNED_SDPA, "explicit")
 
 
 def attention_kernel(backend: str, device_type: str, dtype: torch.dtype) -> str:
-    """The kernel ``backend`` runs here; auto: explicit matmuls for bf16 on CPU (docs/performance.md), else
-    sdpa."""
+    """The kernel ``backend`` runs here; auto: explicit matmuls for bf16 on CPU, else sdpa."""
     if backend not in ATTENTION_BACKENDS:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(ATTENTION_BACKENDS)}.")
     if backend != "auto":

@@ -38,8 +38,7 @@ def _layer(module: str, name: str, *sizes: str, **kwargs) -> Callable:
 
 
 def _mlp_terms(matrices: int, saved_widths: int) -> dict:
-    """An MLP of ``matrices`` D x h matrices (h = ``mlp_hidden``), biases on all but its D-wide inputs, keeping
-    ``saved_widths`` h-wide tensors for backward."""
+    """An MLP of ``matrices`` D x h matrices keeping ``saved_widths`` h-wide tensors for backward."""
     return dict(
         macs=lambda cfg: matrices * cfg.hidden_size * cfg.mlp_hidden,
         params=lambda cfg: matrices * cfg.hidden_size * cfg.mlp_hidden + (matrices - 1) * cfg.mlp_hidden

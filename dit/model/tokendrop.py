@@ -13,8 +13,7 @@ from dit.model.config import DiTConfig
 
 
 def draw_kept(generator: torch.Generator, batch: int, tokens: int, kept: int, device) -> torch.Tensor:
-    """(batch, kept) token indices, ascending, a uniform random subset per sample: row i belongs to the
-    global batch's sample i, so a rank's slice of it is the same on any world size."""
+    """(batch, kept) ascending token indices, a uniform subset per sample of the global batch."""
     scores = torch.rand(batch, tokens, generator=generator, device=device)
     return scores.argsort(dim=1)[:, :kept].sort(dim=1).values
 
@@ -49,8 +48,7 @@ class TokenDrop(nn.Module):
         return base.scatter(1, kept.unsqueeze(-1).expand(-1, -1, d), sparse)
 
     def reenter(self, dense: torch.Tensor, sparse: torch.Tensor | None, kept: torch.Tensor | None) -> torch.Tensor:
-        """SPRINT's fusion of the dense features from before the drop with the sparse path's output: ``sparse``
-        None is the path dropped (every position the mask token), ``kept`` None the full-token path."""
+        """SPRINT's fusion of the pre-drop dense features with the sparse output (None: the path dropped)."""
         if sparse is None:
             sparse = self.mask_token.to(dense.dtype).expand_as(dense)
         elif kept is not None:

@@ -30,8 +30,7 @@ class Objective(ABC):
 
     @abstractmethod
     def task(self) -> dict:
-        """What the network's output means (the objective, its schedule or path, what it predicts, a learned
-        variance): two models whose tasks are equal can guide one another (autoguidance)."""
+        """What the output means: two models whose tasks are equal can guide one another (autoguidance)."""
 
     @abstractmethod
     def sample_t(self, n: int, generator, device):
@@ -74,8 +73,7 @@ class Objective(ABC):
 
     @abstractmethod
     def process(self, num_steps: int, sample_eps: float | None, time_shift: float | None = None):
-        """What a sampler of ``num_steps`` steps integrates: a respaced diffusion (its timesteps shifted by
-        ``time_shift``, None: the run's), or the transport (the plan's grid carries the shift)."""
+        """What a ``num_steps`` sampler integrates: a respaced (shifted) diffusion, or the transport."""
 
     @abstractmethod
     def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,

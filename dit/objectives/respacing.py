@@ -38,8 +38,7 @@ def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
 
 
 def shift_timesteps(kept, time_shift: float, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
-    """A respacing's timesteps moved by the shift, the noise fraction i / (T - 1) shifted as the flow's time; the
-    ends stay, and two steps landing on one timestep are refused."""
+    """A respacing's timesteps shifted as the flow's time; the ends stay, and collisions are refused."""
     kept = sorted(kept, reverse=True)
     if time_shift == 1:
         return kept

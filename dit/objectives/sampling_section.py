@@ -27,8 +27,7 @@ INTERVAL_HELP = (
 
 @dataclass(frozen=True)
 class SamplingSection(Section):
-    """The sampler and its settings, for every face that samples or plans it; the model decides what it leaves open
-    (the objective's default sampler, the guidance a null class allows). Faces with other defaults subclass it."""
+    """The sampler and its settings; the model decides what it leaves open (default sampler and guidance)."""
 
     FAST = False  # default to the objective's fast sampler (the in-loop evaluation's) instead of sample.py's
     GUIDANCE_DEFAULT = 4.0  # the official sample.py's, for a model with a null class

@@ -17,8 +17,7 @@ from dit.objectives.samplers import SCHEDULERS, SamplingPlan
 
 
 def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):
-    """A diffusers scheduler (a ``SCHEDULERS`` name, or any diffusers scheduler class name) configured by
-    ``diffusion``: its respaced betas, all of its steps, and its prediction (noise or x0)."""
+    """A diffusers scheduler configured by ``diffusion``: its respaced betas, all its steps, its prediction."""
     class_name, settings = SCHEDULERS.get(name, (name, {}))
     diffusers = require("diffusers", "vae", f"--sampler {name} (a diffusers scheduler)")
     x0 = diffusion.model_mean_type == ModelMeanType.START_X
@@ -45,8 +44,7 @@ def scheduler_sample(
     noise_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Denoise ``x`` (x_T ~ N(0, I)) with ``scheduler``, calling ``model(x_t, t, **model_kwargs)`` once per
-    entry of its timesteps, which must be the evaluations ``plan`` counted (checked before the first)."""
+    """Denoise ``x`` with ``scheduler``, one model call per timestep, as ``plan`` counted (checked first)."""
     scheduler.set_timesteps(diffusion.num_timesteps, device=x.device)
     steps = [int(k) for k in scheduler.timesteps.tolist()]
     original = [int(diffusion.timestep_map[k]) for k in steps]

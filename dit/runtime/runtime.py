@@ -190,8 +190,7 @@ class Runtime:
         raise said if self.is_main else ReportedByRankZero(str(said))
 
     def memory_capacity(self) -> int:
-        """The bytes one process's training step may fill, the smallest over the ranks (each decides alike): its
-        GPU's total memory, or on a CPU the host's, shared by the processes on that host. Collective."""
+        """The bytes a step may fill: the GPU's, or the host's shared by its processes; the ranks' minimum."""
         if self.device.type == "cuda":
             mine = torch.cuda.get_device_properties(self.device).total_memory
         else:
@@ -200,8 +199,7 @@ class Runtime:
         return min(self.gather_objects(mine))
 
     def lock_folder(self, folder, purpose: str, fix: str) -> FolderLock | None:
-        """Rank 0 locks ``folder`` for one job (its lock on rank 0, None elsewhere); if another job holds it,
-        every rank raises the same one-line error, so no rank goes on alone."""
+        """Rank 0 locks ``folder`` (None elsewhere); if another job holds it, every rank raises the same line."""
         lock, error = None, None
         if self.is_main:
             try:

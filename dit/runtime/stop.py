@@ -33,8 +33,7 @@ class EvalStopped(Exception):
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
-    """A DataLoader's ``worker_init_fn``: a scheduler signals the whole process group, and a worker killed by
-    SIGTERM took the run down unsaved; workers leave the stop signals to the main process."""
+    """A DataLoader's ``worker_init_fn``: workers leave the stop signals to the main process, which saves."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
 
@@ -87,8 +86,7 @@ class StopFlag:
             _leave_the_terminal()
 
     def should_stop(self, everyone: bool = True) -> bool:
-        """Whether to stop now. With several processes every rank must pass the same ``everyone`` at the
-        same call: True asks the others (collective), False answers no without asking."""
+        """Whether to stop now; ``everyone`` (the same on every rank) asks the others, collectively."""
         if self.group is None:
             return self.raised is not None
         if not everyone:

@@ -94,8 +94,7 @@ class SamplingCost:
 def flops_per_image(
     sm: SamplingModel, guided_nfe: float, unguided_nfe: float, guidance: Guidance
 ) -> tuple[float, float]:
-    """(DiT FLOPs: two passes per guided evaluation, the second without the sparse blocks under path drop or the
-    guide's under autoguidance; VAE decode FLOPs) per image."""
+    """(DiT FLOPs of the evaluations, two passes per guided one; VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
     scale = 2.0 if guided_nfe else 1.0  # any scale above 1 doubles a guided evaluation
     guide = guidance.guide.config if guidance.guide is not None else None

@@ -60,8 +60,7 @@ def diffusers_transformer_config(cfg: DiTConfig) -> dict:
 
 
 def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
-    """Our class table with the null row at 1000, where ``DiTPipeline`` looks, and at the unused ids below it;
-    zeros where the model has no null row (sample it with guidance_scale 1)."""
+    """Our class table with the null row at 1000 (and the unused ids), where ``DiTPipeline`` looks for it."""
     rows = max(cfg.num_classes, PIPELINE_NULL_CLASS) + 1
     has_null = table.shape[0] > cfg.num_classes
     null = table[cfg.num_classes] if has_null else torch.zeros_like(table[0])
@@ -71,8 +70,7 @@ def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
 
 
 def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
-    """Our (the official) keys onto diffusers': the timestep MLP and class table copied into every block, qkv
-    split, ``pos_embed`` dropped (diffusers recomputes it)."""
+    """Our (the official) keys onto diffusers': per-block embedders, qkv split, ``pos_embed`` dropped."""
     sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
     out = {
         "pos_embed.proj.weight": sd["x_embedder.proj.weight"],
@@ -198,8 +196,7 @@ paper's scale: for the paper's samples, use dit-ledger's `sample.py` or `scripts
 def export_pipeline(
     model: DiT, vae, out_dir: str | os.PathLike, noise_schedule: str = "linear", id2label: dict | None = None
 ) -> Path:
-    """Write a ``DiTPipeline`` folder (transformer, VAE, DDIM scheduler, ``id2label``, by default the ids),
-    assembled in a temp folder beside ``out_dir`` and renamed into place."""
+    """Write a ``DiTPipeline`` folder, assembled in a temp folder beside ``out_dir`` and renamed into place."""
     if vae is None:
         raise UserError("DiTPipeline decodes latents with a VAE; a pixel-space model cannot be exported.")
     out_dir = Path(out_dir)

@@ -64,8 +64,7 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
 def _set_identity(
     c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str, guide_sha256: str | None
 ) -> dict:
-    """Everything that decides the set: the weights by content (the guide's too), the model, sampler and guidance,
-    N, the batch, the label mode and how N splits over the classes; not the world size."""
+    """Everything that decides the set (weights by content, model, sampler, N, batch, labels), not the world."""
     s, f, interval = (
         c.sampling,
         c.fid,

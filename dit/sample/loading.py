@@ -119,8 +119,7 @@ def read_model(
     device: str | torch.device = "cpu",
     objective: str | None = None,
 ) -> tuple[DiT, str, dict, ChannelNorm | None]:
-    """``load_sampling_model`` without the VAE: (the DiT in eval mode, which weights, the run's flat record with
-    its objective resolved, its per-channel latent statistics or None)."""
+    """``load_sampling_model`` without the VAE: (DiT, which weights, flat record, latent statistics)."""
     ckpt = load_checkpoint(ckpt_path)
     run = sit_run_config(recorded_run_config(ckpt))
     recorded_objective = run.get("objective") or ("diffusion" if run else None)

@@ -97,8 +97,7 @@ class StepOrder(Sampler):
 
 
 class SeededItems(Dataset):
-    """Item (epoch, index) draws its randomness from torch's CPU generator alone, seeded with (seed, epoch, index)
-    (docs/architecture.md); in the main process the caller's state is restored."""
+    """Item (epoch, index) reseeds torch's CPU generator alone (docs/architecture.md), restored in-process."""
 
     def __init__(self, dataset, seed: int):
         self.dataset, self.seed = dataset, seed
@@ -164,8 +163,7 @@ def build_data(
     device: torch.device,
     features: bool = False,
 ) -> TrainData:
-    """The configured source (``dataset`` of (image CHW in [-1, 1], label), a latent store, or a folder), checked
-    against the model's ``image_size`` and ``num_classes``; ``features``: the store's REPA features too."""
+    """The configured source (``dataset``, a latent store, or a folder), checked against the model."""
     if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
         raise UserError(
             "--latent-norm channel uses a latent store's per-channel statistics, and latents encoded on the fly "

@@ -16,8 +16,7 @@ FUSED_FOREACH = ("cuda",)
 
 
 class Average:
-    """An fp32 shadow copy of the model; ``avg = decay_at(n) * avg + (1 - decay_at(n)) * model`` at update n,
-    over every parameter (the frozen positional table too). It starts as a copy of the model."""
+    """An fp32 shadow copy of every parameter: ``avg = d avg + (1 - d) model``, d = ``decay_at(n)``."""
 
     def __init__(self, model: nn.Module):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -58,8 +57,7 @@ class Average:
 
 
 class PowerEMA(Average):
-    """A power-function profile of post-hoc EMA: ``decay_at(n) = (1 - 1/(n + 1))^(gamma + 1)``, 0 at the first
-    update (a copy of the model), computed on the host from the update count (no sync)."""
+    """A post-hoc EMA profile: ``decay_at(n) = (1 - 1/(n + 1))^(gamma + 1)``, computed on the host."""
 
     def __init__(self, model: nn.Module, sigma_rel: float):
         super().__init__(model)

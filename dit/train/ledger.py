@@ -291,8 +291,7 @@ class Ledger:
         return record
 
     def _doubt_peak(self, hfu: float) -> None:
-        """A run above its measured peak means the peak was probed on a busy machine: drop it from the cache and
-        say so."""
+        """A run above its measured peak means a busy probe: drop the peak from the cache and say so."""
         self.peak_doubted = True
         dropped = forget_cpu_peak(self.peak.precision)
         where = f"removed from {dropped}, so the next run measures again" if dropped else "not kept"

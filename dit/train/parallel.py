@@ -47,8 +47,7 @@ class ParallelSection(Section):
 
 
 def data_parallel(model: nn.Module, device: torch.device, bf16_grads: bool = False) -> nn.Module:
-    """DDP over the process group with gradient buckets as views; no buffer broadcast: the DiT's buffers (RoPE
-    tables) are fixed and alike on every rank."""
+    """DDP with gradient buckets as views and no buffer broadcast (the RoPE tables are alike everywhere)."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
@@ -63,8 +62,7 @@ def data_parallel(model: nn.Module, device: torch.device, bf16_grads: bool = Fal
 def parallelize(
     model: DiT, checkpointed: int, compile: bool, sharded: bool, param_dtype: torch.dtype | None
 ) -> DiT:
-    """The DiT ready to train, in torchtitan's order: activation checkpointing, each block compiled whole
-    (fullgraph), then FSDP2 over the compiled blocks."""
+    """The DiT ready to train, in torchtitan's order: checkpointing, compiled blocks, then FSDP2."""
     model.set_checkpointing(checkpointed)
     if compile:
         if next(model.parameters()).device.type == "cpu":
@@ -187,8 +185,7 @@ def parallelism(section: ParallelSection, runtime) -> Parallelism:
 
 
 class Parallelism:
-    """How the step runs over the processes, so that the trainer names none; this class is one process, ``DDP`` and
-    ``FSDP`` override what they change."""
+    """How the step runs over the processes, so that the trainer names none; this class is one process."""
 
     split = False  # FSDP: weights, gradients and optimizer state are split over the ranks, each saves its own
     memory_layout = "ddp"  # the memory model's name for it (one process counts as DDP on one)

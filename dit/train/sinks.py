@@ -107,8 +107,7 @@ class TensorBoard(Sink):
 
 
 class Sinks:
-    """What the ledger writes to: ``Log``, ``Metrics`` and the ``chosen`` sinks on rank 0 (none elsewhere), records
-    and lines sharing one time (``utc_now``)."""
+    """What the ledger writes to: ``Log``, ``Metrics`` and the ``chosen`` sinks, on rank 0 only."""
 
     CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu",
                     "host_data_wait_frac")  # fmt: skip

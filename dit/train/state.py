@@ -44,8 +44,7 @@ class TrainState:
         return self.step // self.steps_per_epoch
 
     def state_dict(self, runtime: Runtime) -> dict | None:
-        """The whole payload: on rank 0 alone (None elsewhere; no other rank copies the weights to the host), or
-        under FSDP every rank's shards. Collective (the RNG gather)."""
+        """The whole payload on rank 0 (None elsewhere), or under FSDP every rank's shards; collective."""
         rng = runtime.gather_objects(
             {
                 "cpu": torch.get_rng_state(),
@@ -92,8 +91,7 @@ class TrainState:
         return {PROFILES: self._profiles(), **run, **norm}
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
-        """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
-        continues (our error for a bad image says to remove the file); one that gained items is refused."""
+        """Continue from ``state``; lines for the log. A data set that gained items is refused."""
         position = state.get("data_position", {})
         saved_len, step = position.get("dataset_len"), int(state["step"])
         self.data_changes = list(position.get("changes", []))

@@ -11,8 +11,7 @@ __all__ = ["SpacedDiffusion", "space_timesteps"]
 
 
 class SpacedDiffusion(GaussianDiffusion):
-    """A diffusion over the kept timesteps, betas recomputed from the base alpha-bar ratios; the model still sees
-    the original timesteps (``timestep_map``)."""
+    """A diffusion over the kept timesteps; the model still sees the original ones (``timestep_map``)."""
 
     def __init__(self, use_timesteps, **kwargs):
         base = GaussianDiffusion(**kwargs)

@@ -34,8 +34,7 @@ def ode_sample(
     field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", *, atol=1e-6, rtol=1e-3,
     progress=None,
 ):  # fmt: skip
-    """Integrate from grid[0] to grid[-1] with ``ODE_INTEGRATORS[method]``: its step between the grid's points,
-    or (adaptive) torchdiffeq's solver between the two ends."""
+    """Integrate over the grid with ``ODE_INTEGRATORS[method]``, or (adaptive) between its two ends."""
     integrator = ODE_INTEGRATORS[method]
     if integrator.adaptive:
         from dit.io.errors import require
@@ -79,8 +78,7 @@ def sde_sample(
     last_step: str = "mean",
     progress=None,
 ):
-    """Euler-Maruyama (or Heun) steps between the grid's points, then the last deterministic step from the
-    grid's end to t = 1 (``flow_grid`` ends the grid at 1 - 0.04; with ``last_step`` "none" at t1, no step)."""
+    """Euler-Maruyama (or Heun) steps over the grid, then the last deterministic step to t = 1."""
 
     def drift(y, t):
         v, s = field(y, t, score=True)
