@@ -144,10 +144,9 @@ def bench_train(
     peak_probe_s: float = 0.0,
     token_drops: tuple[float, ...] = (0.0,),
 ) -> list[dict]:
-    """One row per precision and ``token_drops`` ratio, through ``Trainer.train_step``. The rows take turns step by
-    step, so that their ratios are paired on a machine whose speed drifts; ``peak_probe_s`` times the fp32 and bf16
-    matmul ceilings each round and gives each row their median. ``compile`` resets Dynamo first: a second
-    configuration would otherwise compile for dynamic shapes."""
+    """One row per precision and ``token_drops`` ratio, through ``Trainer.train_step``, taking turns step by step
+    so that their ratios are paired on a drifting machine; ``peak_probe_s`` times the matmul ceilings each round,
+    and ``compile`` resets Dynamo first (a second configuration would compile for dynamic shapes)."""
     runs = []
     if compile:
         torch._dynamo.reset()

@@ -1,7 +1,7 @@
-"""``Checkpointer``: how a run saves and restores its ``TrainState``, the one place that picks the form. One
-process and DDP: rank 0 writes one file. FSDP: every rank writes its shards of a step's folder, optionally in the
-background (``--async-checkpoint``, sealed by the next save or the run's end). Either form restores into either
-kind of run, on any number of processes."""
+"""``Checkpointer``: how a run saves and restores its ``TrainState``, the one place that picks the form: one file
+from rank 0 (one process, DDP), or every rank's shards of a step's folder (FSDP), optionally in the background
+(``--async-checkpoint``). Either form restores into either kind of run, on any number of processes.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""DCP's ``.metadata`` read safely. It is a pickle, and protocol 4 follows dotted names (``os.system`` is reachable
-through ``torch.distributed.checkpoint.metadata``), so each (module, name) is looked up in an exact table with
-nothing imported; and as DCP unpickles bytes entries with ``weights_only=False``, any entry but the tensors we
-write is refused, before DCP reads the shards."""
+"""DCP's ``.metadata`` read safely: it is a pickle, so each (module, name) is looked up in an exact table with
+nothing imported (protocol 4 reaches ``os.system`` through dotted names), and any entry but the tensors we write is
+refused (DCP unpickles bytes entries with ``weights_only=False``), before DCP reads the shards.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The one checkpoint format: atomic writes, safe loads, listing, retention, and official DiT files. A checkpoint
 is a ``torch.save`` of tensors, numbers, strings, lists and dicts (``weights_only=True`` loads it) with ``format``,
-the writer's version (``WRITER_KEY``), ``model_config``, ``config`` and ``model``/``ema``. Official files are bare
-state dicts, or ``{model, ema, opt, args}`` with an ``argparse.Namespace``, the one object allowed. An FSDP
-checkpoint is a folder of shards with the same payload (``dit.checkpoint.sharded``)."""
+``WRITER_KEY``, ``model_config``, ``config`` and ``model``/``ema``; official files are bare state dicts or
+``{model, ema, opt, args}`` with an ``argparse.Namespace``; an FSDP checkpoint is a folder (``sharded``).
+"""
 
 from __future__ import annotations
 
@@ -96,8 +96,7 @@ def verify_checkpoint(path: str | os.PathLike) -> bool | None:
 _VERIFIED: dict[tuple, bool] = {}
 
 
-# The official releases (bare EMA state dicts). DiT publishes no checksums: a download is checked by loading it
-# and by the model's strict key and shape check, and its sha256 is printed.
+# The official releases (bare EMA state dicts), without published checksums: a download's sha256 is printed
 OFFICIAL_RELEASES = {
     f"DiT-XL-2-{size}x{size}.pt": f"https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-{size}x{size}.pt"
     for size in (256, 512)
@@ -132,9 +131,8 @@ def find_checkpoint(name: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = False, weights: bool = True) -> dict:
-    """Load any supported checkpoint with ``weights_only=True`` (official args become a dict); ``mmap`` maps the
-    tensors. A sharded folder is read whole, or (``mmap`` or not ``weights``) its record alone, marked
-    ``SHARDED``."""
+    """Load any supported checkpoint with ``weights_only=True`` (official args become a dict); ``mmap`` maps it,
+    and a sharded folder is read whole or (``mmap`` or not ``weights``) its record alone, marked ``SHARDED``."""
     path = find_checkpoint(path)
     if path.is_dir():
         return _load_folder(path, weights and not mmap)
@@ -293,8 +291,7 @@ def retire(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int
 
 def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int = 0) -> list[Path]:
     """What ``keep_last`` lets go once ``step`` is saved: older checkpoints beyond the newest ``keep_last`` - 1,
-    except milestones (steps divisible by ``keep_every``). Newer files are no part of the line that reached
-    ``step``: never counted, never deleted."""
+    milestones (steps divisible by ``keep_every``) aside; newer files are off this line, never deleted."""
     if keep_last <= 0:
         return []
     older = [(s, p) for s, p in list_checkpoints(folder) if s < step]

@@ -1,8 +1,6 @@
-"""Which checkpoints of a run folder continue which: branches, so that a rollback is never undone by a requeue.
-Each checkpoint records its ``lineage``: its ``branch``, the ``forks`` it descends from and its ``parent``. A
-resume from anything but ``--resume auto``'s pick starts a new branch, and the checkpoints off its line move to
-``checkpoints/abandoned/BRANCH/`` (nothing deleted or overwritten); ``checkpoints/branch.json`` names the branch
-that ran last. Checkpoints without lineage form branch ""."""
+"""Which checkpoints of a run folder continue which, so that a rollback is never undone by a requeue: each records
+its ``lineage``, and a resume from anything but ``--resume auto``'s pick starts a branch, the others set aside.
+"""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ def read_head(folder: Path) -> dict | None:
 
 
 def _pick(folder: Path) -> tuple[Path | None, list[Path], list[Path]]:
-    """(the checkpoint to continue, the newer ones on its line that fail their checksum, the newest checkpoint
-    of each branch when there are several and no record of which ran last)."""
+    """(the checkpoint to continue, the newer ones on its line that fail, each branch's newest when unrecorded)."""
     folder, found = Path(folder), list_checkpoints(folder)
     head = read_head(folder)
     if head is None:

@@ -1,8 +1,6 @@
-"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C). A power-function EMA of exponent
-gamma (``dit.train.ema.PowerEMA``) averages steps 1..t with the profile ``p(s) = (gamma + 1) s^gamma / t^(gamma +
-1)``, of relative width ``sigma_rel = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))``. A run saves a few profiles
-every N steps (``checkpoints/ema/``); ``reconstruct`` combines the snapshots by least squares (closed-form inner
-products) into any other profile, as a checkpoint whose ``ema`` weights sample."""
+"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C): power-function EMA profiles
+(``PowerEMA``) saved every N steps, and any other profile reconstructed from them by least squares.
+"""
 
 from __future__ import annotations
 

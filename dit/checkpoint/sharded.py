@@ -1,8 +1,6 @@
 """Sharded checkpoints (FSDP): a step's folder into which every rank writes its shards with DCP, as torchtitan
-does. ``NNNNNNN/`` holds DCP's shard files and ``.metadata``, ``record.pt`` (the payload's non-tensor part) and
-``manifest.json`` (written last: format, step, every file's sha256); it is written as ``NNNNNNN.tmp-dcp/`` and
-renamed once every rank is done. DCP's pickled ``.metadata`` is read through an exact allow-list
-(``dcp_metadata``)."""
+does, plus ``record.pt`` and ``manifest.json`` (sha256s, written last); renamed into place once every rank is done.
+"""
 
 from __future__ import annotations
 

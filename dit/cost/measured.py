@@ -23,15 +23,13 @@ def _fused_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **k
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-# The CPU kernels counted with the formulas torch uses for the CUDA fused kernels: forward 2 bmm, backward
-# 5 bmm (it recomputes QK^T). With these, a CPU count equals what a GPU with flash attention reports.
+# The CPU kernels counted as torch counts the CUDA fused ones (forward 2 bmm, backward 5: QK^T recomputed)
 CPU_SDPA_FORMULAS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_sdpa,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_sdpa_backward,
 }
 
-# Module (block index starred) -> analytic component. The counter's totals include children, so the
-# attention module's own share (QK^T and A.V) is its total less its two linears.
+# Module (block index starred) -> component; attention's own share is its total less its two linears
 _MODULE_COMPONENTS = {
     "x_embedder": "patch_embed",
     "t_embedder": "timestep_embedder",
@@ -80,10 +78,8 @@ def measure_flops(
     device: str = "meta",
     ratio: float | None = None,
 ) -> dict:
-    """Count the real DiT forward (and forward+backward) with ``FlopCounterMode``, in FLOPs. ``device="meta"``: the
-    model convention (attention backward = 2 x forward); ``"cpu"``: real tensors (tiny configs) with the
-    fused-kernel formulas, recompute included, the hardware convention. ``ratio``: the sparse blocks' drop
-    ratio."""
+    """Count the real DiT forward (and backward) with ``FlopCounterMode``: on "meta" the model convention, on "cpu"
+    (tiny configs) the fused kernels' formulas, recompute included."""
     if device not in ("meta", "cpu"):
         raise ValueError(f"device must be 'meta' or 'cpu', got {device!r}")
     with torch.device(device):

@@ -98,11 +98,8 @@ def estimate_training_memory(
     attention: str = "fused",
     ratio: float | None = None,
 ) -> MemoryEstimate:
-    """Analytic peak memory of a training step (fp32 weights, AdamW, fp32 EMA and one per ``ema_profiles``,
-    autocast for 16-bit): the largest of backward's start, the last checkpointed block's backward and the AdamW
-    step. FSDP divides the states by ``world_size`` and adds two unsharded blocks in flight, DDP adds its buckets,
-    explicit attention its probabilities; each block keeps what its tokens make (``DiTConfig.block_tokens`` at
-    ``ratio``)."""
+    """Analytic peak memory of a training step: the largest of backward's start, the last checkpointed block's
+    backward and the AdamW step, with the sharding, the EMAs, autocast and attention kind as given."""
     _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1

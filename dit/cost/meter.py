@@ -9,9 +9,8 @@ from dit.cost.peaks import Peak
 
 
 class CostMeter:
-    """Per-device rates since the last ``window()``, from ``training_flops_per_image`` (``.model`` for MFU,
-    ``.hardware`` for HFU). ``mfu`` is the DiT's alone; ``mfu_with_vae`` adds an on-the-fly encode,
-    ``mfu_with_aux`` REPA's networks; the global image rate assumes equal local batches (DDP, FSDP)."""
+    """Per-device rates since the last ``window()``: ``mfu`` (the DiT's ``.model`` FLOPs), ``hfu`` (``.hardware``),
+    ``mfu_with_vae`` (an on-the-fly encode) and ``mfu_with_aux`` (REPA's networks); equal local batches assumed."""
 
     def __init__(
         self,

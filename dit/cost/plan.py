@@ -247,8 +247,7 @@ def plan_sampling(
     guide: DiTConfig | None = None,
 ) -> SampleBudget:
     """FLOPs to sample ``num_images`` (steps x forward, x2 with guidance, + VAE decode) and time and cost at one
-    MFU. ``unguided_nfe``: evaluations outside a guidance interval; ``path_drop``: the unconditional pass skips the
-    sparse blocks; ``guide``: autoguidance's guide replaces the unconditional pass."""
+    MFU; ``unguided_nfe`` evaluations outside a guidance interval, ``path_drop`` and ``guide`` as sampled."""
     if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
         raise UserError(
             "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "

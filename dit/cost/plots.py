@@ -98,9 +98,8 @@ def plot_quality(
     count: str = "model",
     groups: list[str] | None = None,
 ) -> str:
-    """FID (and P/R) against cumulative training FLOPs, one line per run: the DiT paper's figure. ``up_to_steps``
-    cuts the runs at a budget, ``count`` "total" adds auxiliary and upstream FLOPs, ``groups`` colours a group
-    alike with one legend entry."""
+    """FID (and P/R) against training FLOPs, a line per run (the DiT paper's figure), cut at ``up_to_steps``,
+    ``count`` "total" with auxiliary FLOPs, ``groups`` coloured alike."""
     from matplotlib.lines import Line2D
 
     from dit.cost.quality import pflops_of, read_run

@@ -19,8 +19,7 @@ SD_VAE_CONFIG = {
     "act_fn": "silu",
 }
 
-# VA-VAE, LightningDiT's f16d32 tokenizer (tokenizer/configs/vavae_f16d32.yaml) as the AutoencoderKL of the same
-# layers; its release is an LDM checkpoint: the planner prices it by name, training needs it converted.
+# VA-VAE (LightningDiT's vavae_f16d32.yaml) as an AutoencoderKL of its layers: priced by name, LDM-format release
 VAVAE_ID = "hustvl/vavae-imagenet256-f16d32-dinov2"
 VAVAE_CONFIG = {
     "in_channels": 3,

@@ -1,7 +1,6 @@
-"""Frozen image encoders for REPA, built with timm: any timm ViT by name (REPA's
-``vit_base_patch14_dinov2.lvd142m``) or ours (``digits-mae``). Weights come through timm (downloaded,
-``--repa-encoder-weights FILE`` offline, or our committed file); the normalisation is the pretrained config's, the
-input size REPA's choice: by default the DiT's token grid times the encoder's patch, so that the two grids agree.
+"""Frozen image encoders for REPA, built with timm: any timm ViT by name or ours (``digits-mae``), weights through
+timm (downloaded, ``--repa-encoder-weights`` offline, or committed), normalised as pretrained, and by default at
+the input size whose patch grid is the DiT's token grid.
 """
 
 from __future__ import annotations

@@ -98,10 +98,8 @@ HIDDEN = "hidden (a name starting with '.'), ignored"  # .DS_Store, .ipynb_check
 
 
 def scan_image_folder(root: str) -> FolderScan:
-    """List ``root/CLASS/**/IMAGE`` sorted, reporting what it cannot use: empty class folders (keeping their
-    index), hidden entries (a ``.ipynb_checkpoints`` must not become class 0), a class named as an earlier one in
-    another Unicode normal form (kept, but reported so that ``--strict`` refuses it), and links back to a walked
-    folder."""
+    """List ``root/CLASS/**/IMAGE`` sorted, reporting what it cannot use: empty classes (index kept), hidden
+    entries, a class named as another in another Unicode form, link loops."""
     if not os.path.isdir(root):
         raise UserError(
             f"data folder {root} does not exist or is not a folder. Pass --data-path pointing to an "

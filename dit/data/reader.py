@@ -67,10 +67,9 @@ def channel_norm(manifest: dict, path: str) -> ChannelNorm:
 
 
 class LatentStoreDataset(Dataset):
-    """((latent - shift) x scale as float32 CxHxW, label) from a finished store, or normalised per channel
-    (``latent_norm`` "channel"). Each access draws a fresh posterior sample and a random flip (the stored view,
-    else a mirrored latent) from torch's global RNG; shards are mapped lazily per process and hashed before first
-    use. With ``features`` (REPA) an item also carries the same view's encoder features (tokens, width)."""
+    """((latent - shift) x scale, or per-channel normalised, as float32 CxHxW, label) from a finished store: each
+    access draws a fresh posterior sample and flip (the stored view, else a mirrored latent) from torch's global
+    RNG; shards are mapped per process and hashed before first use; ``features`` adds the view's REPA features."""
 
     def __init__(
         self,
@@ -139,9 +138,8 @@ class LatentStoreDataset(Dataset):
         )
 
     def verify_once(self, runtime) -> None:
-        """Before a job's loaders start, local rank 0 of each node hashes every shard while the node's other ranks
-        wait; every rank and loader worker then trusts each file that keeps the size and mtime it was hashed
-        with."""
+        """Before the loaders start, local rank 0 hashes every shard while the node waits; then each rank and
+        worker trusts every file that keeps the size and mtime it was hashed with."""
         error, stamps = None, None
         if runtime.local_rank == 0:
             files = [os.path.join(self.path, s["file"]) for s in self.manifest["shards"]]

@@ -52,8 +52,7 @@ def frechet_distance(
     mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = SQRTM_EPS
 ) -> Frechet:
     """‖μ1 − μ2‖² + Tr Σ1 + Tr Σ2 − 2 Tr √(Σ1 Σ2) with scipy's sqrtm, as ADM: a non-finite root is retried with
-    ``eps`` on both diagonals; a complex one is kept (its real part) only if its diagonal is real within
-    IMAG_TOLERANCE."""
+    ``eps`` on both diagonals, a complex one kept (its real part) if its diagonal is real within IMAG_TOLERANCE."""
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
     sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
     d = len(mu1)
@@ -62,8 +61,7 @@ def frechet_distance(
             f"statistics of different shapes cannot be compared: mu {mu1.shape} and {mu2.shape}, sigma "
             f"{sigma1.shape} and {sigma2.shape}. Compute both with the same feature network."
         )
-    # ADM calls sqrtm(disp=False), which does not warn: only a non-finite root is retried with eps, and a
-    # singular product whose root is finite is not. Newer scipy warns instead; the same finiteness check decides.
+    # as ADM's sqrtm(disp=False): only a non-finite root is retried with eps, whatever newer scipy warns
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
@@ -219,8 +217,7 @@ class Interval:
 
 def bootstrap_interval(value: float, values: np.ndarray, level: float = BOOTSTRAP_LEVEL) -> Interval:
     """The central ``level`` share of the bootstrap values (Efron's percentile interval) shifted by the bootstrap's
-    bias estimate, mean(values) − value, so that it is the spread of ``value`` itself (docs/evaluation.md); at
-    least 0."""
+    bias, mean(values) − value, so that it is the spread of ``value`` itself (docs/evaluation.md); at least 0."""
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(values, [tail, 100 - tail]) - (np.mean(values) - value)
     return Interval(max(float(low), 0.0), float(high))  # a distance is not negative

@@ -1,7 +1,6 @@
-"""Reference statistics: ADM's reference batches, and our own ``.npz`` files (no pickle) with ADM's array names,
-``mu``/``sigma`` (``mu_s``/``sigma_s``, the pool features unless left out) and a ``meta`` JSON (network, image
-count, source, a sha256 over every array). ADM's batches are TF Inception-v3 statistics; their ``arr_0``, 10,000
-images, is precision/recall's reference set."""
+"""Reference statistics: ADM's reference batches (TF Inception-v3's; their ``arr_0``, 10,000 images, is P/R's
+reference set), and our ``.npz`` files with ADM's array names, no pickle, and a ``meta`` JSON with a checksum.
+"""
 
 from __future__ import annotations
 

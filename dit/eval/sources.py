@@ -1,7 +1,6 @@
 """Image sets to evaluate or to make reference statistics from, read in batches by global position (each process
-reads its slice): an ``.npz`` sample set (``arr_0`` uint8 NHWC, ``arr_1`` labels, ``label_mode``), an image folder,
-or a latent store decoded through its VAE, behind one interface (``len``, ``read(start, stop)``, ``describe``,
-``label_mode``)."""
+reads its slice): an ``.npz`` sample set, an image folder, or a latent store decoded through its VAE.
+"""
 
 from __future__ import annotations
 

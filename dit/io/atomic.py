@@ -34,9 +34,8 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
-    """``write(file)`` into ``NAME.tmp-*`` beside ``path``, fsync, rename over ``path``, fsync the folder: a crash
-    leaves the old file or the whole new one. The file gets an ordinary ``open``'s mode (``mkstemp``'s 0600 would
-    hide a shared folder's files); an OS error is a ``CannotWrite`` naming the path."""
+    """``write(file)`` into ``NAME.tmp-*`` beside ``path``, fsync, rename, fsync the folder: a crash leaves the old
+    file or the new one, in an ordinary ``open``'s mode; an OS error is a ``CannotWrite``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

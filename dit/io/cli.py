@@ -10,9 +10,8 @@ from dit.io.errors import REFUSED, ReportedByRankZero, UserError
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Call ``main(argv)``: a UserError prints ``error: <message>`` to stderr and returns 2 (a rank other than 0
-    stays silent on rank 0's error); a closed pipe ends the output with exit 141, as SIGPIPE; an OSError on a path
-    the OS refuses is a user error. A progress bar still drawn is closed first."""
+    """Call ``main(argv)``: a UserError is ``error: <message>`` and exit 2, a closed pipe exit 141 (as SIGPIPE), an
+    OSError the OS refuses on a path a user error; a bar still drawn is closed first."""
     try:
         return int(main(argv) or 0)
     except UserError as e:

@@ -5,12 +5,10 @@ import errno
 
 from dit import __version__
 
-# The key every versioned file we write records its writer under (a checkpoint, a store's manifest, reference
-# statistics, branch.json), so that a newer file's refusal can say which dit-ledger wrote it.
+# The key under which every versioned file we write records its writer, named when a newer file is refused
 WRITER_KEY = "dit_ledger_version"
 
-# What to do about a path the OS refuses (a full disk, a read-only folder, a name too long): a fault of the
-# request, whichever write met it first. dit.io.atomic's writes and the CLI's printer both say it with these.
+# What to do about a path the OS refuses (a full disk, a read-only folder, a name too long), for every writer
 REFUSED = {
     errno.ENOSPC: "free space on that disk or write elsewhere",
     errno.EDQUOT: "free space on that disk or write elsewhere",

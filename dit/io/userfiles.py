@@ -47,8 +47,7 @@ def inside(
     folder: str | os.PathLike, name, source: str | os.PathLike, entry: str, fix: str, one_name: bool = False
 ) -> Path:
     """``folder / name`` for a ``name`` read from the file ``source``, refused unless it stays inside ``folder``
-    with links resolved (``one_name``: a single name, not a path): nothing outside is ever read, moved or
-    deleted."""
+    with links resolved (``one_name``: one name, not a path)."""
     root = Path(folder).resolve()
     if isinstance(name, str) and name and not (one_name and (os.sep in name or name in (".", ".."))):
         path = (root / name).resolve()
@@ -119,9 +118,8 @@ def check_output(path: str, kind: str, flag: str) -> None:
 
 
 def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
-    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole (a
-    store written in the image folder became an extra class). Links are resolved; an input inside an output folder
-    is allowed; a ``source`` that does not exist is not a path here, or its reader reports it."""
+    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole (it
+    would become part of it); links are resolved."""
     if not os.path.exists(source):
         return
     out, src = Path(output).resolve(), Path(source).resolve()

@@ -264,9 +264,8 @@ def describe(cfg: DiTConfig) -> str:
 
 
 def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int | None = None) -> DiTConfig:
-    """The DiT a bare state dict's shapes imply (official releases carry no config). RMSNorm and RoPE leave no
-    trace (a checkpoint's recorded config has them). Without QK-norm the head count is in no shape: the registry's
-    for the depth and width, else ``num_heads``, else asked for. C + 1 table rows: C classes and the null class."""
+    """The DiT a bare state dict's shapes imply (RMSNorm and RoPE leave no trace); without QK-norm the head count
+    is the registry's for the depth and width, else ``num_heads``."""
     try:
         hidden, in_channels, patch, _ = shapes["x_embedder.proj.weight"]
         tokens = shapes["pos_embed"][1]

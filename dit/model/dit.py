@@ -218,9 +218,8 @@ class DiT(nn.Module):
         cfg_channels: int | str = 3,
         path_drop: bool = False,
     ) -> torch.Tensor:
-        """Classifier-free guidance on [conditional; unconditional] sharing the first half's noise.
-        ``cfg_channels=3`` is the official behaviour (the paper's FID); "all" guides every noise channel; the
-        learned variance is never guided. ``path_drop``: the unconditional half skips the sparse blocks."""
+        """Classifier-free guidance on [cond; uncond] sharing the first half's noise, on ``cfg_channels`` (3: the
+        official), never the variance; ``path_drop``: the second half skips the sparse blocks."""
         guided = self.guided_channels(cfg_channels)
         n = len(x) // 2
         half = x[:n]

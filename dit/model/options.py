@@ -1,8 +1,8 @@
-"""Block options: one entry each, with its module builder, cost terms and memory terms. ``norm`` and ``mlp`` choose
-an entry of ``NORMS`` and ``MLPS``; a ``SWITCHES`` entry is on when its ``DiTConfig`` field is; the first entries
-are the official DiT. ``dit.cost`` reads the terms (``chosen``), never the names. Terms per block
-(docs/cost_model.md): ``macs`` per token in matmuls; ``params``; ``saved``, D-wide tensors of the activation dtype
-kept per token; ``saved_fp32``, float32 bytes per element; ``new_qk``: makes new q and k, which attention keeps."""
+"""Block options: one entry each, with its module builder, cost terms and memory terms; the first entries are the
+official DiT, and ``dit.cost`` reads the terms (``chosen``), never the names. Per block (docs/cost_model.md):
+``macs`` per token in matmuls; ``params``; ``saved``, D-wide activation tensors kept per token; ``saved_fp32``,
+float32 bytes per element; ``new_qk``: makes new q and k, which attention keeps.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Token dropping: a DiT's sparse blocks see only a kept subset of the tokens (``DiTConfig.token_drop``), in two
-layouts. ``sprint`` (SPRINT, arXiv 2510.21986): dense first and last blocks; the middle's output is scattered back,
-the dropped positions a learned mask token, and fused with the pre-drop features (a linear 2D -> D). ``maskdit``
-(MaskDiT, arXiv 2306.09305): dropped at the input, the dropped positions re-entering before the last blocks as the
-mask token plus their position embedding. With no kept set every block sees every token."""
+"""Token dropping: a DiT's sparse blocks see a kept subset of the tokens (``DiTConfig.token_drop``). ``sprint``
+(SPRINT, arXiv 2510.21986): dense first and last blocks, the middle's output scattered back with a learned mask
+token and fused with the pre-drop features; ``maskdit`` (MaskDiT, arXiv 2306.09305): dropped at the input, the
+dropped positions re-entering before the last blocks as the mask token plus their position embedding.
+"""
 
 from __future__ import annotations
 

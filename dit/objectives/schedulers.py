@@ -1,7 +1,7 @@
-"""diffusers' schedulers as samplers of our diffusion models (DPM-Solver++ 2M and 2M SDE, UniPC, DEIS, Euler,
-Heun); our DDPM/DDIM loops stay the reference. A scheduler trains on the respaced betas and visits all N steps
-("trailing", no offset), so that its step k is ours and the model sees ``timestep_map[k]``; it gets the first C
-channels only (never a learned variance), and the SDE's noise comes from the per-image generators."""
+"""diffusers' schedulers (DPM-Solver++ 2M and 2M SDE, UniPC, DEIS, Euler, Heun) as samplers of our diffusion: one
+trains on the respaced betas and visits all N steps ("trailing"), so that its step k is ours (the model sees
+``timestep_map[k]``); it gets the first C channels only, and the SDE's noise from the per-image generators.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):
     x0 = diffusion.model_mean_type == ModelMeanType.START_X
     return getattr(diffusers, class_name)(
         num_train_timesteps=diffusion.num_timesteps,
-        # diffusers' float32 alpha-bar cumprod rounds the last respaced beta of a few-step cosine schedule to 1
-        # (NaN images): it is kept at float32's largest beta below 1 (docs/reliability.md, row 19)
+        # below 1 in float32: a few-step cosine schedule's last beta rounded to 1 (docs/reliability.md, row 19)
         trained_betas=np.minimum(diffusion.betas, 1 - 2.0**-24).tolist(),
         timestep_spacing="trailing",
         steps_offset=0,

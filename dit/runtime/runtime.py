@@ -177,8 +177,7 @@ class Runtime:
 
     def raise_together(self, error: UserError | None) -> None:
         """Every rank learns whether rank 0 met ``error`` (collective): rank 0 raises it, the others
-        ``ReportedByRankZero``; then the stop signals are ignored, so that torchrun's signal after the first exit
-        cuts no rank's line."""
+        ``ReportedByRankZero``, then ignore the stop signals so that torchrun's signal cuts no rank's line."""
         said = next((e for e in self.gather_objects(error) if e is not None), None)
         if said is None:
             return

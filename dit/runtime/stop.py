@@ -10,8 +10,7 @@ import stat
 import torch
 import torch.distributed as dist
 
-# Every signal a scheduler or a terminal sends to say "you are about to be killed": each saves and exits as
-# SIGTERM does. One list, for the handlers (StopFlag) and the loader workers that ignore them alike.
+# Every signal a scheduler or terminal sends before a kill: each saves and exits as SIGTERM does
 STOP_SIGNALS = (
     signal.SIGTERM,  # the polite kill: SLURM at the time limit or on scancel, docker stop, Kubernetes, timeout
     signal.SIGINT,  # Ctrl-C
@@ -20,11 +19,9 @@ STOP_SIGNALS = (
     signal.SIGUSR2,  # the same warning where a site or a job script chose USR2 (Grid Engine's -notify before a kill)
     signal.SIGXCPU,  # a CPU-time limit's soft limit (SLURM, LSF, ulimit -t): the hard limit's SIGKILL follows
 )
-# Not stops: SIGQUIT (Ctrl-\) stays the way to quit at once, without waiting for a save; SIGCONT and SIGTSTP
-# resume and suspend a run that keeps its state; SIGKILL and SIGSTOP cannot be caught.
+# Not stops: SIGQUIT (Ctrl-\) quits at once; SIGCONT, SIGTSTP resume and suspend; SIGKILL, SIGSTOP can't be caught
 
-# A stopped run exits with 128 + the signal's number, as a shell reports it, so that a requeue wrapper tells
-# "stopped, resume me" (143, 130, 129, ...) from "finished" (0) and "failed" (1, or 2 for a user error).
+# A stopped run exits 128 + the signal's number (143, 130, ...): "resume me" to a requeue wrapper, not 0, 1 or 2
 EXIT_CODES = {s.name: 128 + s.value for s in STOP_SIGNALS}
 
 

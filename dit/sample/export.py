@@ -1,7 +1,7 @@
-"""Our DiTs out to diffusers: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline. Two differences
-cannot be exported away and are measured instead (``transformer_difference``): diffusers' timestep embedding
-divides the frequency exponent by half - 1 where DiT divides by half, and ``DiTPipeline`` guides with the null
-class 1000 on all latent channels."""
+"""Our DiTs out to diffusers: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline. Two differences are
+measured, not exported away (``transformer_difference``): diffusers' timestep frequencies divide by half - 1, not
+half, and ``DiTPipeline`` guides with the null class 1000 on all latent channels.
+"""
 
 from __future__ import annotations
 

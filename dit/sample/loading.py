@@ -94,10 +94,8 @@ def load_sampling_model(
     sd_decoder: str = "mse",
     objective: str | None = None,
 ) -> SamplingModel:
-    """Build and load the DiT a checkpoint holds, and the VAE to decode its samples. Our checkpoints carry their
-    model and run configs; an official release's model is read from its shapes (``model``, ``image_size`` and
-    ``num_classes`` are then checks; ``objective`` "flow": a bare SiT release). ``vae`` None: the SD decoder
-    ``sd_decoder`` for SD latents or a run of unknown kind, else the run's own VAE, none in pixel space."""
+    """The DiT a checkpoint holds (an official release's read from its shapes, ``objective`` "flow": SiT's) and the
+    VAE to decode its samples: ``vae``, or the run's own, or the SD decoder ``sd_decoder`` for SD latents."""
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
                                  use_ema=use_ema, device=device, objective=objective)  # fmt: skip

@@ -28,7 +28,7 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
     "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
-# What a resume may change only when --allow-changes names it: the optimizer's and objective's recipes, the scaling.
+# What a resume may change only when --allow-changes names it: the optimizer's and objective's recipes, scaling.
 RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE, *DataSection.RECIPE)
 # What --allow-changes may name: the recipe, and the token-drop ratio and stages (the same tensors while above 0).
 CHANGEABLE_FIELDS = (*RECIPE_FIELDS, "token_drop", "token_drop_until")
@@ -174,9 +174,8 @@ def run_record(ckpt: dict) -> dict:
 
 
 def resolve(argv: list[str] | None = None) -> TrainConfig:
-    """train.py's flags and preset as the run's ``TrainConfig``, built and checked once. A resume takes what no
-    flag or preset sets from its record and refuses a change it does not allow; a latent store gives the VAE (on a
-    fresh run also the image size and classes); ``accelerate launch --mixed_precision`` gives the precision."""
+    """train.py's flags and preset as the run's ``TrainConfig``, built and checked once, with a resume's record, a
+    store's VAE and accelerate's ``--mixed_precision``; a change a resume does not allow is refused."""
     v = TRAIN_FACE.values(argv)
     spell = TRAIN_FACE.speller(v)
     path = TRAIN_FACE.section("checkpoint", v.values, spell).resume_path()
@@ -213,9 +212,8 @@ def _launcher_precision(v: Values) -> Values:
 
 
 def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
-    """(path, checkpoint, changed options) to continue from, or (None, None, []) for a fresh run. The model, data
-    order, latent space and recipe must match the checkpoint's (recipe fields may change when ``--allow-changes``
-    names them); the other options that differ are returned, to be named."""
+    """(path, checkpoint, changed options) to continue from, or (None, None, []); the model, data order, latent
+    space and recipe must match the checkpoint's unless ``--allow-changes`` frees them."""
     from dit.checkpoint import latest_checkpoint, load_training_checkpoint
     from dit.model.config import describe
 

@@ -1,7 +1,7 @@
 """Training data: the source (image folder, latent store, or a given data set) and its order, which depends only on
-(seed, step). A step's global batch is a slice of its epoch's permutation and each item's randomness is seeded from
-(seed, epoch, index), so that a resume or another world size sees the same samples (DistributedSampler and
-DataLoader's worker seeds would not)."""
+(seed, step): a step's batch is a slice of its epoch's permutation and each item's randomness is keyed by (seed,
+epoch, index), so that a resume or another world size sees the same samples.
+"""
 
 from __future__ import annotations
 

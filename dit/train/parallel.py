@@ -85,9 +85,8 @@ def pin_cpu_simd_width() -> None:
 
 
 def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard each DiT block, then the rest (or a module without blocks, whole) over the default group. Blocks
-    gather and compute in ``param_dtype`` and reduce in float32; the rest (about 1% of the weights) stays float32,
-    so the run computes what DDP's autocast does. The last block stays gathered: backward needs it first."""
+    """Shard each DiT block, then the rest: blocks compute in ``param_dtype``, reduce in float32; the rest (1% of
+    the weights) stays float32, as under DDP's autocast; the last block stays gathered for backward."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)

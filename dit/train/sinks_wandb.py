@@ -23,9 +23,8 @@ class WandBOptions(Section):
 
 
 class WandB(Sink):
-    """One W&B run per results folder (its id in ``wandb/run-id``); people's lines are not sent (W&B keeps the
-    console). A resume at step S continues the run with W&B's rewind, ``resume_from="ID?_step=S"``, which sets the
-    history past S aside (docs/reliability.md, row 52)."""
+    """One W&B run per results folder (its id in ``wandb/run-id``); a resume at step S continues it with W&B's
+    rewind, ``resume_from="ID?_step=S"`` (docs/reliability.md, row 52)."""
 
     options = WandBOptions
 

@@ -18,10 +18,8 @@ def create_diffusion(
     time_shift=1.0,
     **recipe,
 ) -> SpacedDiffusion:
-    """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance;
-    ``timestep_respacing`` "" keeps every step, "250" or "ddim50" respace. ``recipe``: ``GaussianDiffusion``'s
-    training options beyond the official recipe (``loss_weighting`` "min-snr", ``timestep_sampling``
-    "logit-normal", ``time_shift``)."""
+    """The DiT diffusion (linear betas, 1000 steps, epsilon, learned-range variance), respaced by
+    ``timestep_respacing``; ``recipe``: ``GaussianDiffusion``'s training options."""
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:
         loss_type = gd.LossType.RESCALED_KL

@@ -69,7 +69,6 @@ class Path:
             return out
         if prediction == "noise":
             return -out / sigma
-        # velocity: s = (v - (alpha'/alpha) x) / d_t, written as SiT does so that it stays finite at t = 0
-        # (alpha = 0), where the SDE sampler of a velocity model starts
+        # velocity: s = (v - (alpha'/alpha) x) / d_t, as SiT writes it: finite at t = 0, where the SDE starts
         ratio = alpha / d_alpha
         return (ratio * out - x) / (sigma**2 - ratio * d_sigma * sigma)

@@ -1,7 +1,7 @@
-"""ODE and SDE samplers for flow-matching models, from noise (t0) to data (t = 1), counting the network evaluations
-they make (NFE), on ``dit.objectives.respacing.flow_grid``'s grids. ODE: ``ODE_INTEGRATORS`` (euler, heun, ab2-ab4
-on a uniform grid, or torchdiffeq's adaptive dopri5). SDE: SiT's Euler-Maruyama and Heun, dx = (v + w s) dt +
-sqrt(2 w) dW, then a last deterministic step, one network call per evaluation (docs/flow_matching.md)."""
+"""ODE and SDE samplers for flow-matching models, from noise (t0) to data (t = 1) on ``flow_grid``'s grids,
+counting the network evaluations they make: ODE ``ODE_INTEGRATORS``; SDE SiT's Euler-Maruyama and Heun with a last
+deterministic step, one network call per evaluation (docs/flow_matching.md).
+"""
 
 from __future__ import annotations
 
