@@ -45,8 +45,7 @@ class _Hashing:
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` that never leaves a partial file at ``path``, with ``path.sha256`` (``sha256sum``'s format)
-    hashed as the bytes are written; a full disk is the ``UserError`` of any other write."""
+    """``torch.save`` that never leaves a partial file, with ``path.sha256`` hashed as the bytes are written."""
     hashing = None
 
     def write(f):
@@ -73,8 +72,7 @@ def checksum_path(path: str | os.PathLike) -> Path:
 
 
 def verify_checkpoint(path: str | os.PathLike) -> bool | None:
-    """Whether ``path`` still has the content its save hashed: None when there is no ``.sha256`` (a file
-    from before checksums, or an official one), False for a changed, truncated or empty file."""
+    """Whether ``path`` has the content its save hashed; None without a ``.sha256`` (older or official files)."""
     if Path(path).is_dir():
         return sharded.verify(Path(path))
     sums = checksum_path(path)

@@ -59,8 +59,7 @@ def model_for_image(
     in_channels: int | None = None,
     **overrides,
 ) -> DiTConfig:
-    """The DiT config for ``image_size`` pixels: latents of the VAE's size and channels (``vae`` True: the SD VAE;
-    a dict: that config) or pixels (``vae`` False/None); ``model`` None: a custom config from the overrides."""
+    """The DiT config for ``image_size`` pixels: the VAE's latents (``vae`` True: the SD VAE's) or the pixels."""
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
     if vae_config is not None:
         down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
@@ -88,8 +87,7 @@ def model_for_image(
 
 @dataclass(frozen=True)
 class Calibration:
-    """A benchmark's calibration JSON (other keys ignored): ``device`` as ``torch.cuda.get_device_name()`` or a
-    table name, ``mfu`` as ``CostMeter`` reports it (model FLOPs per second over the datasheet peak)."""
+    """A benchmark's calibration JSON: ``device`` as ``get_device_name()``, ``mfu`` as ``CostMeter`` reports it."""
 
     model: str
     image_size: int
@@ -246,8 +244,7 @@ def plan_sampling(
     path_drop: bool = False,
     guide: DiTConfig | None = None,
 ) -> SampleBudget:
-    """FLOPs to sample ``num_images`` (steps x forward, x2 with guidance, + VAE decode) and time and cost at one
-    MFU; ``unguided_nfe`` evaluations outside a guidance interval, ``path_drop`` and ``guide`` as sampled."""
+    """FLOPs to sample ``num_images`` (steps x forward, x2 guided, + VAE decode), and time and cost at one MFU."""
     if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
         raise UserError(
             "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "

@@ -98,8 +98,7 @@ def plot_quality(
     count: str = "model",
     groups: list[str] | None = None,
 ) -> str:
-    """FID (and P/R) against training FLOPs, a line per run (the DiT paper's figure), cut at ``up_to_steps``,
-    ``count`` "total" with auxiliary FLOPs, ``groups`` coloured alike."""
+    """FID (and P/R) against training FLOPs, a line per run: the DiT paper's figure for your own runs."""
     from matplotlib.lines import Line2D
 
     from dit.cost.quality import pflops_of, read_run

@@ -20,8 +20,7 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompression
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
-    """ADM's centre crop: box-halve while the short side is >= 2x the target (cheap, alias-free), bicubic-resize
-    the short side to the target, then cut the centre square."""
+    """ADM's centre crop: box-halve while >= 2x the target, bicubic-resize, cut the centre square."""
     while min(pil_image.size) >= 2 * image_size:
         pil_image = pil_image.resize(tuple(s // 2 for s in pil_image.size), resample=Image.BOX)
     scale = image_size / min(pil_image.size)
@@ -98,8 +97,7 @@ HIDDEN = "hidden (a name starting with '.'), ignored"  # .DS_Store, .ipynb_check
 
 
 def scan_image_folder(root: str) -> FolderScan:
-    """List ``root/CLASS/**/IMAGE`` sorted, reporting what it cannot use: empty classes (index kept), hidden
-    entries, a class named as another in another Unicode form, link loops."""
+    """List ``root/CLASS/**/IMAGE`` sorted, reporting what it cannot use (empty, hidden, Unicode twins, loops)."""
     if not os.path.isdir(root):
         raise UserError(
             f"data folder {root} does not exist or is not a folder. Pass --data-path pointing to an "

@@ -31,8 +31,7 @@ def _stamp(file: str) -> tuple[int, int]:
 
 
 def _map_shard(file: str) -> dict[str, np.ndarray]:
-    """Zero-copy views of a shard's tensors: safetensors' API copies each slice, and batched random reads need the
-    file mapped (``torch.from_file``: lazy, MAP_PRIVATE, no descriptor kept)."""
+    """Zero-copy views of a shard's tensors (``torch.from_file``; safetensors' API copies each slice)."""
     try:
         header, start = read_header(file)
         raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
@@ -138,8 +137,7 @@ class LatentStoreDataset(Dataset):
         )
 
     def verify_once(self, runtime) -> None:
-        """Before the loaders start, local rank 0 hashes every shard while the node waits; then each rank and
-        worker trusts every file that keeps the size and mtime it was hashed with."""
+        """Before the loaders start: local rank 0 hashes every shard once per node; the ranks trust the stamps."""
         error, stamps = None, None
         if runtime.local_rank == 0:
             files = [os.path.join(self.path, s["file"]) for s in self.manifest["shards"]]

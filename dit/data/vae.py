@@ -135,8 +135,7 @@ def encode(
 
 @dataclass(frozen=True)
 class ChannelNorm:
-    """``--latent-norm channel``: z' = (z - mean_c) / std_c per channel of the unscaled latent with a store's
-    statistics (``dit.data.stats``), LightningDiT's ``latent_norm`` at multiplier 1; both ways in float32."""
+    """``--latent-norm channel``: z' = (z - mean_c) / std_c with a store's statistics (LightningDiT's), float32."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]

@@ -172,8 +172,7 @@ def _check_dimensions(net: FeatureNet, ref: ReferenceStats) -> None:
 
 
 class Evaluator:
-    """Scores image sets against one reference with its feature network. ``metrics`` defaults to all that both
-    support; ``judges`` add their FDs; ``bootstrap`` resamples give each FD an interval (docs/evaluation.md)."""
+    """Scores image sets against one reference with its feature network, its judges and bootstrap intervals."""
 
     def __init__(
         self,

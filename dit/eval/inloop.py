@@ -86,8 +86,7 @@ class InLoopEval:
         vae_spec: str | None,
         latent_norm=None,
     ):
-        """``objective``: the run's; ``model`` plans the cost; ``vae`` decodes after undoing ``latent_norm``;
-        ``seed`` keys the labels and noise. Everything that can fail fails here, at start-up."""
+        """Everything that can fail (reference, weights, image count, guidance) fails here, at start-up."""
         self.section, self.sampling, self.runtime, self.vae, self.vae_spec = (
             section,
             sampling,

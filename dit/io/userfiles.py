@@ -46,8 +46,7 @@ def read_json(path: str | os.PathLike, what: str, fix: str):
 def inside(
     folder: str | os.PathLike, name, source: str | os.PathLike, entry: str, fix: str, one_name: bool = False
 ) -> Path:
-    """``folder / name`` for a ``name`` read from the file ``source``, refused unless it stays inside ``folder``
-    with links resolved (``one_name``: one name, not a path)."""
+    """``folder / name`` for a ``name`` read from ``source``, refused unless it stays inside ``folder``."""
     root = Path(folder).resolve()
     if isinstance(name, str) and name and not (one_name and (os.sep in name or name in (".", ".."))):
         path = (root / name).resolve()
@@ -118,8 +117,7 @@ def check_output(path: str, kind: str, flag: str) -> None:
 
 
 def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
-    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole (it
-    would become part of it); links are resolved."""
+    """Before any work: ``output`` is not the input ``source``, nor inside it where it is read whole."""
     if not os.path.exists(source):
         return
     out, src = Path(output).resolve(), Path(source).resolve()

@@ -100,8 +100,7 @@ def _rendezvous(env) -> dist.TCPStore:
 
 
 class Runtime:
-    """``with Runtime(device, precision) as rt``: rank, world, device and precision for one face; the flags are
-    restored on exit and the group destroyed if this runtime made it."""
+    """``with Runtime(device, precision) as rt``: one face's rank, world, device and precision, restored after."""
 
     @classmethod
     def of(cls, section: DeviceSection, **kw) -> Runtime:

@@ -43,8 +43,7 @@ def close_workers(batches) -> None:
 
 
 def _leave_the_terminal() -> None:
-    """SIGHUP: the terminal is gone and every write to it fails, so the console goes to /dev/null from here on, as
-    under nohup (log.txt keeps it); every character device on stdout or stderr is left."""
+    """SIGHUP: the terminal is gone, so the console goes to /dev/null, as under nohup (log.txt keeps it)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
@@ -58,8 +57,7 @@ def _leave_the_terminal() -> None:
 
 
 class StopFlag:
-    """A context that installs the handlers of ``STOP_SIGNALS`` and restores the old ones; several processes agree
-    on the step they stop at in a collective, asked at log, checkpoint and evaluation steps (``everyone=True``)."""
+    """Installs the ``STOP_SIGNALS`` handlers; several processes agree on the stop step in a collective."""
 
     def __init__(self, world_size: int = 1):
         self.raised: str | None = None

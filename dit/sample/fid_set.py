@@ -120,8 +120,7 @@ def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[ra
 def pack_npz(
     folder: Path, num_samples: int, path: Path, labels: list[int] | None = None, label_mode: str | None = None
 ) -> Path:
-    """Stream PNGs 0..N-1 into ``path``: ``arr_0`` uint8 (N, H, W, 3), ``arr_1`` int64 labels (as guided-diffusion
-    writes them) and ``label_mode``, member by member into an uncompressed zip64 archive (docs/sampling.md)."""
+    """Stream PNGs 0..N-1 into ``path`` (``arr_0``, ``arr_1`` labels, ``label_mode``), one member at a time."""
     missing = [i for i in range(num_samples) if not png_complete(png_path(folder, i))]
     if missing:
         raise UserError(

@@ -94,8 +94,7 @@ def load_sampling_model(
     sd_decoder: str = "mse",
     objective: str | None = None,
 ) -> SamplingModel:
-    """The DiT a checkpoint holds (an official release's read from its shapes, ``objective`` "flow": SiT's) and the
-    VAE to decode its samples: ``vae``, or the run's own, or the SD decoder ``sd_decoder`` for SD latents."""
+    """The DiT a checkpoint holds (a bare release read from its shapes) and the VAE to decode its samples."""
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
                                  use_ema=use_ema, device=device, objective=objective)  # fmt: skip

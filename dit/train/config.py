@@ -174,8 +174,7 @@ def run_record(ckpt: dict) -> dict:
 
 
 def resolve(argv: list[str] | None = None) -> TrainConfig:
-    """train.py's flags and preset as the run's ``TrainConfig``, built and checked once, with a resume's record, a
-    store's VAE and accelerate's ``--mixed_precision``; a change a resume does not allow is refused."""
+    """train.py's flags and preset (a resume's record, a store's VAE) as the run's ``TrainConfig``, built once."""
     v = TRAIN_FACE.values(argv)
     spell = TRAIN_FACE.speller(v)
     path = TRAIN_FACE.section("checkpoint", v.values, spell).resume_path()
@@ -245,8 +244,7 @@ GUARDED_FIELDS = (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
 
 
 def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> list[str]:
-    """The options of ``mine`` that differ from the record ``saved``, as '--flag new (recorded old)'; a guarded one
-    that ``--allow-changes`` does not name, or another latent space, is refused in one line listing them all."""
+    """The options that differ from the record, as '--flag new (recorded old)'; a guarded one is refused."""
     allowed = set(start.allow_changes or ())
     differ = [n for n in sorted(saved) if n in mine and _plain(saved[n]) != _plain(mine[n])]
     conflicts = [f"{n}: {saved[n]!r} -> {mine[n]!r}" for n in GUARDED_FIELDS if n in differ and n not in allowed]

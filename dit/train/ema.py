@@ -42,8 +42,7 @@ class Average:
         self.num_updates += 1
 
     def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
-        """``apply * weight`` as dense tensors, views of one buffer: CUDA's fused foreach kernel takes only dense,
-        non-overlapping tensors, and torch has no 0-dim-tensor weight for lerp."""
+        """``apply * weight`` as dense views of one buffer: CUDA's fused foreach takes only dense tensors."""
         largest = max(d.numel() for d in dst)
         buffer = self._weights
         if (
@@ -68,8 +67,7 @@ class PowerEMA(Average):
 
 
 class EMA(Average):
-    """The classic EMA (``decay`` at every update) and the post-hoc ``profiles`` beside it; it starts as the model
-    and ``warmup`` uses decay = min(decay, (1 + n) / (10 + n)), as the official DiT's."""
+    """The classic EMA (``decay``, with the official ``warmup``) and the post-hoc ``profiles`` beside it."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False, profiles=()):
         if not 0.0 <= decay < 1.0:

@@ -130,8 +130,7 @@ class Ledger:
         repa=None,
         dropped_images_done: int = 0,
     ):
-        """``local_images_done`` (``dropped_images_done`` of them with dropped tokens): this rank's images before a
-        resume, counted in the total FLOPs; ``repa``: its projector and encoder are auxiliary FLOPs."""
+        """``local_images_done`` (``dropped_images_done`` with dropped tokens): images before a resume."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention

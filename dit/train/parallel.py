@@ -85,8 +85,7 @@ def pin_cpu_simd_width() -> None:
 
 
 def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard each DiT block, then the rest: blocks compute in ``param_dtype``, reduce in float32; the rest (1% of
-    the weights) stays float32, as under DDP's autocast; the last block stays gathered for backward."""
+    """Shard each block, then the rest (float32, as under DDP's autocast); the last block stays gathered."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
@@ -202,8 +201,7 @@ class Parallelism:
     def fit(
         self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str, ema_profiles: int = 0
     ) -> tuple[int, str | None]:
-        """(blocks to recompute, why or None), checked against device memory before anything is built: ``auto``
-        takes the fewest that fit, a fixed count is kept; a step that does not fit stops here."""
+        """(blocks to recompute, why or None), checked against device memory before anything is built."""
         section, runtime = self.section, self.runtime
         try:
             policy = parse_activation_checkpointing(section.activation_checkpointing, cfg.depth)

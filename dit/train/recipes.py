@@ -53,8 +53,7 @@ def digits_train_config(
     sample_steps: int | None = None,
     resume: bool = False,
 ) -> TrainConfig:
-    """The trainer's config for preset ``p`` (pixel space, cosine betas, x0, fixed variance); ``eval_ref``: its EMA
-    samples scored every ``eval_every`` steps (0: at the end) with the preset's evaluation sampler."""
+    """The trainer's config for preset ``p``; ``eval_ref``: its EMA samples scored with the preset's sampler."""
     evaluation = {}
     if eval_ref is not None:
         evaluation = dict(

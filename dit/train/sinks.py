@@ -17,8 +17,7 @@ from dit.io.progress import write
 
 
 class Sink(Protocol):
-    """One place the records go, on rank 0: ``scalars`` a log record, ``image`` a CHW image in [0, 1], ``text`` a
-    line; a subclass leaves out what it does not use; a refused write under ``path`` is the one line naming it."""
+    """One place the records go, on rank 0 (``scalars``, ``image``, ``text``); a refused write names ``path``."""
 
     path: Path
     options = None  # a frozen Section of the sink's own flags (W&B's project), or None

@@ -23,8 +23,7 @@ class WandBOptions(Section):
 
 
 class WandB(Sink):
-    """One W&B run per results folder (its id in ``wandb/run-id``); a resume at step S continues it with W&B's
-    rewind, ``resume_from="ID?_step=S"`` (docs/reliability.md, row 52)."""
+    """One W&B run per results folder; a resume continues it with W&B's rewind (docs/reliability.md, row 52)."""
 
     options = WandBOptions
 

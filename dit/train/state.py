@@ -29,8 +29,7 @@ class TrainState:
         record: dict | None = None,
         latent_norm: dict | None = None,
     ):
-        """``trained``: what the optimizer steps (``RepaModel`` with REPA); ``record``: the resolved config;
-        ``latent_norm``: ``ChannelNorm.record()`` or None; ``lineage``: set once the run knows its branch."""
+        """``trained``: what the optimizer steps; ``latent_norm``: ``ChannelNorm.record()``; ``lineage``: later."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
         self.trained = model if trained is None else trained

@@ -18,8 +18,7 @@ def create_diffusion(
     time_shift=1.0,
     **recipe,
 ) -> SpacedDiffusion:
-    """The DiT diffusion (linear betas, 1000 steps, epsilon, learned-range variance), respaced by
-    ``timestep_respacing``; ``recipe``: ``GaussianDiffusion``'s training options."""
+    """The DiT diffusion (linear betas, 1000 steps, epsilon, learned range), respaced by ``timestep_respacing``."""
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:
         loss_type = gd.LossType.RESCALED_KL
