@@ -98,8 +98,7 @@ def estimate_training_memory(
     attention: str = "fused",
     ratio: float | None = None,
 ) -> MemoryEstimate:
-    """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, the AdamW
-    step."""
+    """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, AdamW's step."""
     _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
