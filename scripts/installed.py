@@ -1,6 +1,5 @@
-"""Exit 0 if every named install set of setup.cfg is in this Python: `python scripts/installed.py core dev`. The
-setup scripts ask before installing, so that an older .venv gets what setup.cfg adds; a name that is no extra is a
-distribution (mlxtend). Standard library only."""
+"""Exit 0 if every named install set of setup.cfg (or distribution, such as mlxtend) is in this Python, so that an
+older .venv gets what setup.cfg adds: `python scripts/installed.py core dev`. Standard library only."""
 
 import configparser
 import importlib.metadata

@@ -3,8 +3,7 @@
   python scripts/vae_precision.py                 # a tiny random VAE, then the SD VAE's shape at 256 px, batch 2
   python scripts/vae_precision.py --tiny-only     # the tiny one alone (seconds)
 
-Random weights (no download here): the difference is bf16's rounding at this shape. One JSON row per VAE.
-"""
+Random weights (no download here): the difference is bf16's rounding at this shape. One JSON row per VAE."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Benchmarks of the training step: throughput by precision (paired), accounting overhead, a step's profile, loss
-curves by precision, MFU over repeated runs. Timings sync the device, skip warm-up and report the median, p10 and
-p90."""
+curves and repeated-run MFU; timings sync the device, skip warm-up, and give the median, p10 and p90."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``Checkpointer``: how a run saves and restores its ``TrainState``, the one place that picks the form: one file
-from rank 0 (one process, DDP), or every rank's shards of a step's folder (FSDP), optionally in the background
-(``--async-checkpoint``). Either form restores into either kind of run, on any number of processes.
-"""
+"""``Checkpointer``: the one place that picks how a run saves its ``TrainState``: one file from rank 0, or every
+rank's shards of a step's folder (FSDP, optionally in the background); either restores into either run."""
 
 from __future__ import annotations
 

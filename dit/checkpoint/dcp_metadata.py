@@ -1,7 +1,5 @@
-"""DCP's ``.metadata`` read safely: it is a pickle, so each (module, name) is looked up in an exact table with
-nothing imported (protocol 4 reaches ``os.system`` through dotted names), and any entry but the tensors we write is
-refused (DCP unpickles bytes entries with ``weights_only=False``), before DCP reads the shards.
-"""
+"""DCP's pickled ``.metadata`` read safely: each (module, name) looked up in an exact table, nothing imported, and
+any entry but the tensors we write refused, before DCP reads the shards (docs/reliability.md, Security)."""
 
 from __future__ import annotations
 

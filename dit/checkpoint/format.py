@@ -1,8 +1,5 @@
-"""The one checkpoint format: atomic writes, safe loads, listing, retention, and official DiT files. A checkpoint
-is a ``torch.save`` of tensors, numbers, strings, lists and dicts (``weights_only=True`` loads it) with ``format``,
-``WRITER_KEY``, ``model_config``, ``config`` and ``model``/``ema``; official files are bare state dicts or
-``{model, ema, opt, args}`` with an ``argparse.Namespace``; an FSDP checkpoint is a folder (``sharded``).
-"""
+"""The one checkpoint format: atomic writes, ``weights_only`` loads, listing, retention, official DiT files (bare
+state dicts, or train.py's with an ``argparse.Namespace``, the one object allowed); FSDP's folder: ``sharded``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Which checkpoints of a run folder continue which, so that a rollback is never undone by a requeue: each records
-its ``lineage``, and a resume from anything but ``--resume auto``'s pick starts a branch, the others set aside.
-"""
+"""Which checkpoints of a run folder continue which, so that a rollback is never undone by a requeue: a resume from
+anything but ``--resume auto``'s pick starts a branch, and the checkpoints off its line are set aside."""
 
 from __future__ import annotations
 

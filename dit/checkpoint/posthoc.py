@@ -1,6 +1,5 @@
-"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C): power-function EMA profiles
-(``PowerEMA``) saved every N steps, and any other profile reconstructed from them by least squares.
-"""
+"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C): power-function profiles saved
+every N steps, and any other profile reconstructed from them by least squares."""
 
 from __future__ import annotations
 

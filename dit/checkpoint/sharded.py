@@ -1,6 +1,5 @@
-"""Sharded checkpoints (FSDP): a step's folder into which every rank writes its shards with DCP, as torchtitan
-does, plus ``record.pt`` and ``manifest.json`` (sha256s, written last); renamed into place once every rank is done.
-"""
+"""Sharded checkpoints (FSDP): every rank writes its shards of a step's folder with DCP, then ``record.pt`` and
+``manifest.json`` (sha256s, last), and the folder is renamed into place once every rank is done."""
 
 from __future__ import annotations
 

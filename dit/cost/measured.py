@@ -1,6 +1,5 @@
-"""FLOPs counted by running the real model, once (tests, ``dit-cost flops --measure``): the check on
-``dit.cost.analytic``. It counts on the meta device, where SDPA decomposes into counted ``bmm``s (on CPU torch
-counts the flash kernel as 0: docs/cost_model.md)."""
+"""FLOPs counted by running the real model on the meta device, once (tests, ``dit-cost flops --measure``): the
+check on ``dit.cost.analytic`` (on CPU, torch counts the flash kernel as 0: docs/cost_model.md)."""
 
 from __future__ import annotations
 

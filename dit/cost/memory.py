@@ -1,6 +1,5 @@
-"""Training memory per device: an analytic estimate, and a trace of one real step (forward, backward, AdamW, EMA)
-on fake tensors with torch's ``MemTracker``. The estimate is what a planner can afford per batch size; tests hold
-it to the trace."""
+"""Training memory per device: an analytic estimate, and a trace of one real step on fake tensors with torch's
+``MemTracker``, which tests hold the estimate to."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Quality against compute from a run's ``metrics.jsonl``: the curve, and the compute a target FID took,
-interpolated linearly in log(FLOPs) between the two evaluations that bracket it; its step, time and cost follow
-from the run's own records."""
+"""Quality against compute from a run's ``metrics.jsonl``: the curve, and the compute, time and cost a target FID
+took, interpolated in log(FLOPs) between the two evaluations that bracket it."""
 
 from __future__ import annotations
 

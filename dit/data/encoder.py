@@ -1,7 +1,5 @@
-"""Frozen image encoders for REPA, built with timm: any timm ViT by name or ours (``digits-mae``), weights through
-timm (downloaded, ``--repa-encoder-weights`` offline, or committed), normalised as pretrained, and by default at
-the input size whose patch grid is the DiT's token grid.
-"""
+"""Frozen image encoders for REPA, built with timm: any timm ViT by name or ours (``digits-mae``), normalised as
+pretrained, by default at the input size whose patch grid is the DiT's token grid."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A latent store's per-channel statistics for ``--latent-norm channel``: the exact moments of the reader's draws
-(every stored view, unscaled) from each posterior's (mean, std), E[z] = avg(mean), E[z^2] = avg(mean^2 + std^2),
-summed in float64 in a fixed order, so that they depend only on the store's bytes."""
+"""A store's per-channel statistics for ``--latent-norm channel``: the exact moments of the reader's draws, E[z] =
+avg(mean), E[z^2] = avg(mean^2 + std^2), summed in float64 in a fixed order (the store's bytes decide them)."""
 
 from __future__ import annotations
 

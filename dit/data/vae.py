@@ -1,6 +1,5 @@
-"""The frozen image autoencoder: load it by alias, hub id or folder; encode to and decode from DiT latents. The one
-place of the latent scaling rule, latent = (posterior sample - ``shift_factor``) x ``scaling_factor`` from the
-VAE's config, and of its alternative, ``--latent-norm channel`` (``ChannelNorm``)."""
+"""The frozen image autoencoder: loading, encoding, decoding, and the one place of the latent scaling rule,
+(posterior sample - ``shift_factor``) x ``scaling_factor``, and of ``--latent-norm channel`` (``ChannelNorm``)."""
 
 from __future__ import annotations
 

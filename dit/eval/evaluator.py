@@ -1,7 +1,5 @@
-"""The evaluator: images in (batches in memory, NCHW uint8 or [-1, 1], optionally with labels), FID, sFID, IS,
-precision/recall, class accuracy, a second judge's FD, bootstrap intervals and their cost out; under
-torch.distributed each rank passes its slice and the features are gathered in rank order.
-"""
+"""The evaluator: image batches in (NCHW uint8 or [-1, 1], optionally labelled), scores, intervals and their cost
+out; under torch.distributed each rank passes its slice and the features are gathered in rank order."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Evaluation during training: the EMA weights sample the same images every time (labels and noise keyed by the
-run's seed in ``Stream.EVAL``) and are scored against one reference, so that a run's points lie on one curve for
-any resume and world size. It runs with the MFU clock paused; its own cost is a record of its own."""
+"""Evaluation during training: the EMA weights sample the same images every time (keyed by ``Stream.EVAL``) against
+one reference, so that a run's points lie on one curve; its cost is kept out of the MFU, in a record of its own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Reference statistics: ADM's reference batches (TF Inception-v3's; their ``arr_0``, 10,000 images, is P/R's
-reference set), and our ``.npz`` files with ADM's array names, no pickle, and a ``meta`` JSON with a checksum.
-"""
+"""Reference statistics: ADM's reference batches (TF Inception-v3's; ``arr_0`` is P/R's reference set) and our
+``.npz`` files with ADM's array names, no pickle, and a ``meta`` JSON with a checksum."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Image sets to evaluate or to make reference statistics from, read in batches by global position (each process
-reads its slice): an ``.npz`` sample set, an image folder, or a latent store decoded through its VAE.
-"""
+"""Image sets to evaluate or make reference statistics from, read in batches by global position: an ``.npz`` sample
+set, an image folder, or a latent store decoded through its VAE."""
 
 from __future__ import annotations
 

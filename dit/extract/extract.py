@@ -1,6 +1,5 @@
-"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md). Shard k
-holds the decodable images among sources [k * shard_size, (k + 1) * shard_size) and batches never straddle shards,
-so the bytes do not depend on the process count; a rerun redoes only the missing or bad shards."""
+"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md); shards
+hold fixed ranges of the sorted sources, so the bytes do not depend on the process count."""
 
 from __future__ import annotations
 

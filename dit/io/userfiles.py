@@ -1,6 +1,5 @@
-"""The files a user names (presets, calibrations, class names, a VAE's config.json, an ``.npz`` of features), read
-at one point: a missing, binary or malformed one is one line naming the file and the fix. And the paths a face will
-write, checked before any work (``check_output``, ``check_apart``). Torch-free."""
+"""The files a user names (presets, calibrations, class names, configs, ``.npz`` features), read as one line per
+problem naming the file and the fix, and the paths a face will write, checked before any work. Torch-free."""
 
 from __future__ import annotations
 

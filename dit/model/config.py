@@ -1,6 +1,5 @@
-"""The shapes of a DiT, with no torch import. ``DiTConfig``'s fields are the one list of the model's fields: the
-DiT is built from one, and the flags (``ModelSection``, ``dit-cost``'s) come from the fields made with ``_flag``.
-"""
+"""The shapes of a DiT, with no torch import: ``DiTConfig``'s fields are the one list of the model's fields, and
+the flags (``ModelSection``, ``dit-cost``'s) come from the ones made with ``_flag``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Block options: one entry each, with its module builder, cost terms and memory terms; the first entries are the
-official DiT, and ``dit.cost`` reads the terms (``chosen``), never the names. Per block (docs/cost_model.md):
-``macs`` per token in matmuls; ``params``; ``saved``, D-wide activation tensors kept per token; ``saved_fp32``,
-float32 bytes per element; ``new_qk``: makes new q and k, which attention keeps.
-"""
+"""Block options: one entry each, with its builder and its cost and memory terms, which ``dit.cost`` reads (never
+the names); the first entries are the official DiT. Per block (docs/cost_model.md): ``macs`` per token in matmuls;
+``params``; ``saved``/``saved_fp32``, what backward keeps per element; ``new_qk``: new q and k."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Token dropping: a DiT's sparse blocks see a kept subset of the tokens (``DiTConfig.token_drop``). ``sprint``
-(SPRINT, arXiv 2510.21986): dense first and last blocks, the middle's output scattered back with a learned mask
-token and fused with the pre-drop features; ``maskdit`` (MaskDiT, arXiv 2306.09305): dropped at the input, the
-dropped positions re-entering before the last blocks as the mask token plus their position embedding.
-"""
+"""Token dropping: a DiT's sparse blocks see a kept subset of the tokens: ``sprint`` (SPRINT, arXiv 2510.21986),
+fused back with the dense features, or ``maskdit`` (MaskDiT, arXiv 2306.09305), dropped at the input."""
 
 from __future__ import annotations
 

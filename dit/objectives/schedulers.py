@@ -1,7 +1,5 @@
-"""diffusers' schedulers (DPM-Solver++ 2M and 2M SDE, UniPC, DEIS, Euler, Heun) as samplers of our diffusion: one
-trains on the respaced betas and visits all N steps ("trailing"), so that its step k is ours (the model sees
-``timestep_map[k]``); it gets the first C channels only, and the SDE's noise from the per-image generators.
-"""
+"""diffusers' schedulers as samplers of our diffusion, on the respaced betas with "trailing" spacing, so that their
+step k is ours; they see the first C channels only, and the SDE's noise comes from the per-image generators."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Training-time draws both objectives share, and the timestep shift of training and sampling. Times are the
-flow's: s in [0, 1] is the fraction of signal (1 = data). SD3's shift tau' = a tau / (1 + (a - 1) tau) on tau = 1 -
-s reads s' = s / (a - (a - 1) s) here; LightningDiT's ``timestep_shift`` b is our a = 1 / b. No torch at import."""
+"""Training-time draws and the timestep shift, on the flow's axis (s = 1 is data): SD3's shift reads s' = s / (a -
+(a - 1) s) here, and LightningDiT's ``timestep_shift`` b is our a = 1 / b. No torch at import."""
 
 from __future__ import annotations
 

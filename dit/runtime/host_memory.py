@@ -1,6 +1,5 @@
-"""The host's memory: how much a process may have, and keeping what it freed so that a CPU step stops
-page-faulting. glibc maps and trims its heap, so every step touches new pages (docs/performance.md); two
-``mallopt`` calls keep them, as jemalloc or tcmalloc would, at the cost of keeping the peak heap."""
+"""The host's memory: what a process may have, and two ``mallopt`` calls that keep what glibc frees, so that a CPU
+step stops page-faulting (docs/performance.md), at the cost of keeping the peak heap."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The process a face runs in: device, process group, precision policy, stop flag and the one seed mixer. Nothing
-outside a ``Runtime`` joins a process group, sets TF32/cuDNN flags or tunes host memory; under a launcher it joins
-the group (NCCL on GPUs, gloo on CPUs)."""
+else joins a process group, sets TF32/cuDNN flags or tunes host memory."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Our DiTs out to diffusers: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline. Two differences are
-measured, not exported away (``transformer_difference``): diffusers' timestep frequencies divide by half - 1, not
-half, and ``DiTPipeline`` guides with the null class 1000 on all latent channels.
-"""
+"""Our DiTs out to diffusers as a ``DiTPipeline`` folder; its two differences, diffusers' timestep frequencies and
+the pipeline's null class 1000, are measured (``transformer_difference``), not exported away."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator, on any number of processes.
-Image i's label comes from (seed, i, N, C) (``dit.sample.labels``) and its noise from ``noise_seed(seed, i)``, so
-any world size and any number of resumes give the same set; a folder of other settings is refused, not mixed."""
+"""FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator; image i's label and noise
+depend on (seed, i) alone, so any world size and resume give the same set."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The class labels of a sample set: ``balanced`` (N // C per class, one more for the first N mod C classes of a
-seeded permutation; the default) or ``random`` (a draw per image, as the official sample_ddp.py). Image i's label
-depends only on (seed, i, N, C), so any world size or resume makes the same labels."""
+"""The class labels of a sample set: ``balanced`` (N // C per class, the rest to seeded classes) or ``random`` (as
+the official sample_ddp.py); image i's label depends only on (seed, i, N, C)."""
 
 from __future__ import annotations
 

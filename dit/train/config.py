@@ -1,6 +1,5 @@
-"""train.py's configuration: the sections it composes (each owned by the component that reads it; ``TrainConfig``
-checks what spans two) and a resumed run that remembers its settings: ``resolve`` builds the config once, a
-resume's from its record, and ``resume_point`` checks the model, the data order and the recipe against it."""
+"""train.py's configuration: the sections it composes (``TrainConfig`` checks what spans two), ``resolve`` that
+builds it once, and ``resume_point`` that checks a resume against its record."""
 
 from __future__ import annotations
 

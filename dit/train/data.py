@@ -1,7 +1,5 @@
-"""Training data: the source (image folder, latent store, or a given data set) and its order, which depends only on
-(seed, step): a step's batch is a slice of its epoch's permutation and each item's randomness is keyed by (seed,
-epoch, index), so that a resume or another world size sees the same samples.
-"""
+"""Training data: the source (image folder, latent store, or data set) and its order, keyed by (seed, step) and
+each item by (seed, epoch, index), so that a resume or another world size sees the same samples."""
 
 from __future__ import annotations
 

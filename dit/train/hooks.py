@@ -1,6 +1,5 @@
 """Side features of the training step (REPA, encoding on the fly) as ``StepHook``s, so that the step has no branch
-for any: ``draw`` per step (the global batch's keyed randomness), then per micro-batch ``prepare`` (the model's
-input), ``output`` (its prediction) and ``loss`` (an added term)."""
+for any: ``draw`` once per step, then ``prepare``, ``output`` and ``loss`` per micro-batch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The run's ledger: a step's cost (analytic and measured FLOPs, VAE, peak, memory), the meter that turns host-side
-counts into MFU/HFU per window, and the sinks. The loop calls ``count`` each step and ``log`` at log steps; nothing
-here touches the device between log steps."""
+"""The run's ledger: a step's cost, the meter that turns host-side counts into MFU/HFU per window, and the sinks;
+the loop calls ``count`` each step and ``log`` at log steps, and nothing here touches the device in between."""
 
 from __future__ import annotations
 

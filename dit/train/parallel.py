@@ -1,6 +1,5 @@
-"""Data parallelism in one place: a ``Parallelism`` (one process, DDP or FSDP2) that the trainer calls without
-naming it, and the state dicts: whole (rank 0) or, under FSDP, each rank's shards. The optimizer's is keyed by
-parameter name in both, so a run resumes with or without FSDP on any number of devices."""
+"""Data parallelism in one place: a ``Parallelism`` (one process, DDP or FSDP2) the trainer calls without naming
+it, and state dicts keyed by parameter name, so that a run resumes with or without FSDP on any device count."""
 
 from __future__ import annotations
 

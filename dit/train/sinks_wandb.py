@@ -1,6 +1,5 @@
-"""Weights & Biases (``--sinks wandb``, ``dit-ledger[wandb]``): numbers as ``KIND/key`` at their step, sample
-grids, the configuration; ``WANDB_MODE=offline`` keeps the run in the results folder. The ledger finds ``SINK`` by
-this file's name and takes ``WandBOptions`` into its section."""
+"""Weights & Biases (``--sinks wandb``): numbers as ``KIND/key``, sample grids, the configuration
+(``WANDB_MODE=offline`` keeps the run local); the ledger finds ``SINK`` and ``WandBOptions`` by the file's name."""
 
 from __future__ import annotations
 

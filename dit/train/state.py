@@ -1,6 +1,5 @@
-"""``TrainState``: everything a run needs to continue exactly (model, EMA, optimizer, scaler, step, every rank's
-RNG, the data position, REPA's projector, the configs, lineage, latent statistics), saved and loaded only through
-``dit.checkpoint``; the optimizer is keyed by parameter name, so a checkpoint resumes with or without FSDP."""
+"""``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``,
+with the optimizer keyed by parameter name, so that a checkpoint resumes with or without FSDP."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Interpolant paths between noise and data, as SiT (Ma et al. 2024) defines them, in its code's time: t = 0 is
-noise x0, t = 1 data x1. x_t = alpha_t x1 + sigma_t x0, u_t = alpha'_t x1 + sigma'_t x0; ``drift_var`` is d_t =
-(alpha'/alpha) sigma^2 - sigma sigma', the score's coefficient in v = (alpha'/alpha) x + d_t s."""
+"""SiT's interpolant paths (Ma et al. 2024), t = 0 noise x0, t = 1 data x1: x_t = alpha_t x1 + sigma_t x0, u_t =
+alpha'_t x1 + sigma'_t x0, and v = (alpha'/alpha) x + d_t s with d_t = ``drift_var``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""ODE and SDE samplers for flow-matching models, from noise (t0) to data (t = 1) on ``flow_grid``'s grids,
-counting the network evaluations they make: ODE ``ODE_INTEGRATORS``; SDE SiT's Euler-Maruyama and Heun with a last
-deterministic step, one network call per evaluation (docs/flow_matching.md).
-"""
+"""ODE and SDE samplers for flow-matching models on ``flow_grid``'s grids, counting the network evaluations they
+make: ``ODE_INTEGRATORS``, and SiT's Euler-Maruyama and Heun with one call each (docs/flow_matching.md)."""
 
 from __future__ import annotations
 
