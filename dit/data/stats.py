@@ -1,5 +1,5 @@
-"""A store's per-channel statistics for ``--latent-norm channel``: the exact moments of the reader's draws, E[z] =
-avg(mean), E[z^2] = avg(mean^2 + std^2), summed in float64 in a fixed order (the store's bytes decide them)."""
+"""A store's per-channel statistics for ``--latent-norm channel``: the exact moments of the reader's draws,
+E[z] = avg(mean), E[z^2] = avg(mean^2 + std^2), summed in float64 in a fixed order (the bytes decide them)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Training-time draws and the timestep shift, on the flow's axis (s = 1 is data): SD3's shift reads s' = s / (a -
-(a - 1) s) here, and LightningDiT's ``timestep_shift`` b is our a = 1 / b. No torch at import."""
+"""Training-time draws and the timestep shift, on the flow's axis (s = 1 is data), where SD3's shift reads
+s' = s / (a - (a - 1) s) and LightningDiT's ``timestep_shift`` b is our a = 1 / b. No torch at import."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SiT's interpolant paths (Ma et al. 2024), t = 0 noise x0, t = 1 data x1: x_t = alpha_t x1 + sigma_t x0, u_t =
-alpha'_t x1 + sigma'_t x0, and v = (alpha'/alpha) x + d_t s with d_t = ``drift_var``."""
+"""SiT's interpolant paths (Ma et al. 2024), t = 0 noise x0, t = 1 data x1: x_t = alpha_t x1 + sigma_t x0,
+u_t = alpha'_t x1 + sigma'_t x0, and v = (alpha'/alpha) x + d_t s with d_t = ``drift_var``."""
 
 from __future__ import annotations
 
