@@ -71,13 +71,9 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     else:
         s = summaries[0]
         print(f"{s['description']}: {s['tokens']} tokens, {s['params']:,} parameters\n")
-        print_table(
-            [
-                [k, num(v, 4), num(2 * v, 4), num(100 * v / s["forward_gmacs"], 2)]
-                for k, v in s["components"].items()
-            ],
-            ["component", "GMACs", "GFLOPs", "%"],
-        )
+        fwd = s["forward_gmacs"]
+        rows = [[k, num(v, 4), num(2 * v, 4), num(100 * v / fwd, 2)] for k, v in s["components"].items()]
+        print_table(rows, ["component", "GMACs", "GFLOPs", "%"])
         six = s["six_nt_gflops_per_image"]
         pairs = [
             ("forward GMACs (paper 'Gflops')", num(s["forward_gmacs"], 4)),
@@ -92,18 +88,9 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
             pairs.append(("FlopCounterMode on meta, fwd+bwd GFLOPs", num(s["measured_train_gflops_per_image"], 3)))
         if o.fvcore:
             fv, ln, bare = s["fvcore_gmacs"], s["fvcore_layer_norm_gmacs"], s["fvcore_without_sdpa_handle_gmacs"]
-            pairs.append(
-                (
-                    "fvcore + SDPA handle, GMACs",
-                    f"{num(fv, 4)} (LayerNorm {num(ln, 4)}; less LN {num(fv - ln, 4)})",
-                )
-            )
-            pairs.append(
-                (
-                    "fvcore as shipped (no SDPA), GMACs",
-                    f"{num(bare, 4)} ({100 * (bare / s['forward_gmacs'] - 1):+.1f}%)",
-                )
-            )
+            less, shipped = num(fv - ln, 4), 100 * (bare / s["forward_gmacs"] - 1)
+            pairs.append(("fvcore + SDPA handle, GMACs", f"{num(fv, 4)} (LayerNorm {num(ln, 4)}; less LN {less})"))
+            pairs.append(("fvcore as shipped (no SDPA), GMACs", f"{num(bare, 4)} ({shipped:+.1f}%)"))
         print()
         print_pairs(pairs)
 
