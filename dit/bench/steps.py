@@ -143,9 +143,8 @@ def bench_train(
     peak_probe_s: float = 0.0,
     token_drops: tuple[float, ...] = (0.0,),
 ) -> list[dict]:
-    """One row per precision and ``token_drops`` ratio, through ``Trainer.train_step``, taking turns step by step
-    so that their ratios are paired on a drifting machine; ``peak_probe_s`` times the matmul ceilings each round,
-    and ``compile`` resets Dynamo first (a second configuration would compile for dynamic shapes)."""
+    """One row per precision and ``token_drops`` ratio, the rows taking turns step by step (paired on a drifting
+    machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first."""
     runs = []
     if compile:
         torch._dynamo.reset()

@@ -66,9 +66,8 @@ def channel_norm(manifest: dict, path: str) -> ChannelNorm:
 
 
 class LatentStoreDataset(Dataset):
-    """((latent - shift) x scale, or per-channel normalised, as float32 CxHxW, label) from a finished store: each
-    access draws a fresh posterior sample and flip (the stored view, else a mirrored latent) from torch's global
-    RNG; shards are mapped per process and hashed before first use; ``features`` adds the view's REPA features."""
+    """((latent - shift) x scale, or per-channel normalised, float32 CxHxW, label) from a finished store, each
+    access a fresh posterior sample and flip; ``features`` adds the view's REPA features."""
 
     def __init__(
         self,

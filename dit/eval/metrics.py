@@ -134,8 +134,7 @@ def precision_recall(
     batch_size: int = PR_BATCH_SIZE,
     distances: str = "float32",
 ) -> tuple[float, float]:
-    """Precision: share of samples inside at least one reference ball; recall: share of reference points inside
-    at least one sample ball. Balls are the k-NN radii; distances are squared (same ranking as Euclidean)."""
+    """Precision: samples inside a reference ball; recall: reference points inside a sample ball (k-NN radii)."""
     sample_in = torch.zeros(len(samples), dtype=torch.bool, device=samples.device)
     ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)
     for i in range(0, len(ref), batch_size):

@@ -158,10 +158,8 @@ class DiT(nn.Module):
         kept: torch.Tensor | None = None,
         path_drop: bool = False,
     ):
-        """x (N, C, H, W), t (N,) timesteps, y (N,) labels (num_classes: the null label). ``force_drop_ids`` (1:
-        null) replaces the random class dropout; ``return_hidden_at=k`` (1-based) also returns the tokens after
-        block k; with token drop, ``kept`` (N, K) runs the sparse blocks on those tokens only and ``path_drop``
-        skips those blocks."""
+        """x (N, C, H, W), t (N,) timesteps, y (N,) labels; ``force_drop_ids`` (1: null label) replaces class
+        dropout; ``return_hidden_at=k`` also returns block k's tokens; ``kept``, ``path_drop``: token drop."""
         self._check_input(x)
         if return_hidden_at is not None and not 1 <= return_hidden_at <= len(self.blocks):
             raise ValueError(f"return_hidden_at must be in 1..{len(self.blocks)}, got {return_hidden_at}")

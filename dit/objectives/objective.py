@@ -78,9 +78,8 @@ class Objective(ABC):
     @abstractmethod
     def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,
                       atol: float, rtol: float) -> Callable:  # fmt: skip
-        """Sampler ``kind``'s loop over ``process`` along ``plan`` (``dit.objectives.samplers.SamplingPlan``), made
-        before the first batch (what it needs installed is asked for then): ``loop(model_fn, x, model_kwargs,
-        noise, progress) -> x``, ``noise(x)`` each step's per-image noise, ``progress`` whether to show a bar."""
+        """Sampler ``kind``'s ``loop(model_fn, x, model_kwargs, noise, progress) -> x`` over ``process`` along
+        ``plan``, made before the first batch (what it needs installed is asked for then)."""
 
     @abstractmethod
     def noise_to_signal(self) -> tuple:

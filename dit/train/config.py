@@ -210,8 +210,7 @@ def _launcher_precision(v: Values) -> Values:
 
 
 def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
-    """(path, checkpoint, changed options) to continue from, or (None, None, []); the model, data order, latent
-    space and recipe must match the checkpoint's unless ``--allow-changes`` frees them."""
+    """(path, checkpoint, changed options) to continue from (checked against the record), or (None, None, [])."""
     from dit.checkpoint import latest_checkpoint, load_training_checkpoint
     from dit.model.config import describe
 
