@@ -180,12 +180,7 @@ def cmd_peaks(args: PeaksArgs) -> None:
 
         with Precision(o.precision, "cuda").flags():
             peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
-        result = {
-            "device": peak.device,
-            "precision": peak.precision,
-            "tflops": peak.flops / 1e12,
-            "source": peak.source,
-        }
+        result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
         if peak.detail:
             result["detail"] = peak.detail
         if peak.measured_on:
