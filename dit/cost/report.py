@@ -50,16 +50,12 @@ class TrainMemory:
 
 @dataclass(frozen=True)
 class RepaUse:
-    """The REPA encoder a training plan counts, and the size it sees."""
-
     repa_encoder: str
     repa_input_size: int
 
 
 @dataclass(frozen=True)
 class EmaSnapshots:
-    """The post-hoc EMA profiles' snapshots a training run keeps: how many, and their disk."""
-
     ema_snapshots: int
     ema_snapshot_gib: float
     ema_snapshots_gib: float
@@ -154,8 +150,6 @@ class SampleBudget:
 
 @dataclass(frozen=True)
 class Traced:
-    """One real step traced on fake tensors: its peak and the categories at the peak."""
-
     traced_bytes: int
     traced_parts: dict[str, int]
 

@@ -157,7 +157,6 @@ def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
         raise UserError(f"the checkpoint is a pixel-space model (trained without a VAE): drop --vae {vae}.")
     if recorded_pixel or vae == "none":
         return None, None
-    # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
     recorded_vae = run.get("vae")
     sd_family = recorded_vae is None or is_sd_vae(recorded_vae)
     vae_spec = vae or (sd_decoder if sd_family else recorded_vae)

@@ -23,11 +23,9 @@ class TokenDropSection(Section):
     )  # fmt: skip
 
     def dropping(self, model: DiTConfig, step: int) -> bool:
-        """Whether step ``step`` drops tokens."""
         return bool(model.token_drop) and (self.token_drop_until is None or step < self.token_drop_until)
 
     def dropped_steps(self, model: DiTConfig, steps: int) -> int:
-        """How many of the first ``steps`` steps dropped tokens."""
         if not model.token_drop:
             return 0
         return steps if self.token_drop_until is None else min(steps, self.token_drop_until)
