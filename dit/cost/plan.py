@@ -1,5 +1,5 @@
-"""Budgets before a run: FLOPs, device-hours, days and money for training and for sampling N images. Time is FLOPs
-/ (devices x peak x MFU); MFU is never assumed: pass it, or a benchmark's calibration (``Calibration``)."""
+"""Budgets before a run: FLOPs, device-hours, days and money for training and for sampling N images. Time is
+FLOPs / (devices x peak x MFU); MFU is never assumed: pass it, or a benchmark's calibration (``Calibration``)."""
 
 from __future__ import annotations
 

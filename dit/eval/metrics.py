@@ -162,8 +162,8 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 class FrechetToReference:
-    """Fréchet distances of many (μ, Σ) against one fixed reference, in float64 on ``device``: Tr √(Σ Σr) = Σ
-    √λ(Σr^½ Σ Σr^½), one ``eigvalsh`` per resample instead of scipy's ``sqrtm``, Σr^½ computed once."""
+    """Fréchet distances of many (μ, Σ) against one fixed reference, in float64 on ``device``:
+    Tr √(Σ Σr) = Σ √λ(Σr^½ Σ Σr^½), one ``eigvalsh`` per resample instead of scipy's ``sqrtm``, Σr^½ computed once."""
 
     def __init__(self, mu: np.ndarray, sigma: np.ndarray, device: torch.device | str = "cpu"):
         self.mu = torch.as_tensor(np.asarray(mu, np.float64), device=device)

@@ -60,8 +60,8 @@ def diffusion_timesteps(
 
 
 def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean", time_shift: float = 1.0):
-    """A fixed-step flow sampler's grid on [t0, t1]: ODE, ``steps`` intervals; SDE (as SiT), ``steps`` points to 1
-    - 0.04, then a last step to t = 1 (none: to t1); ``time_shift`` moves the inner points."""
+    """A fixed-step flow sampler's grid on [t0, t1]: ODE, ``steps`` intervals; SDE (as SiT), ``steps`` points to
+    1 - 0.04, then a last step to t = 1 (none: to t1); ``time_shift`` moves the inner points."""
     if kind == "ode":
         points, end = steps + 1, t1
     else:
