@@ -13,8 +13,7 @@
 
 Each run prints a table and, with --out FILE, writes every row (the machine's measured matmul peaks too); train
 and sample rewrite FILE as each row finishes ("complete": false until the run ends). On CUDA, train skips a
-configuration that dit-cost's memory estimate says does not fit the device (the reason is in its row).
-"""
+configuration that dit-cost's memory estimate says does not fit the device (the reason is in its row)."""
 
 from __future__ import annotations
 

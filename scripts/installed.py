@@ -1,10 +1,5 @@
-"""Exit 0 if every named install set of setup.cfg is in this Python: `python scripts/installed.py core dev`.
-
-The setup scripts ask this before installing, so that a .venv made by an older checkout gets what the
-current setup.cfg adds (a check of dit-ledger's own installed metadata would be as old as the .venv). A
-name that is not core or an extra is a distribution (mlxtend). Standard library only: it runs before any
-install.
-"""
+"""Exit 0 if every named install set of setup.cfg (or distribution, such as mlxtend) is in this Python, so that an
+older .venv gets what setup.cfg adds: `python scripts/installed.py core dev`. Standard library only."""
 
 import configparser
 import importlib.metadata

@@ -2,9 +2,7 @@
 
     torchrun --nproc_per_node=8 scripts/sample_ddp.py --ckpt DiT-XL-2-256x256.pt --model DiT-XL/2
 
-Image i is seeded by (global seed, i), so the set is the same on any number of devices; rerunning the
-same command after a kill finishes the set without duplicates or gaps.
-"""
+The same set on any number of devices; rerunning after a kill finishes it without duplicates or gaps."""
 
 from __future__ import annotations
 

@@ -3,9 +3,7 @@
   python studies/vae_precision.py                 # a tiny random VAE, then the SD VAE's shape at 256 px, batch 2
   python studies/vae_precision.py --tiny-only     # the tiny one alone (seconds)
 
-Weights are random (the real VAE cannot be downloaded here), so the latent difference says how far bf16's
-rounding moves an encode of this shape, not what the trained VAE's latents do. One JSON row per VAE.
-"""
+Random weights (no download here): the difference is bf16's rounding at this shape. One JSON row per VAE."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Benchmarks of what users run, over the public step API: one dataclass per mode (``dit.bench.config``),
-one ``run`` (``dit.bench.runner``) that returns rows, so ``scripts/benchmark.py`` only parses, prints and writes JSON."""
+"""Benchmarks of what users run: a dataclass per mode (``config``), one ``run`` (``runner``) that returns rows."""
 
 from dit.bench.runner import MODES, Result, run
 

@@ -1,5 +1,4 @@
-"""Benchmarks below the training step: the sampler, one block's attention kernels, matmul ceilings, and
-the latent-store reader."""
+"""Benchmarks below the training step: the sampler, attention kernels, matmul ceilings, the latent-store reader."""
 
 from __future__ import annotations
 

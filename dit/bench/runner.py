@@ -1,9 +1,5 @@
-"""The benchmarks' modes and their runner: one dataclass per mode (``dit.bench.config``), one ``run`` that
-returns rows.
-
-Results are plain dicts: the face prints a table and writes JSON that ``dit-cost train --calibration``
-reads (the ``train`` mode's best row).
-"""
+"""The benchmarks' modes and their runner: one dataclass per mode (``dit.bench.config``) and one ``run`` that
+returns rows; the ``train`` mode's JSON is what ``dit-cost train --calibration`` reads."""
 
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ class Result:
 
 
 def run(mode: str, cfg, on_row: Callable[[dict], None] | None = None) -> Result:
-    """The mode's rows; ``on_row`` (train and sample) is called with each row as it finishes, so that a
-    later configuration that crashes the process loses nothing measured before it."""
+    """The mode's rows; ``on_row`` gets each row as it finishes, so that a later crash loses nothing."""
     return globals()[f"_{mode}"](cfg, on_row or (lambda row: None))
 
 
@@ -69,8 +64,7 @@ def _device_memory(a: c.TrainBench) -> int | None:
 def _unfit(
     a: c.TrainBench, capacity: int | None, model: str, batch: int, ckpt: str, attention: str, precision: str
 ):
-    """Why this configuration would not fit the device by dit-cost's estimate; None if it fits or cannot be told
-    (no check, ``auto`` checkpointing, which the trainer fits itself, or a flag the trainer will refuse)."""
+    """Why this configuration would not fit the device by dit-cost's estimate; None if it fits or cannot tell."""
     import torch
 
     from dit.cost.memory import estimate_training_memory, usable_memory
@@ -163,8 +157,7 @@ def _train(a: c.TrainBench, on_row) -> Result:
     if a.calibration:
         from dit.cost.plan import Calibration, save_calibration
 
-        # an MFU above 1 divides by a peak below what the step reached (a CPU's bf16 probe runs slower than
-        # autocast's mixed fp32/bf16 step: 2.04 measured here once): such a row cannot calibrate anything
+        # an MFU above 1 divides by a peak below what the step reached: such a row cannot calibrate anything
         usable = [row for row in r.rows if 0 < row.get("mfu", 0) <= 1]
         if not usable:
             raise UserError("--calibration: every row's MFU is above 1 (its peak is too low): pass --peak-tflops.")

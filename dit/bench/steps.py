@@ -1,9 +1,5 @@
-"""Benchmarks of the training step users run: throughput by precision (paired), accounting overhead, one
-step's profile, loss curves by precision, and MFU over repeated runs.
-
-Every timing synchronises the device before reading the clock, leaves warm-up steps out, and reports the
-median with the 10th and 90th percentiles.
-"""
+"""Benchmarks of the training step: throughput by precision (paired), accounting overhead, a step's profile, loss
+curves and repeated-run MFU; timings sync the device, skip warm-up, and give the median, p10 and p90."""
 
 from __future__ import annotations
 
@@ -51,8 +47,7 @@ DIGITS = "digits"  # a model name for the digits recipe's model (dit/train/recip
 def bench_trainer(
     model: str, image_size: int, batch_size: int, results_dir: str, **options
 ) -> tuple[Trainer, list]:
-    """A trainer on synthetic latents (its own runtime and precision) and one batch already on its device;
-    ``model`` ``digits``: the digits recipe's model and objective on synthetic digit-shaped images."""
+    """A trainer on synthetic latents with one batch on its device; model ``digits``: the digits recipe's model."""
     n = max(2 * batch_size, 16)
     if model == DIGITS:
         from dit.data.digits import NUM_CLASSES
@@ -148,18 +143,8 @@ def bench_train(
     peak_probe_s: float = 0.0,
     token_drops: tuple[float, ...] = (0.0,),
 ) -> list[dict]:
-    """Training steps through ``Trainer.train_step`` (data on the device), one row per precision and token-drop
-    ratio (``token_drops``: the model's ``--token-drop``, every step dropping).
-
-    The precisions (and ratios) take turns step by step, so that a ratio between them is paired: on a shared machine
-    whose speed drifts by 10% from minute to minute, separate runs would measure the drift. With
-    ``peak_probe_s`` each round also times the fp32 and bf16 matmul ceilings for that long, and each row
-    gets the median of those probes: a peak measured under the same conditions as the steps.
-
-    On CUDA the peak-memory figures start at this call (paired precisions share one peak). With ``compile``
-    Dynamo's caches are cleared first: a second configuration in the same process would otherwise be
-    compiled for dynamic shapes (automatic dynamic after a shape change) and time another graph.
-    """
+    """One row per precision and ``token_drops`` ratio, the rows taking turns step by step (paired on a drifting
+    machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first."""
     runs = []
     if compile:
         torch._dynamo.reset()
@@ -209,8 +194,7 @@ def bench_accounting(
     precision: str = "fp32",
     image_size: int = 256,
 ) -> dict:
-    """What cost accounting adds to a step: the meter's per-step counters, and one log (window + sinks)
-    amortised over ``log_every`` steps, against the measured step time of the same configuration."""
+    """The cost accounting's share of a step: the meter's count, plus one log amortised over ``log_every``."""
     (step,) = bench_train(
         model=model, image_size=image_size, precisions=(precision,), batch_size=batch_size, steps=5, warmup=2
     )
@@ -268,13 +252,7 @@ def profile_train_step(
 
 
 def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0), ("fp32", 1)), tail=0.25) -> dict:
-    """Does a precision change the training curve by more than another seed does?
-
-    Each (precision, seed) in ``runs`` trains ``base`` on ``dataset`` through the real loop and keeps its
-    logged window losses. The first run is the reference; every other run's gap to it, the mean loss over
-    the last ``tail`` of the logged windows relative to the reference's, is set beside the gap of the
-    reference precision's other seeds: the noise a loss curve has anyway.
-    """
+    """Whether a precision moves the loss curve more than a seed does: each run's tail loss against the first's."""
     curves = {}
     for precision, seed in runs:
         with tempfile.TemporaryDirectory() as out:
@@ -312,12 +290,7 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
 
 
 def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:
-    """The quick start's training, ``runs`` times in fresh processes: each run's MFU (the mean over its
-    windows after warm-up) and peak, so their spread says how far one run's MFU can be trusted.
-
-    ``fresh_peak`` gives every run an empty peak cache, so each measures the CPU peak anew (the harder
-    case); otherwise the runs share one measurement, as runs on one machine do. ``eval_every`` adds the
-    in-loop digit evaluation (100 samples), whose time must stay out of the MFU."""
+    """The quick start's training ``runs`` times in fresh processes: each run's MFU and peak, and their spread."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
@@ -354,8 +327,7 @@ def bench_precision_quality(
     eval_samples: int = 500,
     device: str | None = None,
 ) -> list[dict]:
-    """Does bf16 change what training buys? The quick start's recipe at each precision and seed, for the same
-    steps, scored by the digit FID and class accuracy of its EMA samples (as the quick start draws them)."""
+    """The quick start's recipe at each precision and seed, scored by its EMA samples' digit FID and accuracy."""
     from dit.data.digits import DigitDataset
     from dit.eval.digit_nets import load_digit_classifier
     from dit.eval.reference import digits_reference, save_stats

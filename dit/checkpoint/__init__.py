@@ -1,12 +1,5 @@
-"""Checkpoints: the one package that writes and reads them.
-
-``format`` (one file: atomic writes, checksums, safe loads, listing, retention, official files), ``sharded``
-(an FSDP run's folder of shards, torch.distributed.checkpoint), ``dcp_metadata`` (its ``.metadata``, read
-safely), ``lineage`` (a run folder's branches), ``section`` (``CheckpointSection``), ``checkpointer`` (what a
-run calls: save, snapshot, restore, wait), ``posthoc`` (post-hoc EMA: the profiles' math, the snapshots, the
-reconstruction). ``python -m dit.checkpoint export`` turns a sharded folder into one file; ``ema`` rebuilds an
-EMA of any length from a run's snapshots.
-"""
+"""Checkpoints: the one package that writes and reads them (``format``, ``sharded``, ``dcp_metadata``, ``lineage``,
+``section``, ``checkpointer``, ``posthoc``: docs/architecture.md)."""
 
 from dit.checkpoint.checkpointer import Checkpointer
 from dit.checkpoint.format import (

@@ -6,8 +6,7 @@ python -m dit.checkpoint ema RUN --sigma-rel 0.1
 export: one file from a sharded checkpoint folder (an FSDP run's), a checkpoint like a one-process run's (its
 ``.sha256`` beside it): sample.py reads it, and train.py resumes or fine-tunes from it (sample.py and
 --init-from also read the folder itself). ema: the post-hoc EMA of width sigma_rel reconstructed from a run's
-snapshots (train.py --ema-profiles), as a checkpoint whose EMA weights sample.py and python -m dit.eval read.
-"""
+snapshots (train.py --ema-profiles), as a checkpoint whose EMA weights sample.py and python -m dit.eval read."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""``Checkpointer``: how a run saves and restores its ``TrainState``, the one place that picks the form.
-
-One process and DDP: rank 0 alone builds the payload and writes one file. FSDP: every rank writes its own
-shards of a step's folder (``dit.checkpoint.sharded``), optionally in the background (``--async-checkpoint``,
-as torchtitan: the weights are copied to host memory at the save, written while training goes on, and
-sealed by the next save or the run's end). Either form restores into either kind of run, on any number of
-processes (DCP reshards a folder; a file is scattered into the shards).
-"""
+"""``Checkpointer``: the one place that picks how a run saves its ``TrainState``: one file from rank 0, or every
+rank's shards of a step's folder (FSDP, optionally in the background); either restores into either run."""
 
 from __future__ import annotations
 
@@ -31,24 +25,19 @@ class Checkpointer:
         self._group = self._asking = None
 
     def save(self, state) -> None:
-        """``state`` as step ``state.step``'s checkpoint; every rank calls it. The others wait for rank 0's
-        file, within the group's timeout (``--dist-timeout-min``). A write the OS refuses (a full disk) is one
-        ``CannotWrite`` on rank 0, a ``ReportedByRankZero`` on the others, and nothing partial is left."""
+        """``state`` as its step's checkpoint (every rank calls it); a refused write leaves nothing partial."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
         self._write(state, payload, self.folder, self.background)
 
     def snapshot_due(self, state, last: bool) -> bool:
-        """Whether ``state`` (with post-hoc EMA profiles) is snapshot now: every ``ema_snapshot_every`` steps, and
-        at the ``last`` step, which a reconstruction at the end needs."""
+        """Whether to snapshot the EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``."""
         return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
 
     def snapshot(self, state) -> None:
-        """``state``'s post-hoc EMA profiles in ``checkpoints/ema/`` (every rank calls it), written as a checkpoint
-        is (atomic, checksummed, sharded under FSDP) and kept for good: a reconstruction needs every one."""
+        """``state``'s post-hoc EMA profiles in ``checkpoints/ema/``, written as a checkpoint is and all kept."""
         self._write(state, state.snapshot_dict(self.runtime), snapshot_folder(self.folder), False)
 
     def _write(self, state, payload, folder: Path, background: bool) -> None:
-        """``payload`` as step ``state.step`` in ``folder``: one file from rank 0, or every rank's shards."""
         if not state.sharded:
             refused = None
             if payload is not None:
@@ -70,12 +59,11 @@ class Checkpointer:
             self.wait()
 
     def _retention(self, folder: Path) -> tuple[int, int]:
-        """``keep_last`` and ``keep_every`` of the checkpoints; the snapshots are all kept (0: all)."""
+        """``keep_last`` and ``keep_every`` of the checkpoints; (0, 0) for the snapshots, all kept."""
         return self.retention if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
-        """Seal the sharded save in progress (every rank calls it): each rank hashes its own shards, then rank 0
-        writes the record and the manifest, renames the folder into place and applies ``keep_last`` and ``keep_every``."""
+        """Seal the sharded save in progress (every rank calls it): hashes, record, manifest, rename, retention."""
         if self.pending is None:
             return
         temp, final, step, record, future = self.pending
@@ -96,10 +84,7 @@ class Checkpointer:
         self.runtime.raise_together(refused)
 
     def check(self, everyone: bool) -> None:
-        """Stop the run on a background save that failed as soon as it shows, as a foreground save would, not at
-        the next save. Its future is asked at every call (on the host: no device sync); with several processes
-        the ranks agree on it where they ask each other anyway (``everyone``: the loop's log, checkpoint and
-        evaluation steps, as for a stop signal), so that every rank stops at the same step."""
+        """Stop on a failed background save as soon as it shows (several processes: when ``everyone`` asks)."""
         future = self.pending[4] if self.pending is not None else None
         if future is None:
             return
@@ -118,8 +103,7 @@ class Checkpointer:
 
     @contextmanager
     def _written(self, temp: Path, final: Path):
-        """DCP's writes of every rank: a refused one (DCP gives every rank each rank's error) removes the temporary
-        folder and is the one line; any other error stays the bug it is."""
+        """DCP's writes: a refused one (each rank gets every rank's error) removes the temp folder."""
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
@@ -138,8 +122,7 @@ class Checkpointer:
         return saved
 
     def _async_group(self):
-        """Gloo groups of their own for the background writer and for asking how it went: their collectives never
-        meet the step's, nor each other's (the writer's run in its thread)."""
+        """Gloo groups of their own for the background writer and for asking how it went."""
         if not self.background:
             return None
         if self._group is None:
@@ -149,8 +132,7 @@ class Checkpointer:
         return self._group
 
     def restore(self, state, ckpt: dict, source: str) -> list[str]:
-        """Continue ``state`` from ``ckpt`` (``load_training_checkpoint``'s); lines for the log. A sharded folder
-        is read into this run's shards (resharded), or whole on each process of a run without them."""
+        """Continue ``state`` from ``ckpt`` (a sharded folder resharded, or read whole); lines for the log."""
         folder = ckpt.get(SHARDED)
         if folder is None:
             return state.load_state_dict(ckpt, self.runtime, source)

@@ -1,12 +1,5 @@
-"""DCP's ``.metadata`` read safely: an exact allow-list of the classes it pickles, then its entries checked
-against what our writer writes, before DCP reads a byte of the shards.
-
-``.metadata`` is a pickle. An unpickler imports whatever ``module.name`` the file names, and protocol 4
-follows dotted names (``torch.distributed.checkpoint.metadata`` imports ``os``, so ``os.system`` is reachable
-through it). Here a (module, name) pair is looked up in a table, exactly: nothing is imported and no
-attribute is walked. DCP's planner unpickles a bytes entry with ``torch.load(weights_only=False)``, so a
-folder with any entry other than the tensors we write is refused as well.
-"""
+"""DCP's pickled ``.metadata`` read safely: each (module, name) looked up in an exact table, nothing imported, and
+any entry but the tensors we write refused, before DCP reads the shards (docs/reliability.md, Security)."""
 
 from __future__ import annotations
 
@@ -26,8 +19,7 @@ _SHARD = re.compile(r"^__\d+_\d+\.distcp$")  # the only files DCP's writer names
 
 
 def _allowed() -> dict[tuple[str, str], object]:
-    """(module, name) -> the object, for every global DCP's ``.metadata`` pickles (torch 2.13 and 2.14 write
-    the same names). Paths come back pure: they are never opened."""
+    """(module, name) -> object for every global DCP's ``.metadata`` pickles; paths come back pure."""
     from torch.distributed.checkpoint import filesystem, metadata
 
     table: dict[tuple[str, str], object] = {
@@ -66,9 +58,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def read(path: Path, roots: tuple[str, ...]) -> object:
-    """The folder's DCP metadata at ``path``, once it holds only tensor entries under ``roots`` (the top-level
-    names our writer gives DCP) stored in the folder's own shard files, untransformed. Anything else is the
-    one-line ``UserError`` that says the folder is not a checkpoint we wrote."""
+    """``path``'s DCP metadata once it holds only our untransformed tensor entries; else the one-line error."""
     folder = path.parent
     try:
         metadata = _Unpickler(path.read_bytes()).load()

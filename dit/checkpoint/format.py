@@ -1,14 +1,5 @@
-"""The one checkpoint format: atomic writes, safe loads, listing and retention, and reading official DiT files.
-
-A dit-ledger checkpoint is a ``torch.save`` of a dict holding only tensors, numbers, strings, lists and
-dicts (so ``weights_only=True`` loads it), with ``format == FORMAT`` (and the dit-ledger version that wrote
-it under ``WRITER_KEY``: every load refuses a newer format, naming it), the model config under
-``model_config``, the run config under ``config``, and ``model``/``ema`` state dicts. Official releases
-are bare state dicts; official ``train.py`` files hold ``{model, ema, opt, args}`` with an
-``argparse.Namespace``, which we allow (and only it) instead of unpickling arbitrary objects. An FSDP run's
-checkpoint is a folder of shards holding the same payload (``dit.checkpoint.sharded``); every function here
-takes either.
-"""
+"""The one checkpoint format: atomic writes, ``weights_only`` loads, listing, retention, official DiT files (bare
+state dicts, or train.py's with an ``argparse.Namespace``, the one object allowed); FSDP's folder: ``sharded``."""
 
 from __future__ import annotations
 
@@ -32,8 +23,7 @@ _STEP = re.compile(r"^(\d{7,})(\.pt)?$")  # a file NNNNNNN.pt, or a sharded fold
 
 
 class _Hashing:
-    """A file that hashes what passes through it, and keeps the OS error that torch's writer turns into
-    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` (a full disk)."""
+    """A file that hashes what passes through it and keeps the OS error torch's writer hides (a full disk)."""
 
     def __init__(self, f):
         self.f, self.digest, self.error = f, hashlib.sha256(), None
@@ -52,9 +42,7 @@ class _Hashing:
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
-    """``torch.save`` that never leaves a partial file under ``path``, and ``path.sha256`` beside it (the
-    format of ``sha256sum``), hashed as the bytes are written: 0.9 GB/s here, about 12 s of an XL/2 training
-    checkpoint's (10.8 GB). A full disk is the ``UserError`` of any other write."""
+    """``torch.save`` that never leaves a partial file, with ``path.sha256`` hashed as the bytes are written."""
     hashing = None
 
     def write(f):
@@ -81,8 +69,7 @@ def checksum_path(path: str | os.PathLike) -> Path:
 
 
 def verify_checkpoint(path: str | os.PathLike) -> bool | None:
-    """Whether ``path`` still has the content its save hashed: None when there is no ``.sha256`` (a file
-    from before checksums, or an official one), False for a changed, truncated or empty file."""
+    """Whether ``path`` has the content its save hashed; None without a ``.sha256`` (older or official files)."""
     if Path(path).is_dir():
         return sharded.verify(Path(path))
     sums = checksum_path(path)
@@ -104,9 +91,7 @@ def verify_checkpoint(path: str | os.PathLike) -> bool | None:
 _VERIFIED: dict[tuple, bool] = {}
 
 
-# The official releases (bare EMA state dicts), where the official scripts download them from. DiT publishes
-# no checksums for them; a download is checked instead by loading it (weights_only) and by the model's strict
-# key and shape check, and its sha256 is printed so that it can be compared across machines.
+# The official releases (bare EMA state dicts), without published checksums: a download's sha256 is printed
 OFFICIAL_RELEASES = {
     f"DiT-XL-2-{size}x{size}.pt": f"https://dl.fbaipublicfiles.com/DiT/models/DiT-XL-2-{size}x{size}.pt"
     for size in (256, 512)
@@ -120,9 +105,7 @@ def official_release(image_size: int | None) -> str:
 
 
 def find_checkpoint(name: str | os.PathLike) -> Path:
-    """A checkpoint path; an official release name that is no file here is looked up in torch hub's cache
-    and downloaded there when missing (as the official sample.py does). Offline, the error says where to
-    put the file."""
+    """A checkpoint path; an official release name is found in (or downloaded to) torch hub's cache."""
     path = Path(name)
     if path.is_file() or path.name not in OFFICIAL_RELEASES or str(path) != path.name:
         return path
@@ -143,10 +126,8 @@ def find_checkpoint(name: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu", mmap: bool = False, weights: bool = True) -> dict:
-    """Load a checkpoint of any supported kind with ``weights_only=True``; official args become a dict.
-    ``mmap``: map the tensors instead of reading them (to read a record without loading the weights). A sharded
-    folder is read whole on this process alone (as a file is), or its record alone (``mmap``, or not ``weights``: a
-    resume reads the weights into its shards), marked with its path under ``SHARDED``."""
+    """Load any supported checkpoint with ``weights_only=True`` (official args become a dict); ``mmap`` maps it,
+    and a sharded folder is read whole or (``mmap`` or not ``weights``) its record alone, marked ``SHARDED``."""
     path = find_checkpoint(path)
     if path.is_dir():
         return _load_folder(path, weights and not mmap)
@@ -197,10 +178,7 @@ def _load_folder(path: Path, weights: bool) -> dict:
 
 
 def model_weights(ckpt: dict, use_ema: bool = True) -> tuple[dict, str]:
-    """The state dict to sample with, and which one it is: EMA if present (and wanted), else the raw model.
-
-    Bare state dicts (the official releases, which hold the EMA weights) are returned as they are.
-    """
+    """The state dict to sample with and its name: EMA if present and wanted, else the model, or a bare one."""
     if "model" in ckpt or "ema" in ckpt:
         if use_ema and ckpt.get("ema") is not None:
             return ckpt["ema"], "ema"
@@ -217,8 +195,7 @@ def checkpoint_path(folder: str | os.PathLike, step: int, sharded: bool = False)
 
 
 def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints in ``folder`` (files and sharded folders) as (step, path), oldest first; temp files
-    and folders are not listed."""
+    """Complete checkpoints in ``folder`` (files and sharded folders) as (step, path), oldest first."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -228,8 +205,7 @@ def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def read_record(path: Path) -> dict:
-    """A checkpoint's record without reading its weights (mapped, or a folder's ``record.pt``); {} for a damaged
-    one, whose place in the folder is then judged by its step alone."""
+    """A checkpoint's record without its weights; {} for a damaged one (judged by its step alone)."""
     try:
         ckpt = (
             sharded.read_record(path)
@@ -247,8 +223,7 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
 
 
 def kept_checkpoints(folder: str | os.PathLike) -> str:
-    """What a run that stops on a refused write still has, for its line: the newest complete checkpoint of
-    ``folder``, a file or a sealed folder (a save cut short is a temporary name, never listed)."""
+    """The line a run stopped by a refused write ends with: its newest complete checkpoint."""
     found = list_checkpoints(folder)
     if not found:
         return "no checkpoint was kept"
@@ -270,9 +245,7 @@ def load_training_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dic
 
 
 def remove_partial_checkpoints(folder: str | os.PathLike) -> tuple[int, int]:
-    """Delete the temporary files and shard folders of saves a killed run never finished; (files, bytes) removed.
-
-    Only the holder of the run folder's lock may call this: another run's save in progress looks the same."""
+    """Delete what saves a killed run never finished, (files, bytes); only the run folder's lock holder may."""
     found = stale_temp_files(folder)
     files = [f for p in found for f in ([p] if not p.is_dir() else [q for q in p.rglob("*") if q.is_file()])]
     size = sum(p.stat().st_size for p in files if p.exists())
@@ -293,9 +266,7 @@ def remove_checkpoint(path: Path) -> None:
 def save_training_checkpoint(
     folder: str | os.PathLike, step: int, payload: dict, keep_last: int = 0, keep_every: int = 0
 ) -> Path:
-    """Atomically write ``payload`` as step ``step``; keep it, the newest ``keep_last`` - 1 older ones (0 keeps
-    all) and the milestones (steps divisible by ``keep_every``), and delete any partial file a killed save left
-    (the caller holds the run folder's lock)."""
+    """Atomically write ``payload`` as step ``step``, then ``retire`` (the caller holds the run folder's lock)."""
     path = atomic_torch_save(stamped(step, payload), checkpoint_path(folder, step))
     retire(folder, step, keep_last, keep_every)
     return path
@@ -314,10 +285,8 @@ def retire(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int
 
 
 def expired_checkpoints(folder: str | os.PathLike, step: int, keep_last: int, keep_every: int = 0) -> list[Path]:
-    """What ``keep_last`` lets go once step ``step`` is saved: the checkpoints older than it beyond the newest
-    ``keep_last`` - 1, except the milestones (steps divisible by ``keep_every``, when set), kept for good. Newer
-    files are no part of the line that reached ``step`` (ones a resume passed over for a failed checksum; a
-    rollback moves the others aside first): never counted, never deleted."""
+    """What ``keep_last`` lets go once ``step`` is saved: older checkpoints beyond the newest ``keep_last`` - 1,
+    milestones (steps divisible by ``keep_every``) aside; newer files are off this line, never deleted."""
     if keep_last <= 0:
         return []
     older = [(s, p) for s, p in list_checkpoints(folder) if s < step]

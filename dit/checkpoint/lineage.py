@@ -1,15 +1,5 @@
-"""Which checkpoints of a run folder continue which: branches, so that a rollback is never undone by a requeue.
-
-Every checkpoint records its ``lineage``: its ``branch`` (an id), the ``forks`` it descends from (branch ->
-the step it left that branch at) and its ``parent``, the checkpoint its run segment resumed from (file, step,
-sha256, branch). A resume from what ``--resume auto`` would pick continues that branch; a resume from any
-other checkpoint (an older one, with another ``--lr``) starts a new branch, and the checkpoints of the folder
-that are not on its line are moved to ``checkpoints/abandoned/BRANCH/`` first: nothing is deleted, none is
-overwritten by a save at the same step, and ``keep_last`` only ever counts the line being followed.
-``checkpoints/branch.json`` names the branch that ran last, for ``--resume auto`` (a fresh run, one branch,
-needs none). Checkpoints saved before
-lineage was recorded form one branch, ``""``: they still resume.
-"""
+"""Which checkpoints of a run folder continue which, so that a rollback is never undone by a requeue: a resume from
+anything but ``--resume auto``'s pick starts a branch, and the checkpoints off its line are set aside."""
 
 from __future__ import annotations
 
@@ -32,8 +22,7 @@ _LINEAGE: dict[tuple, dict | None] = {}
 
 
 def read_lineage(path: Path) -> dict | None:
-    """A checkpoint's lineage (None: saved before lineage, or unreadable), its weights only mapped, not read;
-    every checkpoint of the folder is asked, so none is hashed here (a resume verifies the one it loads)."""
+    """A checkpoint's lineage (None: none recorded, or unreadable), read with its weights mapped and not hashed."""
     stat = path.stat()
     key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _LINEAGE:
@@ -53,8 +42,7 @@ def branch_of(lineage: dict | None) -> str:
 
 
 def on_line(branch: str, step: int, line: dict, upto: int | None = None) -> bool:
-    """Whether a checkpoint of ``branch`` at ``step`` is an ancestor of ``line`` (a lineage), or on its own
-    branch up to step ``upto`` (None: the whole branch)."""
+    """Whether ``branch`` at ``step`` is an ancestor of ``line``, or on its own branch up to step ``upto``."""
     if branch == line["branch"]:
         return upto is None or step <= upto
     return step <= line["forks"].get(branch, -1)
@@ -72,8 +60,7 @@ def read_head(folder: Path) -> dict | None:
 
 
 def _pick(folder: Path) -> tuple[Path | None, list[Path], list[Path]]:
-    """(the checkpoint to continue, the newer ones on its line that fail their checksum, the newest checkpoint
-    of each branch when there are several and no record of which ran last)."""
+    """(the checkpoint to continue, the newer ones on its line that fail, each branch's newest when unrecorded)."""
     folder, found = Path(folder), list_checkpoints(folder)
     head = read_head(folder)
     if head is None:
@@ -100,8 +87,7 @@ def _pick(folder: Path) -> tuple[Path | None, list[Path], list[Path]]:
 
 
 def follow(folder: Path) -> tuple[Path | None, list[Path]]:
-    """``--resume auto``'s checkpoint: the newest that verifies on the line of the branch that ran last (None:
-    an empty folder), and the newer ones there that fail their checksum."""
+    """``--resume auto``'s pick: the newest that verifies on the last branch's line, and newer ones that fail."""
     path, bad, tips = _pick(folder)
     if tips:
         raise UserError(
@@ -118,8 +104,7 @@ def follow(folder: Path) -> tuple[Path | None, list[Path]]:
 
 
 def plan_segment(folder: Path, resume_from: Path | None, ckpt: dict | None) -> tuple[dict, list[tuple[Path, str]]]:
-    """This run segment's lineage, and the checkpoints of the folder off its line (path, branch), to be moved
-    aside before it saves: a resume from anything but ``--resume auto``'s pick starts a new branch."""
+    """This segment's lineage, and the folder's checkpoints off its line (path, branch), to be moved aside."""
     if resume_from is None:
         return {"branch": secrets.token_hex(4), "forks": {}, "parent": None}, []
     folder, step = Path(folder), int(ckpt["step"])
@@ -149,8 +134,7 @@ def plan_segment(folder: Path, resume_from: Path | None, ckpt: dict | None) -> t
 
 
 def begin_segment(folder: Path, line: dict, off: list[tuple[Path, str]]) -> list[str]:
-    """Record ``line`` as the branch that runs now, then move ``off`` (with their checksums) to
-    ``abandoned/BRANCH/``; lines for the log. Called by the run folder's lock holder, before its first save."""
+    """Record ``line`` as the running branch and move ``off`` to ``abandoned/BRANCH/``; lines for the log."""
     folder, parent = Path(folder), line["parent"]
     if parent is None:  # a fresh run is one branch, the newest checkpoint its tip: a stale record is dropped
         (folder / HEAD).unlink(missing_ok=True)

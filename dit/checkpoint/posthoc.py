@@ -1,14 +1,5 @@
-"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C), written from the paper.
-
-A power-function EMA of exponent ``gamma`` averages the weights of steps 1..t with the profile
-``p(s) = (gamma + 1) s^gamma / t^(gamma + 1)`` on ``[0, t]``; its update is ``beta_t = (1 - 1/t)^(gamma + 1)``
-(``dit.train.ema.PowerEMA``), which gives step ``s``'s weights exactly the profile's mass on ``(s - 1, s]``.
-Its width relative to t is ``sigma_rel = sqrt((gamma + 1) / ((gamma + 2)^2 (gamma + 3)))``. A run tracks a few
-profiles and saves them every N steps (snapshots, ``checkpoints/ema/``); any other profile at a snapshot's
-step is then a linear combination of the snapshots, whose coefficients solve the least-squares problem between
-the profiles (their inner products are closed-form). ``reconstruct`` does it and returns a checkpoint whose
-``ema`` weights sample.py and the evaluator read.
-"""
+"""Post-hoc EMA (Karras et al., EDM2, arXiv 2312.02696, section 3 and appendix C): power-function profiles saved
+every N steps, and any other profile reconstructed from them by least squares."""
 
 from __future__ import annotations
 
@@ -50,8 +41,7 @@ def _dot(ta, ga, tb, gb):
 
 
 def coefficients(steps, gammas, step: int, gamma: float) -> tuple[np.ndarray, float]:
-    """The weights of the snapshots (``steps``, ``gammas``) whose sum is nearest, in L2, to the profile
-    (``step``, ``gamma``); and the relative L2 distance that remains (0: exact)."""
+    """The snapshots' weights whose sum is nearest (L2) to the profile (``step``, ``gamma``), and the residual."""
     t = np.asarray(steps, dtype=np.float64) / step  # the solution is the same on any time scale
     g = np.asarray(gammas, dtype=np.float64)
     a = _dot(t[:, None], g[:, None], t[None, :], g[None, :])
@@ -72,9 +62,7 @@ def list_snapshots(checkpoints: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
-    """A run segment that starts at ``step``: the snapshots after it are off its line (another branch, or a
-    segment that was cut short and is replayed), moved to ``ema/after-NNNNNNN/`` (nothing deleted); lines
-    for the log. Called by the run folder's lock holder, before its first save."""
+    """Move the snapshots after ``step`` to ``ema/after-NNNNNNN/`` (off this segment's line); lines for the log."""
     newer = [p for s, p in list_snapshots(checkpoints) if s > step]
     if not newer:
         return []
@@ -93,8 +81,7 @@ def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
 
 
 def reconstruct(run: str | os.PathLike, sigma_rel: float, step: int | None = None) -> dict:
-    """The checkpoint of the EMA of width ``sigma_rel`` at ``step`` (default: the newest snapshot's), from
-    the snapshots of run folder ``run`` up to that step; its ``posthoc_ema`` says how it was made."""
+    """The checkpoint of the EMA of width ``sigma_rel`` at ``step``, from run ``run``'s snapshots up to it."""
     gamma = gamma_of(sigma_rel)
     found = list_snapshots(Path(run) / "checkpoints")
     if not found:

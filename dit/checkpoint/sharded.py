@@ -1,13 +1,5 @@
-"""Sharded checkpoints (FSDP): a step's folder that every rank writes its own shards into with
-torch.distributed.checkpoint (DCP), as torchtitan does; no rank gathers the whole state.
-
-``NNNNNNN/`` holds DCP's shard files (``__RANK_I.distcp``) and ``.metadata``, ``record.pt`` (the payload's
-non-tensor part: step, configs, lineage, RNG, optimizer hyperparameters; a ``weights_only`` file) and
-``manifest.json``, written last: the format, the step and every file's sha256. The folder is written as
-``NNNNNNN.tmp-dcp/`` and renamed once every rank is done, so a crash never leaves a partial folder under a
-step's name (the next start removes the temporary one). DCP's ``.metadata`` is a pickle: ``dcp_metadata`` reads
-it through an exact allow-list and refuses any entry we do not write, before DCP reads the shards.
-"""
+"""Sharded checkpoints (FSDP): every rank writes its shards of a step's folder with DCP, then ``record.pt`` and
+``manifest.json`` (sha256s, last), and the folder is renamed into place once every rank is done."""
 
 from __future__ import annotations
 
@@ -33,14 +25,12 @@ _VERIFIED: dict[tuple, bool] = {}
 
 
 def temp_folder(final: Path) -> Path:
-    """The one name every rank writes a step into, agreed without a message (the run folder's lock keeps it
-    to one run)."""
+    """The one name every rank writes a step into, agreed without a message."""
     return final.with_name(f"{final.name}{TEMP_MARK}dcp")
 
 
 def split(payload: dict) -> tuple[dict, dict]:
-    """(the tensors DCP writes, sharded; the record rank 0 writes): the optimizer's per-parameter state
-    goes with the tensors, its hyperparameters with the record."""
+    """(the tensors DCP shards, the record rank 0 writes): the optimizer's state goes with the tensors."""
     tensors = {k: payload[k] for k in TENSORS if k in payload}
     record = {k: v for k, v in payload.items() if k not in tensors}
     if "optimizer" in payload:
@@ -83,8 +73,7 @@ class _KeepsError:
 
 
 def _writer(folder: Path):
-    """DCP's file writer, whose failure names the OS error of a refused write (a full disk): torch.save's C++
-    writer turns one into ``RuntimeError: unexpected pos``, which says nothing of the cause."""
+    """DCP's file writer, whose failure is a refused write's OS error, not torch's ``unexpected pos``."""
     from contextlib import contextmanager
 
     from torch.distributed.checkpoint import FileSystemWriter
@@ -115,8 +104,7 @@ def _writer(folder: Path):
 
 
 def own_digests(folder: Path, rank: int) -> dict[str, str]:
-    """The sha256 of the shard files this rank wrote (DCP names them ``__RANK_I.distcp``): each rank hashes
-    its own, in parallel."""
+    """The sha256 of the shard files this rank wrote (``__RANK_I.distcp``), hashed in parallel by every rank."""
     return {p.name: sha256_file(p) for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
 
 
@@ -138,8 +126,7 @@ def seal(folder: Path, final: Path, step: int, record: dict, digests: dict[str, 
 
 
 def verify(folder: Path) -> bool:
-    """Whether every file the manifest lists is there with the content its save hashed (False without a
-    manifest: a folder can only be renamed into place with one). A newer folder format is refused."""
+    """Whether every file the manifest lists still has its saved content; a newer format is refused."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):

@@ -1,9 +1,4 @@
-"""``dit-cost`` / ``python -m dit.cost``: FLOPs, training and sampling budgets, memory, peaks and charts.
-
-Readable tables by default, ``--json`` for machines. Flags shared with train.py and sample.py keep their
-names: --model, --image-size, --vae, --global-batch-size, --max-steps, --precision,
---activation-checkpointing, --num-sampling-steps, --guidance-scale (alias --cfg-scale).
-"""
+"""``dit-cost`` / ``python -m dit.cost``: FLOPs, training and sampling budgets, memory, peaks and charts."""
 
 from __future__ import annotations
 
@@ -35,8 +30,6 @@ from dit.io.progress import duration
 from dit.model.config import model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection
 from dit.objectives.sampling_section import FidSamplingSection
-
-# ---- commands -------------------------------------------------------------------------------------------
 
 
 def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
@@ -78,13 +71,9 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
     else:
         s = summaries[0]
         print(f"{s['description']}: {s['tokens']} tokens, {s['params']:,} parameters\n")
-        print_table(
-            [
-                [k, num(v, 4), num(2 * v, 4), num(100 * v / s["forward_gmacs"], 2)]
-                for k, v in s["components"].items()
-            ],
-            ["component", "GMACs", "GFLOPs", "%"],
-        )
+        fwd = s["forward_gmacs"]
+        rows = [[k, num(v, 4), num(2 * v, 4), num(100 * v / fwd, 2)] for k, v in s["components"].items()]
+        print_table(rows, ["component", "GMACs", "GFLOPs", "%"])
         six = s["six_nt_gflops_per_image"]
         pairs = [
             ("forward GMACs (paper 'Gflops')", num(s["forward_gmacs"], 4)),
@@ -99,18 +88,9 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
             pairs.append(("FlopCounterMode on meta, fwd+bwd GFLOPs", num(s["measured_train_gflops_per_image"], 3)))
         if o.fvcore:
             fv, ln, bare = s["fvcore_gmacs"], s["fvcore_layer_norm_gmacs"], s["fvcore_without_sdpa_handle_gmacs"]
-            pairs.append(
-                (
-                    "fvcore + SDPA handle, GMACs",
-                    f"{num(fv, 4)} (LayerNorm {num(ln, 4)}; less LN {num(fv - ln, 4)})",
-                )
-            )
-            pairs.append(
-                (
-                    "fvcore as shipped (no SDPA), GMACs",
-                    f"{num(bare, 4)} ({100 * (bare / s['forward_gmacs'] - 1):+.1f}%)",
-                )
-            )
+            less, shipped = num(fv - ln, 4), 100 * (bare / s["forward_gmacs"] - 1)
+            pairs.append(("fvcore + SDPA handle, GMACs", f"{num(fv, 4)} (LayerNorm {num(ln, 4)}; less LN {less})"))
+            pairs.append(("fvcore as shipped (no SDPA), GMACs", f"{num(bare, 4)} ({shipped:+.1f}%)"))
         print()
         print_pairs(pairs)
 
@@ -200,12 +180,7 @@ def cmd_peaks(args: PeaksArgs) -> None:
 
         with Precision(o.precision, "cuda").flags():
             peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
-        result = {
-            "device": peak.device,
-            "precision": peak.precision,
-            "tflops": peak.flops / 1e12,
-            "source": peak.source,
-        }
+        result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
         if peak.detail:
             result["detail"] = peak.detail
         if peak.measured_on:

@@ -1,7 +1,4 @@
-"""The ``dit-cost`` subcommands' settings: one dataclass each, sharing the model and budget flags.
-
-No torch here (nor in anything it imports): ``dit-cost`` answers in a fraction of a second.
-"""
+"""The ``dit-cost`` subcommands' settings: one dataclass each, sharing the model and budget flags; no torch."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ PROFILES_HELP = "post-hoc EMA: the sigma_rel of each profile train.py tracks (on
 
 @dataclass(frozen=True)
 class CostModelSection(ModelSection):
-    """The model section (train.py's flags and defaults) and the latent space it sees, which dit-cost cannot
-    read off the data: the VAE (or none), and the latent size and channels where they are not the VAE's."""
+    """The model section and the latent space dit-cost cannot read off the data: VAE, latent size, channels."""
 
     vae: str = option(
         "ema",
@@ -107,8 +103,7 @@ class TrainArgs(Section):
     ema_profiles: tuple[float, ...] | None = option(None, PROFILES_HELP + ": their snapshots' disk")
     ema_snapshot_every: int = option(5_000, "with --ema-profiles: steps per snapshot of the profiles", ge=1)
     json: bool = option(False, "print JSON")
-    # REPA's flags are train.py's (dit.model.repa_config's sections); the encoder's shape comes from timm's config on
-    # the meta device, with no download. Whether its features come from a store is this plan's own question:
+    # REPA's flags are train.py's sections; whether its features come from a store is this plan's own question
     repa_cached_features: bool = option(
         False, "REPA: features from a latent store (the encoder paid once per image view, at extraction)"
     )
@@ -145,8 +140,7 @@ class SampleArgs(Section):
 
 
 def planned_guidance(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> float:
-    """The guidance a model of this section gets by default (1.5 with a null class, or with a ``guide``: an FID
-    set's)."""
+    """The guidance scale this model gets: the asked one, else 1.5 with a null class or a ``guide``, else 1."""
     try:
         return sampling.guidance(model.num_classes > 0 and model.class_dropout_prob > 0 or guide is not None)
     except FieldError as e:
@@ -154,8 +148,7 @@ def planned_guidance(model: CostModelSection, sampling: FidSamplingSection, guid
 
 
 def plan_of(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> SamplingPlan:
-    """Which evaluations the sampler makes and which are guided (the run follows the same plan); ``guide``:
-    autoguidance's guide model."""
+    """Which evaluations the sampler makes and which are guided; ``guide``: autoguidance's guide model."""
     kind = objective_for_sampler(sampling.sampler).sampler(sampling.sampler, fast=sampling.FAST)
     return sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
@@ -165,8 +158,7 @@ def plan_of(model: CostModelSection, sampling: FidSamplingSection, guide: str | 
 
 
 def planned_shift(model: CostModelSection, sampling: FidSamplingSection) -> float:
-    """The sampler's timestep shift: the asked one ("auto": RAE's for the model's latent), else none (no run to
-    take it from)."""
+    """The sampler's timestep shift: the asked one ("auto": RAE's for the model's latent), else none."""
     shift = sampling.time_shift
     return 1.0 if shift is None else shift_factor(shift, latent_dim(model.config()) if shift == "auto" else 0)
 

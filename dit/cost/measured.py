@@ -1,10 +1,5 @@
-"""FLOPs counted by running the real model: the check on ``dit.cost.analytic``, never a per-step tool.
-
-``FlopCounterMode`` costs ~60 us of host time per aten op, so it runs once (tests, ``dit-cost flops
---measure``), on the **meta** device: no memory, seconds even for DiT-XL/2. The trap it avoids: on CPU,
-torch 2.14.1 has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` and counts attention
-as 0 without a word (pytorch/pytorch#195460); on meta, SDPA decomposes into counted ``bmm``s.
-"""
+"""FLOPs counted by running the real model on the meta device, once (tests, ``dit-cost flops --measure``): the
+check on ``dit.cost.analytic`` (on CPU, torch counts the flash kernel as 0: docs/cost_model.md)."""
 
 from __future__ import annotations
 
@@ -27,15 +22,13 @@ def _fused_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **k
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-# The CPU kernels counted with the formulas torch uses for the CUDA fused kernels: forward 2 bmm, backward
-# 5 bmm (it recomputes QK^T). With these, a CPU count equals what a GPU with flash attention reports.
+# The CPU kernels counted as torch counts the CUDA fused ones (forward 2 bmm, backward 5: QK^T recomputed)
 CPU_SDPA_FORMULAS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_sdpa,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_sdpa_backward,
 }
 
-# Module (block index starred) -> analytic component. The counter's totals include children, so the
-# attention module's own share (QK^T and A.V) is its total less its two linears.
+# Module (block index starred) -> component; attention's own share is its total less its two linears
 _MODULE_COMPONENTS = {
     "x_embedder": "patch_embed",
     "t_embedder": "timestep_embedder",
@@ -69,8 +62,7 @@ def _components(counter: FlopCounterMode) -> dict[str, int]:
 
 
 def _kept(cfg: DiTConfig, batch_size: int, ratio: float | None, device: str) -> dict:
-    """The forward's ``kept`` argument at drop ratio ``ratio`` (default: the config's): the first K tokens of
-    each sample (the count depends on K alone), or nothing at full tokens."""
+    """The forward's ``kept`` at drop ratio ``ratio``: each sample's first K tokens (counts depend on K)."""
     ratio = cfg.token_drop if ratio is None else ratio
     if not ratio:
         return {}
@@ -85,14 +77,8 @@ def measure_flops(
     device: str = "meta",
     ratio: float | None = None,
 ) -> dict:
-    """Count the real ``DiT`` forward (and forward+backward) with ``FlopCounterMode``; FLOPs, not MACs.
-
-    ``device="meta"`` (default) counts the model convention: attention backward = 2 x forward. ``"cpu"``
-    runs real tensors (tiny configs only) with the fused-kernel formulas, so it counts what a GPU with
-    flash attention executes, recompute included: the hardware convention. The first
-    ``checkpointed_blocks`` blocks use activation checkpointing, whose recompute the count includes. A model
-    built with ``token_drop`` runs its sparse blocks at drop ratio ``ratio`` (default: the config's).
-    """
+    """Count the real DiT forward (and backward) with ``FlopCounterMode``: on "meta" the model convention, on "cpu"
+    (tiny configs) the fused kernels' formulas, recompute included."""
     if device not in ("meta", "cpu"):
         raise ValueError(f"device must be 'meta' or 'cpu', got {device!r}")
     with torch.device(device):
@@ -131,12 +117,7 @@ def _sdpa_macs(inputs, outputs) -> int:
 
 
 def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool = True) -> dict:
-    """fvcore's forward count per image (MACs), with the SDPA handle it lacks; runs the model on CPU.
-
-    fvcore also counts LayerNorm (4 x numel without affine), which our convention leaves out: it is
-    returned apart as ``layer_norm``, and ``unsupported`` lists the ops fvcore skipped (elementwise ops;
-    SDPA too with ``sdpa_handle=False``, which is how hook-based counters lose attention).
-    """
+    """fvcore's forward MACs per image, with the SDPA handle it lacks; its LayerNorm and skipped ops apart."""
     require("fvcore", "fvcore", "the fvcore cross-check (--fvcore)")
     with warnings.catch_warnings():  # fvcore warns on import about its own deprecated dependencies
         warnings.simplefilter("ignore")

@@ -1,10 +1,5 @@
-"""Training memory per device: an analytic estimate, and a trace of one real step on fake tensors.
-
-The trace runs the real thing (DiT forward through ``create_diffusion("").training_losses``, backward,
-AdamW step, EMA update) under ``FakeTensorMode`` with torch's ``MemTracker``: shapes and storages without
-allocation, so DiT-XL/2 at any batch traces on a laptop. The analytic estimate is what a planner can
-afford for every batch size; tests hold it to the trace.
-"""
+"""Training memory per device: an analytic estimate, and a trace of one real step on fake tensors with torch's
+``MemTracker``, which tests hold the estimate to."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from dit.model.options import chosen
 
 _AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}  # torch dtype names; torch loads lazily
 MEMORY_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-# "fused": flash / memory-efficient / cuDNN SDPA kernels; "explicit": the T x T matrix is materialised
-# (dit.model.layers' explicit and math backends).
+# "fused": SDPA's flash, memory-efficient and cuDNN kernels; "explicit": the T x T matrix is kept (explicit, math)
 ATTENTION_KINDS = ("fused", "explicit")
 
 # Bytes saved for backward per (image x token x hidden) element, from what each op keeps (docs/cost_model.md).
@@ -28,14 +22,8 @@ _BACKWARD_WORKING = 16  # activation gradients in flight in backward: ~4 fp32 te
 
 
 def _block_saved(cfg: DiTConfig, precision: str) -> float:
-    """Bytes a block keeps per (image x token x hidden) element.
-
-    The official block keeps 12 + 2r tensors of one element each (x, LN, modulated, q, k, v, attention out,
-    proj out, x1, LN, modulated, fc2 out; fc1 out and GELU out are r wide): 80 bytes in fp32 for r = 4.
-    Under 16-bit autocast the 4 on the fp32 residual path (x, LN, x1, LN) stay fp32 and the rest are half:
-    48. No tokens^2 term here: fused attention keeps its output and a logsumexp (see ``_attention_matrix``).
-    The MLP's 2r and the other options' terms are their registry entries' (``dit.model.options``); new q and
-    k, which attention then keeps, count once however many options make them."""
+    """Bytes a block keeps per (image x token x hidden) element: the official block's 12 + 2r tensors (80 in fp32,
+    48 under autocast: docs/cost_model.md) plus its options' terms; new q and k count once."""
     half = precision in _AUTOCAST
     options = chosen(cfg)
     tensors = 12 + sum(o.saved(cfg) for o in options)
@@ -46,8 +34,7 @@ def _block_saved(cfg: DiTConfig, precision: str) -> float:
 
 
 def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: int | None = None) -> int:
-    """Bytes per image of one block's softmax probabilities over ``tokens`` (default: all), which only explicit
-    attention keeps."""
+    """Bytes per image of one block's softmax probabilities over ``tokens``: explicit attention's only."""
     if attention not in ATTENTION_KINDS:
         raise UserError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}.")
     if attention == "fused":
@@ -57,8 +44,7 @@ def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: in
 
 
 def _fusion(cfg: DiTConfig) -> tuple[int, int]:
-    """(matmul weights, bytes kept per (image x token x hidden) element) of SPRINT's fusion: a 2D -> D linear
-    keeping its 2D-wide input."""
+    """(matmul weights, bytes kept per element) of SPRINT's fusion, a 2D -> D linear."""
     if not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
         return 0, 0
     return 2 * cfg.hidden_size**2, 2 * 4
@@ -111,17 +97,7 @@ def estimate_training_memory(
     attention: str = "fused",
     ratio: float | None = None,
 ) -> MemoryEstimate:
-    """Analytic peak memory of one training step: fp32 weights, AdamW, fp32 EMA (and one more fp32 copy per
-    post-hoc EMA profile, ``ema_profiles``), autocast for bf16/fp16.
-
-    The peak is the largest of three moments: the start of backward (every activation saved), the
-    backward of the last checkpointed block (all gradients, every checkpointed input and one recomputed
-    block), and the AdamW step (gradients plus the foreach update's temporary). ``sharding="fsdp"``
-    divides weights, gradients, optimizer state and EMA by ``world_size`` and adds two blocks of
-    unsharded weights and gradients in flight; DDP with ``world_size > 1`` adds its gradient buckets.
-    ``attention="explicit"`` adds the probabilities each block keeps, and two such matrices in backward.
-    Each block keeps what its tokens make (``DiTConfig.block_tokens`` at ``ratio``, default the config's).
-    """
+    """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, AdamW's step."""
     _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
@@ -136,11 +112,7 @@ def estimate_training_memory(
     attn_matrix = batch_per_device * _attention_matrix(cfg, precision, attention)
     block_saved = _block_saved(cfg, precision)
 
-    static = {
-        "params": 4 * total_params,
-        "optimizer": 8 * trainable,
-        "ema": 4 * total_params if ema else 0,
-    }
+    static = {"params": 4 * total_params, "optimizer": 8 * trainable, "ema": 4 * total_params if ema else 0}
     if ema_profiles:
         static["ema_profiles"] = 4 * total_params * ema_profiles
     if sharding == "fsdp" and world_size > 1:
@@ -174,8 +146,7 @@ def estimate_training_memory(
 
 
 def snapshot_disk(cfg: DiTConfig, profiles: int, steps: int, every: int) -> tuple[int, int]:
-    """A run's post-hoc EMA snapshots (``dit.checkpoint.posthoc``): (how many, bytes each). One every ``every``
-    steps and one at the end, each the fp32 weights of every profile, all kept."""
+    """A run's post-hoc EMA snapshots, one every ``every`` steps and at the end: (how many, bytes each)."""
     count = steps // every + (1 if steps % every else 0)
     return count, 4 * param_counts(cfg).total * profiles
 
@@ -200,9 +171,7 @@ def max_batch_that_fits(cfg: DiTConfig, memory_bytes: int, **estimate_kwargs) ->
 
 
 def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
-    """What a training step may use of a device: all but a reserve for the CUDA context and the caching
-    allocator's fragmentation. One rule for ``--activation-checkpointing auto`` and ``dit-cost memory``:
-    ``reserve_gib`` if given, else 10% of the device and at least 2 GiB."""
+    """What a step may use of a device: all but ``reserve_gib``, by default 10% and at least 2 GiB."""
     reserve = reserve_gib * 2**30 if reserve_gib is not None else max(2 * 2**30, 0.1 * capacity_bytes)
     return int(capacity_bytes - reserve)
 
@@ -214,9 +183,7 @@ def fit_checkpointing(
     checkpointed_blocks: int | str = "auto",
     **estimate_kwargs,
 ) -> tuple[int, MemoryEstimate]:
-    """The blocks to recompute and the step's estimate with them: ``checkpointed_blocks`` as given, or under
-    "auto" the fewest whose estimate fits ``budget_bytes`` (every block where none does; the caller compares
-    the estimate with its budget). The one fit search: train.py's start-up and ``dit-cost memory``."""
+    """The blocks to recompute and their estimate: as given, or for "auto" the fewest that fit (else all)."""
     candidates = range(cfg.depth + 1) if checkpointed_blocks == "auto" else (checkpointed_blocks,)
     for blocks in candidates:
         estimate = estimate_training_memory(cfg, batch_per_device, checkpointed_blocks=blocks, **estimate_kwargs)
@@ -247,7 +214,7 @@ def _peak_only_tracker():
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class PeakOnlyMemTracker(MemTracker):
-        """MemTracker without its per-module peaks, which cost O(modules) per op (5x slower on DiT-XL/2)."""
+        """MemTracker without its per-module peaks, which cost O(modules) per op."""
 
         def _update_peak_stats(self, peak_state) -> None:
             for dev, snap in self._curr_mem_snap.items():
@@ -266,12 +233,7 @@ def trace_training_memory(
     ema: bool = True,
     attention: str = "fused",
 ) -> MemoryTrace:
-    """Peak memory of one steady-state training step on one device, traced on fake tensors (CPU, no memory).
-
-    bf16/fp16 mean fp32 weights under autocast (CPU autocast: CUDA's is off without a GPU; both cast the
-    same ops here). AdamW runs ``foreach`` as on CUDA. A warm-up step with zero gradients, untracked,
-    creates the optimizer state first, so the tracked step is the steady state, not the lighter first one.
-    """
+    """Peak memory of one steady-state step, traced on fake tensors (CPU autocast, AdamW ``foreach``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -283,8 +245,7 @@ def trace_training_memory(
         _attention_matrix(cfg, precision, attention)  # validates the name
         model.set_attention("sdpa" if attention == "fused" else "explicit")
         trainable = [p for p in model.parameters() if p.requires_grad]
-        # MemTracker (torch 2.14.1) hooks every parameter's gradient and fails on the frozen pos_embed;
-        # letting it take a gradient adds tokens x hidden x 4 bytes (1.2 MB for DiT-XL/2 at 256 px).
+        # MemTracker fails on the frozen pos_embed: it takes a gradient here (docs/cost_model.md)
         model.pos_embed.requires_grad_(True)
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, foreach=True)
         for p in trainable:

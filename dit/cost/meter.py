@@ -1,9 +1,5 @@
-"""Throughput, MFU and HFU per logging window, from host-side counters only.
-
-The training loop calls ``step`` every step (integer and float adds: no device sync, no all-reduce) and
-``window`` right after the one sync it does at a log step. Checkpoint saves, sampling and warm-up are kept
-out with ``pause``/``resume`` or ``reset_clock``, so MFU measures training and nothing else.
-"""
+"""Throughput, MFU and HFU per logging window from host-side counters only: ``step`` every step (no sync),
+``window`` after the log step's one sync; saves, sampling and warm-up are kept out of the window."""
 
 from __future__ import annotations
 
@@ -13,17 +9,8 @@ from dit.cost.peaks import Peak
 
 
 class CostMeter:
-    """Per-device rates over the window since the last ``window()`` call.
-
-    FLOPs per image come from ``dit.cost.analytic.training_flops_per_image`` (``.model`` for MFU,
-    ``.hardware`` for HFU). ``vae_flops_per_image`` is the encoder's forward when the step encodes images
-    on the fly: it runs inside the timed window, so ``mfu_with_vae`` counts it; ``mfu`` is the DiT's alone.
-    ``aux_flops_per_image`` are auxiliary networks' FLOPs inside the step (REPA's projector, and its encoder
-    unless its features were extracted): ``mfu_with_aux`` counts them beside the DiT's.
-    ``local_images`` are this rank's images, so the rates are per device; the global image rate assumes
-    every rank runs the same local batch, as DDP and FSDP do. A step may say what its images cost (``step``'s
-    ``flops``: a token-drop stage's), so the rates count the FLOPs the steps really did.
-    """
+    """Per-device rates since the last ``window()``: ``mfu`` (the DiT's ``.model`` FLOPs), ``hfu`` (``.hardware``),
+    ``mfu_with_vae`` (an on-the-fly encode) and ``mfu_with_aux`` (REPA's networks); equal local batches assumed."""
 
     def __init__(
         self,
@@ -61,8 +48,7 @@ class CostMeter:
             self._paused_at = self._start
 
     def step(self, local_images: int, data_wait_s: float = 0.0, flops: tuple[float, float] | None = None) -> None:
-        """Count one optimizer step of ``local_images`` images, ``data_wait_s`` of it spent waiting for data;
-        ``flops``: its (model, hardware) FLOPs per image, where they differ from the meter's."""
+        """Count one step of ``local_images`` images; ``flops``: its (model, hardware) FLOPs per image."""
         model, hardware = (
             flops if flops is not None else (self.model_flops_per_image, self.hardware_flops_per_image)
         )

@@ -1,8 +1,5 @@
-"""Budgets before a run: FLOPs, device-hours, days and money for training, and for sampling N images.
-
-Time comes from FLOPs / (devices x peak x MFU). MFU is never assumed: pass it, or pass the calibration
-JSON a benchmark wrote for this model, image size, precision and device (schema: ``Calibration``).
-"""
+"""Budgets before a run: FLOPs, device-hours, days and money for training and for sampling N images. Time is
+FLOPs / (devices x peak x MFU); MFU is never assumed: pass it, or a benchmark's calibration (``Calibration``)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ from dit.model.config import DiTConfig, describe, model_config, registry_name
 
 
 def vae_config_for(spec: str | None) -> dict | None:
-    """The AutoencoderKL config a ``--vae`` value means: a known VAE's by alias or hub id (ema, mse, vavae),
-    a folder's config.json, or None for ``none`` (pixel space). Read as JSON: no weights, no diffusers."""
+    """The AutoencoderKL config a ``--vae`` value means (a known VAE, or a folder's config.json), read as JSON."""
     if spec is None or str(spec).lower() == "none":
         return None
     if (known := known_vae_config(spec)) is not None:
@@ -63,9 +59,7 @@ def model_for_image(
     in_channels: int | None = None,
     **overrides,
 ) -> DiTConfig:
-    """The DiT config for images of ``image_size`` pixels: latents of the VAE's size and channel count
-    (``vae`` True: the SD VAE, image/8 x 4 channels; a dict: that AutoencoderKL config), the pixels
-    themselves (3 channels) for ``vae`` False/None. ``model`` None builds a custom config from overrides."""
+    """The DiT config for ``image_size`` pixels: the VAE's latents (``vae`` True: the SD VAE's) or the pixels."""
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
     if vae_config is not None:
         down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
@@ -91,20 +85,9 @@ def model_for_image(
     return model_config(model, **fields)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Calibration: what a benchmark measured, so that plans use a real MFU
-# --------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Calibration:
-    """Calibration JSON: required keys below; anything else a benchmark adds is kept in the file, ignored.
-
-    {"model": "DiT-XL/2", "image_size": 256, "precision": "bf16", "device": "NVIDIA H100 80GB HBM3",
-     "mfu": 0.41}
-    ``device`` is the ``torch.cuda.get_device_name()`` string (or a table name); ``mfu`` is model FLOPs
-    (3 x forward, 2 FLOPs per MAC) per second over the datasheet peak, as ``CostMeter`` reports it.
-    """
+    """A benchmark's calibration JSON: ``device`` as ``get_device_name()``, ``mfu`` as ``CostMeter`` reports it."""
 
     model: str
     image_size: int
@@ -133,7 +116,6 @@ def load_calibration(path: str) -> Calibration:
 
 
 def save_calibration(cal: Calibration, path: str, **extra) -> None:
-    """Write a calibration atomically (a half-written file would mislead every later plan)."""
     atomic_write_bytes(path, json.dumps({**asdict(cal), **extra}, indent=2).encode())
 
 
@@ -168,15 +150,9 @@ def _mfu_and_device(
     return mfu, "given", device
 
 
-# --------------------------------------------------------------------------------------------------------
-# Plans: the compute always; time, device-hours and money when a device and an MFU are given
-# --------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Budget:
-    """What a plan runs on: the devices, the precision their peak is read for, the MFU (or a calibration that
-    gives it), the peak if not the table's, and the price of a device-hour."""
+    """What a plan runs on: the devices, the precision of their peak, the MFU or a calibration, a peak, a price."""
 
     num_devices: int = 1
     device: str | None = None
@@ -220,13 +196,7 @@ def plan_training(
     repa: RepaFlops | None = None,
     repa_cached: bool = False,
 ) -> TrainingPlan:
-    """FLOPs and MACs per image, per step and in total (DiT and VAE encode apart), memory per device, and
-    time and cost when a device and an MFU (or a calibration) are given.
-
-    The VAE line is the encoder's forward per image: paid every step when images are encoded on the fly,
-    once per stored view when latents are pre-extracted (extract_features.py). ``repa``: REPA's auxiliary
-    FLOPs, apart from the DiT's (the encoder's forward left out of the steps when ``repa_cached``); the time
-    counts them at the same MFU (the plan's mfu stays the DiT's)."""
+    """FLOPs per image, step and run (DiT, VAE encode, REPA apart), memory, and time and cost at one MFU."""
     num_devices, precision = budget.num_devices, budget.precision
     if global_batch_size % num_devices:
         raise UserError(
@@ -274,11 +244,7 @@ def plan_sampling(
     path_drop: bool = False,
     guide: DiTConfig | None = None,
 ) -> SampleBudget:
-    """FLOPs to sample ``num_images``: steps x forward (x2 with guidance) + VAE decode, each on its own line;
-    time and cost when a device and an MFU are given (the VAE decode assumed at the same MFU).
-    ``unguided_nfe`` of the evaluations run outside a guidance interval: one pass each. ``path_drop``: the
-    unconditional pass skips the sparse blocks (SPRINT's path-drop guidance); ``guide``: autoguidance's guide,
-    whose forward replaces the unconditional pass."""
+    """FLOPs to sample ``num_images`` (steps x forward, x2 guided, + VAE decode), and time and cost at one MFU."""
     if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
         raise UserError(
             "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
@@ -318,9 +284,7 @@ def plan_memory(
     trace: bool = False,
     ema_profiles: int = 0,
 ) -> MemoryPlan:
-    """Step memory per device (analytic, optionally traced), and with a device's capacity the largest batch
-    that fits; ``checkpointed_blocks="auto"`` picks the fewest that fit, as ``train.py`` does. ``ema_profiles``:
-    the post-hoc EMA profiles tracked, one fp32 copy each."""
+    """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
     if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA

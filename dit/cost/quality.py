@@ -1,11 +1,5 @@
-"""Quality against compute, from a run's ``metrics.jsonl``: the curve, and the compute a target FID took.
-
-Evaluation records (``kind: "eval"``, written by ``train.py --eval-every``) carry the scores and
-``total_model_pflops``, the training compute spent so far; training records carry the seconds of each MFU
-window. The compute to reach a FID is interpolated between the two evaluations that bracket it, linearly
-in log(FLOPs) (the scale on which FID-vs-compute curves are drawn, and close to straight there); its step and
-time are the run's own at those FLOPs (steps are proportional to FLOPs), and its cost follows from them.
-"""
+"""Quality against compute from a run's ``metrics.jsonl``: the curve, and the compute, time and cost a target FID
+took, interpolated in log(FLOPs) between the two evaluations that bracket it."""
 
 from __future__ import annotations
 
@@ -17,11 +11,7 @@ from dit.io.errors import UserError
 
 
 def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], list[dict]]:
-    """(training records, evaluation records) of a run folder (or of a metrics.jsonl path), in step order.
-
-    A resumed run appends the steps after its last checkpoint again: the later record of a step is the one
-    that counts. ``up_to_step`` reads a run that trained on past a budget as if it had stopped there.
-    """
+    """(train records, eval records) of a run in step order, a step a resume repeated counted once."""
     path = Path(run_dir)
     path = path if path.suffix == ".jsonl" else path / "metrics.jsonl"
     if not path.is_file():
@@ -52,9 +42,7 @@ COUNTS = ("model", "total")
 
 
 def pflops_of(evaluation: dict, count: str = "model") -> float:
-    """An evaluation's training compute so far: the DiT's (``model``), or ``total``: with the auxiliary
-    FLOPs of its steps (REPA's encoder and projector) and the upstream ones paid before it (training the
-    encoder, extracting its features): what a recipe cost, not just its DiT."""
+    """An evaluation's training compute so far: the DiT's (``model``), or with auxiliary and upstream FLOPs."""
     pflops = evaluation["total_model_pflops"]
     if count == "total":
         pflops += sum(evaluation.get(k) or 0.0 for k in ("total_aux_pflops", "upstream_pflops",
@@ -89,11 +77,7 @@ def compute_to_target(
     count: str = "model",
     score: str = "fid",
 ) -> dict:
-    """The training compute (``count``: the DiT's, or the ``total`` a recipe spent), time and cost at which a
-    run's FID (or another ``score`` its evaluations record, e.g. ``fd_judge``) first reached ``target_fid``.
-
-    Reached at the first evaluation, the figures are that evaluation's: an upper bound (``upper_bound``).
-    """
+    """The compute, time and cost at which a run's ``score`` first reached ``target_fid`` (interpolated)."""
     train, evals = read_run(run_dir, up_to_step)
     points = [(e["step"], pflops_of(e, count), e[score]) for e in evals if e.get(score) is not None]
     if not points:

@@ -1,8 +1,5 @@
-"""What a plan reports: the training, sampling and memory plans as dataclasses, and their one renderer (the
-text table, or ``--json``: the plan's fields in order, each nested part's fields in its place).
-
-No torch here: ``dit-cost`` answers in a fraction of a second.
-"""
+"""What a plan reports: the training, sampling and memory plans as dataclasses, and their one renderer (the text,
+or ``--json``: the fields in order, each nested part's in its place). No torch here."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ def _part(**default):
 
 
 def flat(plan) -> dict:
-    """A plan's JSON object: its fields in order, each part's fields in the part's place; an optional field
-    that is None and a field for the text alone are left out."""
+    """A plan's JSON object: fields in order, parts in place; None optionals and text-only fields left out."""
     out = {}
     for f in fields(plan):
         value = getattr(plan, f.name)
@@ -54,16 +50,12 @@ class TrainMemory:
 
 @dataclass(frozen=True)
 class RepaUse:
-    """The REPA encoder a training plan counts, and the size it sees."""
-
     repa_encoder: str
     repa_input_size: int
 
 
 @dataclass(frozen=True)
 class EmaSnapshots:
-    """The post-hoc EMA profiles' snapshots a training run keeps: how many, and their disk."""
-
     ema_snapshots: int
     ema_snapshot_gib: float
     ema_snapshots_gib: float
@@ -158,8 +150,6 @@ class SampleBudget:
 
 @dataclass(frozen=True)
 class Traced:
-    """One real step traced on fake tensors: its peak and the categories at the peak."""
-
     traced_bytes: int
     traced_parts: dict[str, int]
 
@@ -190,9 +180,6 @@ class MemoryPlan:
     peak_phase: str
     traced: Traced | None = _part()
     fit: Fit | None = _part()
-
-
-# ---- text -----------------------------------------------------------------------------------------------
 
 
 def print_table(rows: list[list], headers: list[str]) -> None:
@@ -319,7 +306,6 @@ def _print_memory(r: MemoryPlan) -> None:
 
 
 def show(plan: TrainingPlan | SampleBudget | MemoryPlan, as_json: bool) -> None:
-    """Print a plan: its JSON object, or its text."""
     if as_json:
         print(json.dumps(flat(plan), indent=2))
     elif isinstance(plan, MemoryPlan):

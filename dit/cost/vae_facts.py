@@ -1,6 +1,5 @@
-"""What the planner and the VAE loader must agree on about the autoencoders, without torch or diffusers:
-the SD VAE's aliases and config, VA-VAE's, diffusers' AutoencoderKL defaults, and the downsampling a config implies.
-``dit.data.vae`` loads and runs VAEs from these; ``dit.cost`` counts their FLOPs and latent shapes from them."""
+"""What the planner and the VAE loader agree on about the autoencoders, without torch or diffusers: the SD VAE's
+aliases and config, VA-VAE's, diffusers' AutoencoderKL defaults, and the downsampling a config implies."""
 
 from __future__ import annotations
 
@@ -20,10 +19,7 @@ SD_VAE_CONFIG = {
     "act_fn": "silu",
 }
 
-# VA-VAE, LightningDiT's f16d32 tokenizer (32 latent channels at 16x): its LDM config (LightningDiT's
-# tokenizer/configs/vavae_f16d32.yaml: ch 128, ch_mult 1 1 2 2 4, 2 res blocks, attention at 16 px, z 32)
-# written as the diffusers AutoencoderKL with the same layers. The release is an LDM checkpoint, not a
-# diffusers folder: the planner prices it by name; training needs it converted to a diffusers folder.
+# VA-VAE (LightningDiT's vavae_f16d32.yaml) as an AutoencoderKL of its layers: priced by name, LDM-format release
 VAVAE_ID = "hustvl/vavae-imagenet256-f16d32-dinov2"
 VAVAE_CONFIG = {
     "in_channels": 3,
@@ -70,8 +66,7 @@ def known_vae_config(spec: str | None) -> dict | None:
 
 
 def latent_downsample_of(config) -> int:
-    """Image pixels per latent pixel along one side, from an AutoencoderKL config (a dict or diffusers'
-    FrozenDict): each encoder block but the last halves the resolution."""
+    """Image pixels per latent pixel along a side: each encoder block but the last halves the resolution."""
     blocks = config.get("block_out_channels", AUTOENCODER_KL_DEFAULTS["block_out_channels"])
     return 2 ** (len(blocks) - 1)
 

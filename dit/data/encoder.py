@@ -1,11 +1,5 @@
-"""Frozen image encoders for REPA, built with timm: any timm ViT by name (``vit_base_patch14_dinov2.lvd142m`` is
-REPA's), or ours (``digits-mae``, a small ViT trained without labels on the quick start's digits).
-
-Weights come through timm's own loading: downloaded when online, from ``--repa-encoder-weights FILE`` offline
-(``weights_only``), from the committed file for ours. The normalisation is the encoder's pretrained data
-config's; the input size is REPA's choice, not the config's (timm's DINOv2 configs say 518 px: 5x the tokens of
-REPA's 224), by default the DiT's token grid times the encoder's patch, so that the two grids agree.
-"""
+"""Frozen image encoders for REPA, built with timm: any timm ViT by name or ours (``digits-mae``), normalised as
+pretrained, by default at the input size whose patch grid is the DiT's token grid."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ WEIGHTS = Path(__file__).resolve().parent / "weights"
 
 @dataclass(frozen=True)
 class LocalEncoder:
-    """An encoder of ours: a timm architecture with overridden sizes, and committed weights beside a JSON
-    report of how they were made (the command, the training FLOPs)."""
+    """An encoder of ours: a timm architecture with our sizes, and committed weights beside their JSON report."""
 
     architecture: str
     kwargs: dict
@@ -78,8 +71,7 @@ def check_encoder_name(name: str) -> None:
 def create_encoder_model(
     name: str, device="cpu", input_size: int | None = None, pretrained: dict | bool = False
 ) -> nn.Module:
-    """timm.create_model for ``name`` on ``device`` without a head; ``pretrained``: False (random weights),
-    True (timm downloads them), or a pretrained-config overlay (``{"file": PATH}``: timm loads that file)."""
+    """timm.create_model for ``name`` without a head; ``pretrained``: False, True, or a config overlay."""
     timm = _timm()
     local = LOCAL_ENCODERS.get(name)
     kwargs = dict(local.kwargs) if local else {}
@@ -127,8 +119,7 @@ def vit_shape(model: nn.Module) -> ViTShape:
 
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
-    """``input_size``, or the one whose patch grid equals the DiT's ``grid`` (REPA: 16 x 14 = 224 px); checked
-    to be a multiple of the encoder's patch. Builds the encoder on the meta device: no weights, no download."""
+    """``input_size``, or the one whose patch grid is the DiT's ``grid`` (REPA: 16 x 14 = 224 px)."""
     check_encoder_name(name)
     patch = vit_shape(create_encoder_model(name, "meta", None, False)).patch_size
     size = input_size or grid * patch
@@ -152,8 +143,7 @@ def upstream_flops(name: str) -> float | None:
 
 
 class Encoder:
-    """A frozen timm ViT with its normalisation and input size; ``features`` maps images in [-1, 1] to patch
-    tokens (N, grid * grid, width). Not an ``nn.Module``: it is no part of what trains or checkpoints."""
+    """A frozen timm ViT with its normalisation and input size (no ``nn.Module``: it never trains or saves)."""
 
     def __init__(self, name: str, weights: str | None, input_size: int, device: torch.device | str = "cpu"):
         check_encoder_name(name)
@@ -214,8 +204,7 @@ class Encoder:
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (prefix tokens dropped) of images (N, C, H, W) in [-1, 1]: a 1-channel image is
-        repeated for a 3-channel encoder; resized to the input size, normalised as the encoder was trained."""
+        """Patch tokens of images in [-1, 1], resized and normalised as the encoder was trained."""
         x = (images.float() + 1) / 2
         want = self.shape.in_channels
         if x.shape[1] != want:

@@ -1,10 +1,5 @@
-"""Images as DiT sees them: ADM's centre crop, random horizontal flips, CHW float32 in [-1, 1].
-
-Two sources: an ImageNet-style folder (``ROOT/CLASS/IMAGE``, labels = sorted class folder names, as in the
-official release, so pretrained class ids line up) and in-memory uint8 arrays (small packaged data sets).
-The folder scan reports what it cannot use (non-image files, empty class folders) instead of silently
-dropping it; corrupt images surface when they are decoded.
-"""
+"""Images as DiT sees them: ADM's centre crop, random flips, CHW float32 in [-1, 1], from an ImageNet-style folder
+(labels: the sorted class folder names, as in the official release) or from uint8 arrays."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.Decompression
 
 
 def center_crop_arr(pil_image: Image.Image, image_size: int) -> Image.Image:
-    """ADM's centre crop: box-halve while the short side is >= 2x the target (cheap, alias-free), bicubic-resize
-    the short side to the target, then cut the centre square."""
+    """ADM's centre crop: box-halve while >= 2x the target, bicubic-resize, cut the centre square."""
     while min(pil_image.size) >= 2 * image_size:
         pil_image = pil_image.resize(tuple(s // 2 for s in pil_image.size), resample=Image.BOX)
     scale = image_size / min(pil_image.size)
@@ -41,8 +35,7 @@ def to_model_range(images_uint8: torch.Tensor) -> torch.Tensor:
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """NCHW images as uint8, the inverse of ``to_model_range``: floats in [-1, 1] are quantised as the
-    official sample_ddp.py writes its PNGs (clamp(127.5 x + 128) truncated); uint8 stays as it is."""
+    """NCHW images as uint8: floats in [-1, 1] quantised as the official sample_ddp.py writes its PNGs."""
     if images.dtype == torch.uint8:
         return images
     if not images.is_floating_point():
@@ -56,10 +49,7 @@ def _random_flip(image: torch.Tensor) -> torch.Tensor:
 
 
 def to_rgb(image: Image.Image, path: str = "") -> Image.Image:
-    """8-bit RGB. PIL's ``convert("RGB")`` clips 16- and 32-bit integer images (a 16-bit PNG's 0..65535
-    becomes 0 or 255); those are scaled to 8 bits first, by the smallest of 8, 16 or 31 bits that holds
-    their largest value. A float image (mode F, a 32-bit float TIFF) decoded all black; its range (0-1 or
-    0-255) cannot be told from the file, so it is refused."""
+    """8-bit RGB: wide integer images scaled first (PIL's ``convert`` clips them); float images refused."""
     if image.mode == "F" or image.mode.startswith("F;"):
         raise UserError(
             f"image {path} holds 32-bit floats, whose range (0-1 or 0-255) the file does not say: convert it "
@@ -107,16 +97,7 @@ HIDDEN = "hidden (a name starting with '.'), ignored"  # .DS_Store, .ipynb_check
 
 
 def scan_image_folder(root: str) -> FolderScan:
-    """List ``root/CLASS/**/IMAGE`` deterministically (sorted), reporting files and folders it cannot use.
-
-    Empty class folders keep their index (so the labels of later classes do not shift) but are reported.
-    Hidden entries are ignored and reported: a ``.ipynb_checkpoints`` folder at the root became class 0 and
-    shifted every label (torchvision's ImageFolder does the same). Two class folders whose names differ only in
-    Unicode normal form (``café`` as NFC and as NFD, as copies between macOS and Linux leave them) look like
-    one name but are two classes: both keep their index (the labels stay those of the sorted names, as a
-    store or checkpoint recorded them) and the later one is reported, so ``--strict`` refuses it. Links are followed, but a link back to a
-    folder already walked is not (``os.walk`` followed a loop until ELOOP, listing one image 41 times).
-    """
+    """List ``root/CLASS/**/IMAGE`` sorted, reporting what it cannot use (empty, hidden, Unicode twins, loops)."""
     if not os.path.isdir(root):
         raise UserError(
             f"data folder {root} does not exist or is not a folder. Pass --data-path pointing to an "
@@ -191,8 +172,7 @@ def _normal_form_twins(classes: list[str]) -> list[tuple[str, str]]:
 
 
 def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
-    """The --strict rule: any unusable file or folder fails the run, listing what was found (hidden entries
-    are not data, so they do not count)."""
+    """The --strict rule: any unusable entry but a hidden one fails the run, listing them."""
     skipped = [entry for entry in skipped if entry[1] != HIDDEN]
     if skipped:
         raise UserError(
@@ -202,11 +182,7 @@ def refuse_skipped(skipped: list[tuple[str, str]], root: str) -> None:
 
 
 class ImageFolderDataset(Dataset):
-    """(image in [-1, 1] as CHW float32, label) from an ImageNet-style folder, ADM-cropped, randomly flipped.
-
-    ``skipped`` lists (path, reason) for what the scan could not use; ``strict=True`` refuses any. A corrupt
-    image raises a UserError naming it when it is read (decoding every file up front would cost a full pass).
-    """
+    """(CHW float32 in [-1, 1], label) from an ImageNet-style folder, ADM-cropped, randomly flipped."""
 
     def __init__(self, root: str, image_size: int, flip: bool = True, strict: bool = False):
         scan = scan_image_folder(root)
@@ -230,10 +206,7 @@ class ImageFolderDataset(Dataset):
 
 
 class ArrayImageDataset(Dataset):
-    """(image in [-1, 1] as CHW float32, label) from uint8 arrays shaped NHW (grey, 1 channel) or NHWC.
-
-    Images are ADM-cropped to ``image_size`` once, up front: packaged data sets are small.
-    """
+    """(CHW float32 in [-1, 1], label) from uint8 NHW or NHWC arrays, ADM-cropped once, up front."""
 
     def __init__(self, images: np.ndarray, labels, image_size: int, flip: bool = True):
         images = np.asarray(images)

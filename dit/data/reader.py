@@ -31,9 +31,7 @@ def _stamp(file: str) -> tuple[int, int]:
 
 
 def _map_shard(file: str) -> dict[str, np.ndarray]:
-    """Zero-copy views of a shard's tensors (moments, labels, and REPA's features if stored). safetensors' own API
-    copies each slice it returns; batched random reads need the whole file mapped. torch.from_file maps lazily
-    (MAP_PRIVATE) and keeps no descriptor."""
+    """Zero-copy views of a shard's tensors (``torch.from_file``; safetensors' API copies each slice)."""
     try:
         header, start = read_header(file)
         raw = torch.from_file(file, shared=False, size=os.path.getsize(file), dtype=torch.uint8).numpy()
@@ -68,18 +66,8 @@ def channel_norm(manifest: dict, path: str) -> ChannelNorm:
 
 
 class LatentStoreDataset(Dataset):
-    """((latent - shift) x scale as float32 CxHxW, label) from a finished store; with ``latent_norm`` "channel",
-    (latent - mean_c) / std_c with the store's per-channel statistics (``ChannelNorm``).
-
-    Every access draws a fresh posterior sample (``sample_posterior``) and a random flip (``flip``): the stored
-    flip if the store has one, otherwise a mirror of the latent (an approximation; the VAE is not exactly
-    flip-equivariant). Randomness comes from torch's global RNG, which DataLoader reseeds per worker.
-    Shards are memory-mapped lazily in each process; ``__getitems__`` serves a whole batch in one pass. A shard
-    is checked against the manifest's sha256 before its first use: by ``verify_once`` for a whole job (once
-    per node), else by each process that maps it.
-    With ``features`` (REPA), items are (latent, label, the encoder's patch features as float32 (tokens, width)),
-    the features of the same view as the latent: the flipped image's own when the latent is flipped.
-    """
+    """((latent - shift) x scale, or per-channel normalised, float32 CxHxW, label) from a finished store, each
+    access a fresh posterior sample and flip; ``features`` adds the view's REPA features."""
 
     def __init__(
         self,
@@ -127,9 +115,7 @@ class LatentStoreDataset(Dataset):
         )
 
     def _shard(self, index: int) -> dict[str, np.ndarray]:
-        """The tensors of shard ``index``, memory-mapped once per process; its bytes are checked against the
-        manifest's sha256 before first use (by ``verify_once``, else the first time this process maps it), so a
-        corrupted byte is caught without a --verify pass."""
+        """Shard ``index``'s tensors, mapped once per process, hashed first unless ``verify_once`` did."""
         if self._shards is None or self._shards[0] != os.getpid():
             self._shards = (os.getpid(), {})
         mapped = self._shards[1]
@@ -150,11 +136,7 @@ class LatentStoreDataset(Dataset):
         )
 
     def verify_once(self, runtime) -> None:
-        """Before a job's loaders start: local rank 0 of each node hashes every shard (in parallel threads) while
-        the node's other ranks wait; then every rank, and the loader workers it starts, trusts each file its
-        node verified that still has the size and mtime it was hashed with. One pass per node instead of one
-        per loader process (8 ranks x 4 workers read an ImageNet store 32 times). A bad shard is the same
-        one-line error on every rank."""
+        """Before the loaders start: local rank 0 hashes every shard once per node; the ranks trust the stamps."""
         error, stamps = None, None
         if runtime.local_rank == 0:
             files = [os.path.join(self.path, s["file"]) for s in self.manifest["shards"]]
@@ -162,9 +144,7 @@ class LatentStoreDataset(Dataset):
             digests = sha256_files(files)
             bad = [s["file"] for s, d in zip(self.manifest["shards"], digests) if d != s["sha256"]]
             error = self._corrupt(bad) if bad else None
-        found = runtime.gather_objects(
-            (error, stamps)
-        )  # also the barrier: no loader starts before its node's check
+        found = runtime.gather_objects((error, stamps))  # also the barrier: no loader starts before the check
         if errors := [e for e, _ in found if e]:
             raise UserError(errors[0])
         node = found[runtime.rank - runtime.local_rank][1]  # torchrun numbers a node's ranks contiguously

@@ -1,11 +1,5 @@
-"""A latent store's per-channel statistics, for ``--latent-norm channel`` (docs/latent_store.md).
-
-Each channel's mean and std over the latents the reader draws: posterior samples of every stored view (the
-image and its flip) of every image, unscaled. They are the exact moments of those draws, read from the stored
-(mean, std) of each posterior rather than estimated from samples: E[z] = avg(mean) and
-E[z^2] = avg(mean^2 + std^2). Sums run in float64, per shard in a fixed order of fixed chunks, so the numbers
-depend only on the store's bytes, not on how many processes wrote it or in which order.
-"""
+"""A store's per-channel statistics for ``--latent-norm channel``: the exact moments of the reader's draws,
+E[z] = avg(mean), E[z^2] = avg(mean^2 + std^2), summed in float64 in a fixed order (the bytes decide them)."""
 
 from __future__ import annotations
 
@@ -19,9 +13,7 @@ CHUNK = 256  # images summed at a time: a bound on the float64 copy, fixed so th
 
 
 def latent_stats(shard_paths: list[str], channels: int) -> dict | None:
-    """``{"mean": [C], "std": [C], "values": n}`` (n values per channel) from the shards' moments
-    ``[n, views, 2, C, H, W]``; None for a store of no images. Shards are summed in threads (numpy releases the
-    GIL), each on its own, and their sums added in shard order."""
+    """``{"mean": [C], "std": [C], "values": n}`` from the shards' moments, summed in shard order."""
     if len(shard_paths) > 1:
         with ThreadPoolExecutor(max_workers=min(8, len(shard_paths), os.cpu_count() or 1)) as pool:
             sums = list(pool.map(_shard_sums, shard_paths, [channels] * len(shard_paths)))

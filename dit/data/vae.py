@@ -1,10 +1,5 @@
-"""The frozen image autoencoder: load it by alias, hub id or folder; encode to and decode from DiT latents.
-
-This module is the ONE place the latent scaling rule lives: latent = (posterior sample - ``shift_factor``) x
-``scaling_factor``, both read from the VAE's own config (the SD VAEs have no shift; the SD3 and FLUX VAEs,
-16 latent channels, do), so the trainer, the latent store and the sampler cannot disagree about it. Its
-alternative, ``--latent-norm channel`` (``ChannelNorm``), lives here too.
-"""
+"""The frozen image autoencoder: loading, encoding, decoding, and the one place of the latent scaling rule,
+(posterior sample - ``shift_factor``) x ``scaling_factor``, and of ``--latent-norm channel`` (``ChannelNorm``)."""
 
 from __future__ import annotations
 
@@ -73,11 +68,7 @@ def load_vae(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype =
 
 
 def vae_id_and_config_hash(vae: AutoencoderKL, spec: str) -> tuple[str, str]:
-    """A human-readable id (hub id or absolute folder) and a sha256 of the architecture config.
-
-    The config hash skips diffusers' bookkeeping keys (``_*``: version, origin path), so a copied or re-saved
-    VAE hashes equal. sd-vae-ft-ema and -mse share a config: tell them apart with ``weights_sha256``.
-    """
+    """A readable id and a sha256 of the config without diffusers' ``_*`` keys (a copy hashes equal)."""
     vae_id = resolve_vae_spec(spec)
     config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     blob = json.dumps(config, sort_keys=True, default=list).encode()
@@ -85,9 +76,7 @@ def vae_id_and_config_hash(vae: AutoencoderKL, spec: str) -> tuple[str, str]:
 
 
 def weights_sha256(vae: AutoencoderKL) -> str:
-    """A fingerprint of the weights, the VAE's real identity (sd-vae-ft-ema and -mse share a config).
-
-    Hashed as float32 bytes; a VAE loaded in bf16 has rounded weights and so, rightly, another fingerprint."""
+    """A sha256 of the weights as float32 bytes: the VAE's identity (a bf16-loaded VAE differs, rightly)."""
     digest = hashlib.sha256()
     for name, tensor in sorted(vae.state_dict().items()):
         digest.update(name.encode())
@@ -112,8 +101,7 @@ def latent_downsample(vae: AutoencoderKL) -> int:
 
 @torch.no_grad()
 def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The posterior's (mean, std), unscaled, for images in [-1, 1]. Std (not log-variance) is what sampling uses.
-    Callers run it under ``Precision.frozen()``: the run's arithmetic (bf16 autocast in a bf16 run)."""
+    """The posterior's unscaled (mean, std) for images in [-1, 1], under the caller's ``Precision.frozen()``."""
     posterior = vae.encode(images.to(dtype=vae.dtype)).latent_dist
     return posterior.mean, posterior.std
 
@@ -126,10 +114,7 @@ def sample_posterior(
     shift: float = 0.0,
     eps: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A posterior draw, shifted and scaled: (mean + std * eps - shift) * scale, in float32; ``eps`` is drawn
-    here unless given (a trainer passes its own keyed draw).
-
-    In place on the noise buffer: the latent-store reader calls this per batch, where allocations show up."""
+    """(mean + std * eps - shift) * scale in float32, in place on the noise (``eps`` drawn here unless given)."""
     if eps is None:
         eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
     else:
@@ -149,12 +134,7 @@ def encode(
 
 @dataclass(frozen=True)
 class ChannelNorm:
-    """``--latent-norm channel``: each channel of the unscaled latent z to zero mean and unit variance with a
-    latent store's statistics (``dit.data.stats``), z' = (z - mean_c) / std_c, in place of the scalar rule.
-
-    LightningDiT's ``latent_norm`` (datasets/img_latent_dataset.py) times its ``latent_multiplier``, which its
-    VA-VAE configs set to 1.0; that is what this is. Both directions compute in float32 with the statistics
-    rounded once to float32, so undoing is exact up to the rounding of one division and one multiplication."""
+    """``--latent-norm channel``: z' = (z - mean_c) / std_c with a store's statistics (LightningDiT's), float32."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
@@ -169,7 +149,6 @@ class ChannelNorm:
         return {"kind": "channel", "mean": list(self.mean), "std": list(self.std)}
 
     def describe(self) -> str:
-        """A line for the run's log."""
         means, stds = (", ".join(f"{v:.4g}" for v in values) for values in (self.mean, self.std))
         return f"latents normalised per channel (--latent-norm channel): means {means}; stds {stds}"
 

@@ -3,8 +3,7 @@ metric that runs offline on a CPU; docs/evaluation.md has the definitions and th
 
     net = load_feature_net("mnist")                    # or "inception" (weights downloaded or given)
     evaluator = Evaluator(net, load_reference("REF.npz"))
-    scores = evaluator.evaluate(batches)               # NCHW uint8 or [-1, 1] batches, or (images, labels)
-"""
+    scores = evaluator.evaluate(batches)               # NCHW uint8 or [-1, 1] batches, or (images, labels)"""
 
 from dit.eval.evaluator import Evaluator
 from dit.eval.features import load_feature_net

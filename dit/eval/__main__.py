@@ -7,8 +7,7 @@ python -m dit.eval ref --adm VIRTUAL_imagenet256_labeled.npz --out REF.npz  (ADM
 python -m dit.eval --samples SET.npz --ref REF.npz --judge-ref DINO_REF.npz --dinov2-weights FILE  (+ FD_DINOv2)
 
 The feature network is the one the reference was made with. Under torchrun every process embeds a slice of
-the set and rank 0 prints (or writes) the result, equal to a single process's.
-"""
+the set and rank 0 prints (or writes) the result, equal to a single process's."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The evaluator: images in, FID / sFID / IS / precision / recall / class accuracy, a second judge's FD (FD_DINOv2
-or the digit judge's), bootstrap intervals on every Fréchet distance, and their cost out.
-
-``Evaluator(feature_net, reference).evaluate(batches)`` scores images already in memory (a stream of NCHW
-uint8 or [-1, 1] float batches, optionally ``(images, labels)`` pairs), so a training loop can score samples
-without writing files; the command line feeds it batches read from a sample set. Under torch.distributed each
-rank passes its own slice and the features are gathered in rank order before any statistic is computed
-(``gather_features``, through the ``Runtime`` as every process group in dit-ledger).
-"""
+"""The evaluator: image batches in (NCHW uint8 or [-1, 1], optionally labelled), scores, intervals and their cost
+out; under torch.distributed each rank passes its slice and the features are gathered in rank order."""
 
 from __future__ import annotations
 
@@ -57,9 +50,7 @@ class Judge:
 def judges_for(
     network: str, judge_ref: str | None = None, dinov2_weights: str | None = None, device="cpu"
 ) -> list[Judge]:
-    """The second judges of an evaluation whose reference was made by ``network``: the digit judge against the
-    4,000 training digits (its committed statistics) wherever the digit classifier scores, and the judge whose statistics ``judge_ref``
-    holds (FD_DINOv2 with ``dinov2_weights``, or the digit judge against a reference of one's own)."""
+    """The second judges: the digit judge where the digit classifier scores, and ``judge_ref``'s."""
     judges = []
     if judge_ref is not None:
         reference = load_reference(judge_ref)
@@ -79,8 +70,7 @@ def judges_for(
 
 
 class _Panel(FeatureNet):
-    """The scoring network and the judges as one network, so that every batch, which may be sampled on the fly
-    and seen once, is embedded by all of them: the judges' pool features come back as ``KEY/pool``."""
+    """The scoring network and the judges as one, so that every batch (perhaps sampled once) is embedded by all."""
 
     def __init__(self, net: FeatureNet, judges: list[Judge]):
         super().__init__()
@@ -95,11 +85,7 @@ class _Panel(FeatureNet):
 
 
 def my_batches(num_images: int, batch_size: int, rank: int = 0, world: int = 1) -> list[range]:
-    """This process's consecutive run of the global batches over images 0..N-1.
-
-    Ranks hold consecutive slices, so gathering in rank order restores the set's order, and every batch holds
-    the same images for any number of processes: the features, hence the scores, do not depend on it.
-    """
+    """This process's consecutive global batches: gathered in rank order they are the set, for any world."""
     num_batches = math.ceil(num_images / batch_size)
     return [
         range(b * batch_size, min((b + 1) * batch_size, num_images))
@@ -117,11 +103,7 @@ def shard_batches(
 
 
 def gather_features(local: dict[str, torch.Tensor], runtime: Runtime | None = None) -> dict[str, torch.Tensor]:
-    """Every process's feature rows, concatenated in rank order (identity on one process).
-
-    Every rank must call it, also one that had no batches (its dict is empty). Shapes travel first, then the
-    rows, padded to the longest rank's count for the all-gather. A key that some rank with images lacks
-    (labels on only some batches) is dropped."""
+    """Every process's rows in rank order (every rank calls it); a key that some rank lacks is dropped."""
     if runtime is None or runtime.world == 1:
         return local
     shapes = runtime.gather_objects({k: (tuple(v.shape), v.dtype) for k, v in local.items()})
@@ -148,15 +130,9 @@ def _split(item) -> tuple[torch.Tensor, torch.Tensor | None]:
     return item, None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torch.Tensor], float]:
-    """This process's features of ``batches`` (and ``labels`` if every batch has them), and the seconds spent
-    computing them: the time the iterable takes to produce a batch (sampling, reading files) is not counted."""
+    """This process's features of ``batches`` (``labels`` if all have them) and the seconds spent embedding."""
     device = next(net.parameters()).device
     parts: dict[str, list[torch.Tensor]] = {}
     labels: list[torch.Tensor | None] = []
@@ -166,7 +142,8 @@ def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torc
         start = time.perf_counter()
         for key, value in net(images.to(device)).items():
             parts.setdefault(key, []).append(value)
-        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds += time.perf_counter() - start
         labels.append(batch_labels)
     if not parts:
@@ -178,8 +155,7 @@ def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torc
 
 
 def _check_dimensions(net: FeatureNet, ref: ReferenceStats) -> None:
-    """The reference's feature sizes are the network's, checked at start-up (a short sigma_s was a shape
-    error after every sample had been embedded)."""
+    """Refuse at start-up a reference whose feature sizes are not the network's."""
     wrong = [
         f"{name} {array.shape[-1]} (the network's: {dim})"
         for name, array, dim in (
@@ -197,13 +173,7 @@ def _check_dimensions(net: FeatureNet, ref: ReferenceStats) -> None:
 
 
 class Evaluator:
-    """Scores image sets against one reference with one feature network (the reference's).
-
-    ``metrics`` picks among fid, sfid, is, pr, accuracy; by default every one the network and the reference
-    support. The reference's precision/recall radii are computed once, on first use, and kept. ``judges`` add
-    their Fréchet distances beside FID; ``bootstrap`` resamples (0: none) give each Fréchet distance an
-    interval (``intervals``, docs/evaluation.md).
-    """
+    """Scores image sets against one reference with its feature network, its judges and bootstrap intervals."""
 
     def __init__(
         self,
@@ -272,8 +242,7 @@ class Evaluator:
             check_enough_images(num_images, judge.net.pool_dim, f"the sample set ({judge.key})")
 
     def _reference_for_pr(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """(features, radii) of the reference, computed on first call; with the images embedded and the
-        FLOPs spent by this call (0 once cached)."""
+        """(features, radii, images embedded, FLOPs) of the reference, cached after the first call."""
         if self._ref_pr is not None:
             return (*self._ref_pr, 0, 0)
         device = next(self.net.parameters()).device
@@ -291,11 +260,7 @@ class Evaluator:
         return features, radii, embedded, pairwise_flops(len(features), len(features), features.shape[1])
 
     def evaluate(self, batches: Iterable, keep_features: bool = False) -> dict:
-        """Scores of the images in ``batches`` (this process's share under torch.distributed).
-
-        ``seconds`` is this process's evaluation time: embedding, gathering and the metrics, not the time the
-        iterable spends producing batches (sampling them, reading files). ``keep_features`` also returns the
-        pool features each Fréchet distance was computed on (``features``, by score), for paired comparisons."""
+        """Scores of this process's share of ``batches``; ``keep_features`` also returns each FD's features."""
         local, feature_seconds = extract_features(self._panel, batches)
         start = time.perf_counter()
         feats = gather_features(local, self.runtime)

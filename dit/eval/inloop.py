@@ -1,13 +1,5 @@
-"""Evaluation during training: the EMA weights sample the same images every time and are scored against one
-reference, so the points of a run (and of runs with the same settings) lie on one comparable curve.
-
-Image i of an evaluation has the label of (seed, i, N, C) in the section's mode (``dit.sample.labels``:
-balanced by default) and the noise ``noise_seed(seed, i)``, ``seed`` keyed by the run's in ``Stream.EVAL``:
-the same for every evaluation, every resume and any number of processes. Each process samples a consecutive
-run of the global batches and the evaluator gathers the features in rank order, so the scores do not depend
-on the world size. The training loop runs it with the MFU clock paused; its own cost (sampling and feature
-FLOPs, seconds) is a record of its own.
-"""
+"""Evaluation during training: the EMA weights sample the same images every time (keyed by ``Stream.EVAL``) against
+one reference, so that a run's points lie on one curve; its cost is kept out of the MFU, in a record of its own."""
 
 from __future__ import annotations
 
@@ -58,8 +50,7 @@ class EvalSection(Section):
 
 @dataclass(frozen=True)
 class EvalSamplingSection(SamplingSection):
-    """The evaluation's sampler: the sampling section's flags under ``--eval-``, with cheaper defaults (50
-    DDIM steps, no guidance: an evaluation every few thousand steps must not cost more than the training)."""
+    """The evaluation's sampler: the sampling flags under ``--eval-``, with cheaper defaults (50 DDIM steps)."""
 
     FAST = True  # ddim for diffusion, ode for flow
     GUIDANCE_DEFAULT = 1.0
@@ -94,12 +85,7 @@ class InLoopEval:
         vae_spec: str | None,
         latent_norm=None,
     ):
-        """``objective``: the run's, which the sampler follows; ``model``: the DiT being trained, whose shape plans
-        the evaluation's cost; ``vae`` decodes latents (None for pixel-space runs), after undoing ``latent_norm`` (a
-        ``ChannelNorm``; None: the VAE's scale); ``seed``: the run's, which keys the evaluation's labels and noise.
-
-        Everything that can fail (the reference, the feature network's weights, too few images for the
-        covariance, guidance without a null class) fails here, at start-up, not at the first evaluation."""
+        """Everything that can fail (reference, weights, image count, guidance) fails here, at start-up."""
         self.section, self.sampling, self.runtime, self.vae, self.vae_spec = (
             section,
             sampling,
@@ -155,9 +141,7 @@ class InLoopEval:
         return self.section.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
 
     def run(self, ema: DiT, stop=None) -> dict:
-        """Score the (unsharded) EMA model: the metrics, and what the evaluation itself cost. ``stop`` (a
-        ``StopFlag``) is asked between batches: a stop drops the partial evaluation (``EvalStopped``), so a
-        preempted run saves within one batch instead of after the whole evaluation."""
+        """Score the EMA model; a ``stop`` between batches drops the evaluation (``EvalStopped``)."""
         c, rt = self.section, self.runtime
         start = time.perf_counter()
         sm = self._sampling_model(ema)

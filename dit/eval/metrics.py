@@ -1,9 +1,5 @@
-"""The metrics themselves, as pure math on feature arrays, defined as the ADM evaluator defines them.
-
-Fréchet distance with ADM's epsilon retry and complex check; Inception Score over fixed-size splits of 5,000
-in set order; Kynkäänniemi et al.'s k-NN precision and recall on squared distances; class accuracy.
-docs/evaluation.md gives the formulas and where each choice comes from.
-"""
+"""The metrics as pure math on feature arrays, defined as the ADM evaluator defines them (docs/evaluation.md gives
+the formulas and where each choice comes from)."""
 
 from __future__ import annotations
 
@@ -55,11 +51,8 @@ class Frechet:
 def frechet_distance(
     mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray, eps: float = SQRTM_EPS
 ) -> Frechet:
-    """‖μ1 − μ2‖² + Tr Σ1 + Tr Σ2 − 2 Tr √(Σ1 Σ2), with √ from scipy's sqrtm as in the ADM evaluator.
-
-    A non-finite square root is retried with ``eps`` on both diagonals; a complex one is accepted (real part)
-    only if its diagonal's imaginary part is below 1e-3, otherwise it is an error, as in ADM.
-    """
+    """‖μ1 − μ2‖² + Tr Σ1 + Tr Σ2 − 2 Tr √(Σ1 Σ2) with scipy's sqrtm, as ADM: a non-finite root is retried with
+    ``eps`` on both diagonals, a complex one kept (its real part) if its diagonal is real within IMAG_TOLERANCE."""
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
     sigma1, sigma2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
     d = len(mu1)
@@ -68,8 +61,7 @@ def frechet_distance(
             f"statistics of different shapes cannot be compared: mu {mu1.shape} and {mu2.shape}, sigma "
             f"{sigma1.shape} and {sigma2.shape}. Compute both with the same feature network."
         )
-    # ADM calls sqrtm(disp=False), which does not warn: only a non-finite root is retried with eps, and a
-    # singular product whose root is finite is not. Newer scipy warns instead; the same finiteness check decides.
+    # as ADM's sqrtm(disp=False): only a non-finite root is retried with eps, whatever newer scipy warns
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         covmean = scipy.linalg.sqrtm(sigma1 @ sigma2)
@@ -112,9 +104,8 @@ PR_DISTANCES = ("float32", "float16")  # float16: ADM's, for matching published 
 
 
 def _squared_distances(a: torch.Tensor, b: torch.Tensor, distances: str = "float32") -> torch.Tensor:
-    """‖a_i‖² − 2 a_i·b_j + ‖b_j‖², clamped at 0: one matmul per block, as ADM computes them. ``float16``
-    computes the block in half precision as ADM's evaluator does, and in float32 where that block is not
-    finite, as ADM falls back (docs/evaluation.md gives the size of the difference)."""
+    """‖a_i‖² − 2 a_i·b_j + ‖b_j‖², clamped at 0, one matmul per block as ADM; ``float16``: in half precision as
+    ADM's evaluator, in float32 where the block is not finite."""
     if distances == "float16":
         h = _squared_distances(a.half(), b.half())
         if torch.isfinite(h).all():
@@ -143,8 +134,7 @@ def precision_recall(
     batch_size: int = PR_BATCH_SIZE,
     distances: str = "float32",
 ) -> tuple[float, float]:
-    """Precision: share of samples inside at least one reference ball; recall: share of reference points inside
-    at least one sample ball. Balls are the k-NN radii; distances are squared (same ranking as Euclidean)."""
+    """Precision: samples inside a reference ball; recall: reference points inside a sample ball (k-NN radii)."""
     sample_in = torch.zeros(len(samples), dtype=torch.bool, device=samples.device)
     ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)
     for i in range(0, len(ref), batch_size):
@@ -167,21 +157,13 @@ def class_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return (torch.as_tensor(logits).argmax(dim=1).cpu() == torch.as_tensor(labels).cpu()).float().mean().item()
 
 
-# ------------------------------------------------------------------------------------------------------------
-# Bootstrap intervals and paired comparisons (docs/evaluation.md, "Intervals")
-# ------------------------------------------------------------------------------------------------------------
-
 BOOTSTRAP_RESAMPLES = 200
 BOOTSTRAP_LEVEL = 0.95
 
 
 class FrechetToReference:
-    """Fréchet distances of many (μ, Σ) against one fixed reference, for the bootstrap's hundreds of them.
-
-    Tr √(Σ Σr) = Σ √λ(Σr^½ Σ Σr^½): the two matrices are similar, and the second is symmetric positive
-    semi-definite, so one ``eigvalsh`` per resample replaces scipy's ``sqrtm`` of a non-symmetric product, and
-    Σr^½ is computed once. It equals ``frechet_distance`` to rounding (tested), in float64 on ``device``.
-    """
+    """Fréchet distances of many (μ, Σ) against one fixed reference, in float64 on ``device``:
+    Tr √(Σ Σr) = Σ √λ(Σr^½ Σ Σr^½), one ``eigvalsh`` per resample instead of scipy's ``sqrtm``, Σr^½ computed once."""
 
     def __init__(self, mu: np.ndarray, sigma: np.ndarray, device: torch.device | str = "cpu"):
         self.mu = torch.as_tensor(np.asarray(mu, np.float64), device=device)
@@ -207,11 +189,7 @@ def resample_indices(n: int, resamples: int, seed: int) -> torch.Tensor:
 def bootstrap_fd(
     features: torch.Tensor | np.ndarray, reference: FrechetToReference, indices: torch.Tensor
 ) -> np.ndarray:
-    """The Fréchet distance of every resample of ``features`` (rows picked by ``indices``) to the reference.
-
-    A resample is a count per row, so its moments are weighted sums over the centred rows: one n·d² matmul a
-    resample and no copy of the rows (2x faster than gathering them at 64-d; at 2048-d a copy would be 0.8 GB
-    per resample of 50,000)."""
+    """The FD of every resample of ``features`` (rows from ``indices``) to the reference."""
     x = torch.as_tensor(features).to(device=reference.mu.device, dtype=torch.float64)
     n = len(x)
     mean = x.mean(dim=0)
@@ -237,13 +215,8 @@ class Interval:
 
 
 def bootstrap_interval(value: float, values: np.ndarray, level: float = BOOTSTRAP_LEVEL) -> Interval:
-    """The central ``level`` share of the bootstrap values (Efron's percentile interval), moved by the
-    bootstrap's bias estimate, mean(values) − value, so that it is the spread of ``value`` itself.
-
-    FD is biased upwards, the more the fewer distinct rows a set has, and a resample with replacement holds
-    only about 63% of them: on 500 held-out digits the raw percentile interval was [25.1, 64.1] around a
-    full-set digit FID of 24.1 (docs/evaluation.md). The shift removes that resampling bias, not FD's own
-    finite-sample bias, which every score of the same sample count shares. The low end stops at 0."""
+    """The central ``level`` share of the bootstrap values (Efron's percentile interval) shifted by the bootstrap's
+    bias, mean(values) − value, so that it is the spread of ``value`` itself (docs/evaluation.md); at least 0."""
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(values, [tail, 100 - tail]) - (np.mean(values) - value)
     return Interval(max(float(low), 0.0), float(high))  # a distance is not negative
@@ -258,8 +231,7 @@ def fd_interval(
     seed: int = 0,
     level: float = BOOTSTRAP_LEVEL,
 ) -> Interval:
-    """Bootstrap interval of a sample set's FD (``value``) against fixed reference statistics: the sample
-    features are resampled with replacement, the reference is not (it is the yardstick, not the measurement)."""
+    """Bootstrap interval of a sample set's FD against fixed reference statistics (not resampled)."""
     x = torch.as_tensor(features)
     reference = FrechetToReference(mu, sigma, x.device)
     return bootstrap_interval(value, bootstrap_fd(x, reference, resample_indices(len(x), resamples, seed)), level)
@@ -280,9 +252,7 @@ def paired_bootstrap(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> Paired:
-    """Two sample sets against one reference on the *same* resample indices, so that the noise they share
-    (the same noise seeds and labels, row for row) cancels in the comparison. The sets must be aligned: row i
-    of A and of B sampled from the same seed and label."""
+    """Two aligned sets against one reference on the same resamples, so that their shared noise cancels."""
     a, b = torch.as_tensor(features_a), torch.as_tensor(features_b)
     if a.shape != b.shape:
         raise UserError(

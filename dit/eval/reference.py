@@ -1,14 +1,5 @@
-"""Reference statistics: the ADM evaluator's reference batches, and our own files.
-
-Ours are ``.npz`` files (no pickle) holding ``mu`` and ``sigma`` (and ``mu_s``/``sigma_s`` for sFID, and the
-pool features for precision/recall unless left out), plus a ``meta`` JSON string with the feature network's
-name, the number of images, the source and a sha256 over every array, checked on reading. The names of the
-arrays are ADM's, so the files read like its reference batches.
-
-ADM's batches (e.g. ``VIRTUAL_imagenet256_labeled.npz``) hold ``mu``/``sigma``/``mu_s``/``sigma_s`` computed
-over the whole data set and ``arr_0``, 10,000 images whose pool features are the reference set of
-precision/recall; they were made with TF Inception-v3, so they count as that network's statistics.
-"""
+"""Reference statistics: ADM's reference batches (TF Inception-v3's; ``arr_0`` is P/R's reference set) and our
+``.npz`` files with ADM's array names, no pickle, and a ``meta`` JSON with a checksum."""
 
 from __future__ import annotations
 
@@ -92,9 +83,7 @@ _META_KEYS = {"format": str, "feature_network": str, "num_images": (int, type(No
 
 
 def load_reference(path: str) -> ReferenceStats:
-    """Our statistics (checksum verified) or an ADM reference batch, checked completely on opening: every
-    array read (a damaged member fails its CRC here, not after the samples were embedded), the shapes
-    consistent and the values finite. Anything else is one line with the fix."""
+    """Our statistics (checksum verified) or an ADM batch, checked completely on opening."""
     if not os.path.isfile(path):
         raise UserError(f"reference {path}: no such file.")
     damaged = (
@@ -166,7 +155,7 @@ def _ours(path: str, f) -> ReferenceStats:
 
 
 def _check_arrays(path: str, stats: ReferenceStats) -> None:
-    """Shapes that fit together and finite values: a NaN in sigma was a LinAlgError, a NaN in mu ``FID nan``."""
+    """Shapes that fit together, and finite values."""
     problems = []
     for mu_key, sigma_key in (("mu", "sigma"), ("mu_s", "sigma_s")):
         mu, sigma = getattr(stats, mu_key), getattr(stats, sigma_key)
@@ -195,8 +184,7 @@ def _check_arrays(path: str, stats: ReferenceStats) -> None:
 
 
 def digits_reference(net, batch_size: int = 500) -> ReferenceStats:
-    """Statistics of the 4,000 training digits of MNIST-5k (``digit_split``) under the digit network: the
-    reference of the quick start's digit FID, computed in memory in well under a second."""
+    """Statistics of MNIST-5k's 4,000 training digits (``digit_split``) under the digit network: the quick start's reference."""
     from dit.data.digits import digit_split, load_mnist_5k
 
     images, labels = load_mnist_5k()

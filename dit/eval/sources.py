@@ -1,11 +1,5 @@
-"""Image sets to evaluate or to make reference statistics from, read in batches by global position.
-
-Three kinds, one interface (``len``, ``read(start, stop) -> (uint8 NCHW, labels or None)``, ``describe``,
-``label_mode``): an ``.npz`` sample set (``arr_0`` uint8 NHWC as the ADM evaluator reads it, ``arr_1`` labels
-if present, as guided-diffusion's class-conditional sampler writes them, and ``label_mode`` as
-scripts/sample_ddp.py writes it), an image folder, and a latent store decoded through its VAE. Random access
-by position lets every process read only its own slice.
-"""
+"""Image sets to evaluate or make reference statistics from, read in batches by global position: an ``.npz`` sample
+set, an image folder, or a latent store decoded through its VAE."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ from dit.io.userfiles import read_json
 
 
 class NpzImages:
-    """``arr_0`` of an ``.npz``, streamed from the archive: 50,000 images at 256 px are 9.8 GB, more than a
-    process should hold, and np.load would read the whole member."""
+    """``arr_0`` of an ``.npz``, streamed from the archive (50,000 images at 256 px are 9.8 GB)."""
 
     def __init__(self, path: str, key: str = "arr_0"):
         if not os.path.isfile(path):
@@ -73,9 +66,7 @@ class NpzImages:
         self.label_mode = self._label_mode(names)
 
     def verify(self) -> None:
-        """Read every byte once, so a damaged member fails its CRC now and not after the evaluation embedded
-        every image before it. Measured 1.27 GB/s from the page cache on the 2-core CPU machine (1.57 GB, 8,000
-        images at 256 px): about 8 s for ADM's 50,000, against minutes of Inception."""
+        """Read every byte once, so that a damaged member fails its CRC before any image is embedded."""
         try:
             with self._zip.open(f"{self.key}.npy") as member:
                 while member.read(1 << 24):
@@ -103,8 +94,7 @@ class NpzImages:
         return labels.astype(np.int64)
 
     def _label_mode(self, names: set[str]) -> str | None:
-        """How the labels were drawn: the set's record (balanced or random); labels without one are random (every
-        set written before the record was, and ADM's); None without labels."""
+        """The recorded label mode; labels without a record are random (older sets, ADM's); None without labels."""
         if "label_mode.npy" not in names:
             return None if self.labels is None else "random"
         try:
@@ -139,8 +129,7 @@ class NpzImages:
 
 
 class FolderImages:
-    """Every image file under a folder (recursively, in sorted path order), as RGB. Sizes must agree, or pass
-    ``image_size`` to centre-crop them all as ADM's data loader does."""
+    """Every image file under a folder, recursively in sorted order, as RGB; ``image_size`` centre-crops them."""
 
     def __init__(self, root: str, image_size: int | None = None):
         if not os.path.isdir(root):
@@ -193,8 +182,7 @@ class FolderImages:
 
 
 class LatentStoreImages:
-    """A latent store's images, decoded: the posterior mean (no sampling, no flip) through the store's VAE,
-    quantised like saved samples. Refuses a VAE whose weights differ from the ones that made the store."""
+    """A store's images, decoded: the posterior mean through the store's VAE (its weights checked)."""
 
     def __init__(self, path: str, vae_spec: str | None = None, device: str | torch.device = "cpu"):
         self.store = LatentStoreDataset(path, flip=False, sample_posterior=False)

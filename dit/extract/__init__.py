@@ -1,5 +1,4 @@
-"""Extraction: images -> VAE posterior moments -> a latent store (``extract.py``; ``stats.py``: an older
-store's per-channel statistics)."""
+"""Extraction: images -> VAE posterior moments -> a latent store (``extract.py``, ``stats.py``)."""
 
 from dit.extract.extract import EXTRACT_FACE, ExtractConfig, extract_features
 

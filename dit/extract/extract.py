@@ -1,9 +1,5 @@
-"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md).
-
-Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
-folder scan, and batches never straddle shards, so the bytes never depend on how many processes wrote them.
-A rerun verifies what a killed run left and redoes exactly the missing or bad shards.
-"""
+"""Extraction: images -> VAE posterior moments -> a latent store, on 1..N processes (docs/latent_store.md); shards
+hold fixed ranges of the sorted sources, so the bytes do not depend on the process count."""
 
 from __future__ import annotations
 
@@ -47,7 +43,7 @@ from dit.runtime.stop import close_workers, ignore_stop_signals
 
 @dataclass(frozen=True)
 class ExtractConfig(Section):
-    """The settings of extract_features.py: one section, read by the extraction alone."""
+    """extract_features.py's settings."""
 
     feature_path: str = option(
         help="the store folder (created, resumed or verified)", aliases=("--features-path",)
@@ -120,8 +116,7 @@ def _collate(items):
 def _encode_views(
     vae, images_uint8: torch.Tensor, runtime: Runtime, flips: bool, encoder=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Moments [B, views, 2, C, H, W] float32 of a uint8 batch and (if ``flips``) its mirror image, and REPA's
-    ``encoder`` features [B, views, tokens, width] of the same images (None without an encoder)."""
+    """Moments [B, views, 2, C, H, W] of a batch (and its mirror), and REPA's features [B, views, T, D]."""
     x = to_model_range(images_uint8.to(runtime.device, non_blocking=True))
     if flips:
         x = torch.cat([x, x.flip(-1)])
@@ -136,10 +131,7 @@ def _encode_views(
 
 
 def extract_features(cfg: ExtractConfig, repa: RepaEncoderSection | None = None) -> dict:
-    """Build or resume the store at ``cfg.feature_path`` (with ``repa``'s encoder: its features too); returns a
-    summary of the store and this rank's work.
-
-    "fp32" means fp32 (no TF32, deterministic cuDNN): the stored bytes must not change with the GPU."""
+    """Build or resume the store (fp32: no TF32, deterministic cuDNN); a summary of it and this rank's work."""
     repa = repa or RepaEncoderSection()
     if repa.encoder and not cfg.flip:
         raise UserError(

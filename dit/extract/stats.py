@@ -1,5 +1,4 @@
-"""``extract_features.py --feature-path STORE --stats``: a finished store's per-channel latent statistics
-(``dit.data.stats``, what extraction now records) written into its manifest, for stores made before it did."""
+"""``extract_features.py --stats``: the per-channel latent statistics written into an older store's manifest."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ from dit.io.atomic import FolderLock
 
 
 def write_latent_stats(folder: str) -> dict:
-    """Hash every shard against the manifest, compute the statistics from them, and rewrite the manifest with
-    them (atomically, its checksum renewed), under the store's lock so no extraction runs meanwhile. A store
-    that fails verification is one error and is left as it was. Returns the new manifest."""
+    """Verify every shard, then rewrite the manifest with the statistics, atomically and under the lock."""
     read_manifest(folder)  # not a store: refused before the lock creates anything
     with FolderLock(folder, "extraction", "wait for it to finish, then rerun --stats"):
         manifest = verify_store(folder)

@@ -1,7 +1,4 @@
-"""Atomic file writes and folder locks: every file that a crash must not corrupt (checkpoints, shards,
-manifests, samples, calibrations, statistics, exported configs) is written here, so there is one
-implementation of the rule and one name for its temporary files.
-"""
+"""Atomic file writes and folder locks: every file a crash must not corrupt is written here, one way."""
 
 from __future__ import annotations
 
@@ -21,15 +18,12 @@ TEMP_MARK = ".tmp-"  # NAME.tmp-XXXXXXXX beside NAME while it is written
 
 
 def utc_now() -> str:
-    """Now in UTC, ISO-8601 to the millisecond (``2026-12-02T01:23:45.678Z``): the one time format of the
-    records a run writes (log.txt, metrics.jsonl, a folder's lock), so they line up with a cluster's events
-    whatever the zone of the machine or the reader."""
+    """Now in UTC, ISO-8601 to the millisecond: the one time format of a run's records (log, metrics, lock)."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _umask() -> int:
-    """The process umask, read without changing it where Linux says it (setting it for a moment would give
-    another thread's new files mode 0666 meanwhile)."""
+    """The process umask, read without setting it where Linux tells it (setting it races other threads)."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
@@ -40,13 +34,8 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
-    """``write(file)`` into ``NAME.tmp-*`` beside ``path``, fsync, rename over ``path``, fsync the folder.
-
-    A crash at any point leaves the old file or the whole new one under ``path``, never a partial one. The
-    file gets the mode an ordinary ``open`` would (0666 less the umask; ``mkstemp``'s 0600 would hide a
-    shared latent store or checkpoint folder from the team). An OS error (disk full, no permission)
-    becomes a ``UserError`` that names the path; the previous file is untouched.
-    """
+    """``write(file)`` into ``NAME.tmp-*`` beside ``path``, fsync, rename, fsync the folder: a crash leaves the old
+    file or the new one, in an ordinary ``open``'s mode; an OS error is a ``CannotWrite``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,9 +63,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
 
 class CannotWrite(UserError):
-    """The one line for a write the OS refused (a full disk, a read-only folder, a vanished mount): the path, the
-    fix, and what is kept. By default that is the file itself (the earlier one intact, or nothing partial); a
-    writer that knows more (a run: its newest checkpoint) says it with ``keeping``."""
+    """The one line for a write the OS refused: the path, the fix and what is kept (``keeping``)."""
 
     def __init__(self, path: str | os.PathLike, error: OSError, kept: str | None = None):
         self.path, self.error, self.kept = Path(path), error, kept
@@ -107,11 +94,7 @@ def stale_temp_files(folder: str | os.PathLike, name_prefix: str = "") -> list[P
 
 
 class FolderLock:
-    """An exclusive lock on a folder that dies with its process: ``FOLDER/.lock`` under ``flock``.
-
-    A second process asking for it gets a ``UserError`` naming the holder (pid, host, start time). A lock
-    file left by a killed process holds no ``flock``, so it is taken over, and ``took_over`` says from whom.
-    """
+    """An exclusive ``flock`` on ``FOLDER/.lock`` that dies with its process; a stale file is taken over."""
 
     def __init__(self, folder: str | os.PathLike, purpose: str, fix: str):
         self.path = Path(folder) / ".lock"

@@ -10,14 +10,8 @@ from dit.io.errors import REFUSED, ReportedByRankZero, UserError
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Call ``main(argv)``; a UserError prints ``error: <message>`` to stderr and returns exit code 2 (on the
-    ranks other than 0 of an error rank 0 reports, without the line).
-
-    A reader that closes the pipe early (``dit-cost peaks | head``) ends the output, not the program with a
-    traceback: the rest goes to /dev/null (the recipe of Python's signal documentation) and the exit is
-    141, as a shell reports a process ended by SIGPIPE. An OSError on a named path that the OS refuses (a name
-    too long, a read-only file system, no permission, a full disk) is a user error too. A progress bar still
-    drawn is closed first, so the error starts its own line."""
+    """Call ``main(argv)``: a UserError is ``error: <message>`` and exit 2, a closed pipe exit 141 (as SIGPIPE), an
+    OSError the OS refuses on a path a user error; a bar still drawn is closed first."""
     try:
         return int(main(argv) or 0)
     except UserError as e:

@@ -1,19 +1,14 @@
-"""The one exception type for user mistakes.
-
-Faces catch it, print its message (which names the problem and the fix) without a stack trace, and exit
-non-zero. Anything else that escapes is a bug and keeps its traceback.
-"""
+"""The one exception type for user mistakes: faces print its message (the problem and the fix) without a traceback
+and exit non-zero; anything else is a bug and keeps its traceback."""
 
 import errno
 
 from dit import __version__
 
-# The key every versioned file we write records its writer under (a checkpoint, a store's manifest, reference
-# statistics, branch.json), so that a newer file's refusal can say which dit-ledger wrote it.
+# The key under which every versioned file we write records its writer, named when a newer file is refused
 WRITER_KEY = "dit_ledger_version"
 
-# What to do about a path the OS refuses (a full disk, a read-only folder, a name too long): a fault of the
-# request, whichever write met it first. dit.io.atomic's writes and the CLI's printer both say it with these.
+# What to do about a path the OS refuses (a full disk, a read-only folder, a name too long), for every writer
 REFUSED = {
     errno.ENOSPC: "free space on that disk or write elsewhere",
     errno.EDQUOT: "free space on that disk or write elsewhere",
@@ -29,13 +24,11 @@ class UserError(ValueError):
 
 
 class ReportedByRankZero(UserError):
-    """A user error that every rank meets at once (a save refused on a full disk): rank 0 raises the line, the
-    others this, which exits as it does without a second copy of the line."""
+    """A user error every rank meets at once: rank 0 raises the line, the others this, without it."""
 
 
 def unwrap_worker_error(e: UserError) -> UserError:
-    """A UserError raised in a DataLoader worker comes back with the worker's whole traceback as its message;
-    the user's line is the last one. One line again, as from the main process."""
+    """A DataLoader worker's UserError (its message the worker's whole traceback) as its last line again."""
     text = str(e)
     if "Original Traceback" not in text:
         return e
@@ -56,10 +49,8 @@ def require(module: str, extra: str, purpose: str):
 
 
 def refuse_newer_format(path, what: str, found, newest, writer=None) -> None:
-    """Every reader's check of a versioned file: refuse one whose format ``found`` is newer than ``newest``, the
-    newest this code reads, in one line naming the version that wrote it (``writer``, a file's WRITER_KEY, when
-    recorded). Both are version numbers or ``name/N`` tags of the same name; older and other formats pass (the
-    reader then reads what it can of them, or says what else it is)."""
+    """Every reader's check of a versioned file: refuse one whose format ``found`` is newer than ``newest``, naming
+    the version that wrote it (``writer``); both are versions or ``name/N`` tags; older and other formats pass."""
 
     def number(tag) -> int | None:
         if isinstance(tag, int) and not isinstance(tag, bool):

@@ -1,11 +1,5 @@
-"""What a launcher asked for that its environment does not carry in torchrun's terms.
-
-dit-ledger joins process groups from the variables torchrun sets (``dit.runtime``). ``accelerate launch``
-sets them too when it hands over to torchrun (``--multi_gpu``), but on CPUs (``--cpu --num_processes 2``)
-it starts one process without a word unless mpirun is set up, and its ``--mixed_precision`` travels as
-``ACCELERATE_MIXED_PRECISION``. Both are read here, so that a run does what was asked or says why not.
-No torch: the flag parser reads the precision.
-"""
+"""What a launcher asked for that its environment does not carry in torchrun's terms: ``accelerate launch``'s
+process count on CPUs and its ``--mixed_precision``, read so that a run does what was asked or says why not."""
 
 from __future__ import annotations
 
@@ -35,8 +29,7 @@ def launcher_precision() -> str | None:
 
 
 def requested_processes() -> int | None:
-    """The process count a launcher was asked for, where WORLD_SIZE may not say it: mpirun's world size, or
-    ``accelerate launch``'s ``--num_processes`` read from the launching command line (Linux)."""
+    """The process count asked of a launcher: mpirun's world size, or ``accelerate launch``'s."""
     for name in _MPI_SIZE:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
@@ -57,8 +50,7 @@ def requested_processes() -> int | None:
 
 
 def check_process_count(world: int, script: str = "train.py") -> None:
-    """Refuse, in one line, a launch that started another number of processes than it was asked for. Where
-    torchrun's WORLD_SIZE is set it is the answer (an srun around torchrun has its own, smaller, MPI size)."""
+    """Refuse a launch that started another number of processes than asked (torchrun's WORLD_SIZE wins)."""
     if "WORLD_SIZE" in os.environ:
         return
     asked = requested_processes()
@@ -81,9 +73,7 @@ class ProcessEnv:
 
 
 def process_env(script: str = "train.py") -> ProcessEnv:
-    """WORLD_SIZE, RANK, LOCAL_RANK (and MASTER_ADDR/PORT for several processes), as torchrun sets them. A
-    hand-set or half-set environment (``WORLD_SIZE=2`` alone, ``abc``, ``0``, a RANK outside the world) was
-    a traceback or a silent wait of minutes: one line here, naming torchrun."""
+    """WORLD_SIZE, RANK, LOCAL_RANK (and MASTER_ADDR/PORT) as torchrun sets them; a bad environment is one line."""
     launch = f"launch with `torchrun --nproc_per_node=N {script} ...`, or unset it for one process"
 
     def number(name: str, default: int, low: int) -> int:

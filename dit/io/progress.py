@@ -1,10 +1,5 @@
-"""Progress for people: tqdm's bar on a terminal, a plain line now and then anywhere else.
-
-A bar redrawn with carriage returns is unreadable in a log file or a CI transcript (thousands of frames,
-with the log records glued onto them), so where stderr is not a terminal ``progress`` prints whole lines:
-at most one per ``PlainProgress.SECONDS`` unless a tenth of the work was done since the last, and one at
-the end. ``write`` prints a line without breaking a bar that is being drawn.
-"""
+"""Progress for people: tqdm's bar on a terminal; elsewhere (a log, a CI transcript) plain lines, at most one per
+``PlainProgress.SECONDS`` unless a tenth of the work was done, and one at the end."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ def progress(total: int | None, desc: str, *, initial: int = 0, unit: str = "it"
 
 
 def end_bars() -> None:
-    """Close every bar still drawn (an error left it open), so that the next line starts a line of its own
-    instead of being glued onto the bar."""
+    """Close every bar an error left drawn, so that the next line starts a line of its own."""
     for bar in list(_LIVE):
         bar.close()
 

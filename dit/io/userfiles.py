@@ -1,8 +1,5 @@
-"""The small files a user names (presets, calibrations, class names, a VAE's config.json), read at one point:
-a missing one, a folder, a binary file (a PNG given as YAML) or malformed JSON is one line naming the file and
-the fix, never a UnicodeDecodeError or an IsADirectoryError from deep inside; and the named float arrays of an
-``.npz`` another face wrote (kept features), checked on reading; and the paths a face will write, checked
-before any work (``check_output``, ``check_apart``). Torch-free, as dit.io.config is."""
+"""The files a user names (presets, calibrations, class names, configs, ``.npz`` features), read as one line per
+problem naming the file and the fix, and the paths a face will write, checked before any work. Torch-free."""
 
 from __future__ import annotations
 
@@ -48,11 +45,7 @@ def read_json(path: str | os.PathLike, what: str, fix: str):
 def inside(
     folder: str | os.PathLike, name, source: str | os.PathLike, entry: str, fix: str, one_name: bool = False
 ) -> Path:
-    """``folder / name``, where ``name`` comes out of the file ``source`` (a manifest's shard, a record's parent,
-    a branch name): refused unless it stays inside ``folder`` once links are resolved, so that a file edited or
-    planted with ``../other``, an absolute path or a link out of the folder never has anything outside read,
-    moved or deleted. ``one_name``: ``name`` must be a single name in ``folder`` (a branch's folder), not a path.
-    The one check every reader of paths from files calls; its error names the file, the entry and the folder."""
+    """``folder / name`` for a ``name`` read from ``source``, refused unless it stays inside ``folder``."""
     root = Path(folder).resolve()
     if isinstance(name, str) and name and not (one_name and (os.sep in name or name in (".", ".."))):
         path = (root / name).resolve()
@@ -69,9 +62,7 @@ def inside(
 def read_matrices(
     path: str | os.PathLike, what: str, fix: str, widths: Mapping[str, int], rows: int | None = None
 ) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` named in ``widths``, each a finite float matrix of that many columns (and of
-    ``rows`` rows, when given), read without pickle. A missing, truncated or foreign file (an ``.npy``, object
-    arrays, another width, a NaN) is one line naming the file and the fix."""
+    """The arrays of an ``.npz`` named in ``widths``, each a finite float matrix of that width, no pickle."""
     path = Path(path)
     if os.path.isdir(path):
         raise UserError(f"{what} {path} is a folder, not a file: {fix}.")
@@ -103,11 +94,7 @@ def read_matrices(
 
 
 def check_output(path: str, kind: str, flag: str) -> None:
-    """Before the expensive work: ``path`` (a ``"file"`` or a ``"folder"``) can be created or written here.
-
-    A name longer than the file system takes, a folder given for a file (or a file for a folder), and a
-    parent that cannot be written (no permission, a read-only file system) are one line naming the flag,
-    not an OSError once the work is done."""
+    """Before the work: ``path`` (a "file" or "folder") can be written here, or one line naming the flag."""
     target = Path(path)
     try:
         name_max = os.pathconf(_existing_ancestor(target), "PC_NAME_MAX")
@@ -129,15 +116,7 @@ def check_output(path: str, kind: str, flag: str) -> None:
 
 
 def check_apart(output: str, output_flag: str, source: str, source_flag: str, kind: str) -> None:
-    """Before any work: ``output`` is not the input ``source``, nor inside it where it is a folder read whole.
-
-    A latent store or a run folder written inside the image folder became an extra class on the next scan
-    (and then refused the resume of the extraction that wrote it); an output file equal to an input file
-    writes over what is being read. Both paths are compared with their links resolved. The other way round
-    is allowed: an input inside an output folder (the images kept under a results folder) is never touched,
-    since a command writes only its own names there and deletes only files it wrote (its temporary files,
-    checkpoints past ``--keep-last``). A ``source`` that does not exist is not a path here (a hub id, the
-    name ``ema``) or is missing, which its reader reports."""
+    """Before any work: ``output`` is not the input ``source``, nor inside it where it is read whole."""
     if not os.path.exists(source):
         return
     out, src = Path(output).resolve(), Path(source).resolve()

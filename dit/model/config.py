@@ -1,9 +1,5 @@
-"""The shapes of a DiT, with no torch import: what the cost planner and the registry share.
-
-``DiTConfig``'s fields are the one list of the model's fields: ``dit.model.dit.DiT`` is built from one, and
-the flags (``ModelSection``) and ``dit-cost``'s model arguments are generated from the fields that carry a
-flag's help (``_flag``). ``dit.cost`` only reads it, so ``dit-cost`` answers without loading torch.
-"""
+"""The shapes of a DiT, with no torch import: ``DiTConfig``'s fields are the one list of the model's fields, and
+the flags (``ModelSection``, ``dit-cost``'s) come from the ones made with ``_flag``."""
 
 from __future__ import annotations
 
@@ -21,18 +17,14 @@ DROP_MIN_DEPTH = {"sprint": 2 * DENSE_BLOCKS + 1, "maskdit": DENSE_BLOCKS + 1}
 
 
 def _flag(default, help: str, flag_default=_UNSET, **checks):
-    """A field that is also a flag of ``ModelSection``; ``flag_default``: the flag's own (None: the registry's
-    size, or the objective's choice), where it differs from the model's."""
+    """A field that is also a ``ModelSection`` flag; ``flag_default``: the flag's default where it differs."""
     meta = dict(help=help, default=default if flag_default is _UNSET else flag_default, checks=checks)
     return field(default=default, metadata={"flag": meta})
 
 
 @dataclass(frozen=True)
 class DiTConfig:
-    """Everything that fixes a DiT's shapes and compute; the cost package reads only this.
-
-    The last fields are block options (``dit.model.options``), by default the official DiT's; a config saved
-    before they existed builds with the defaults. A field made with ``_flag`` is also a flag."""
+    """Everything that fixes a DiT's shapes and compute; the block options come last, the official by default."""
 
     depth: int = _flag(28, "custom size: override the registry depth", None, ge=1)
     hidden_size: int = _flag(1152, "custom size: override the hidden size", None, ge=4)
@@ -132,18 +124,12 @@ class DiTConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """The MLP's hidden width: hidden x mlp_ratio for GELU; for SwiGLU 2/3 of that, to a multiple of 8.
-
-        SwiGLU has three matrices (value, gate, out) where GELU has two, so 2/3 of the width keeps the
-        weights equal (3 D h = 2 D 4D at h = 8D/3); the multiple of 8 keeps matmuls aligned. For every
-        registry width but L's (1024 -> 2728, 8 D / 3 = 2730.7) the weights are exactly equal, and the biases
-        are 2h - 4D = h/2 more per block (docs/recipes.md)."""
+        """hidden x mlp_ratio for GELU; for SwiGLU 2/3 of it (to a multiple of 8): the same weights."""
         return MLPS[self.mlp].width(int(self.hidden_size * self.mlp_ratio))
 
     @property
     def block_options(self) -> list[str]:
-        """The options that differ from the official block (each registry's first entry), as ``describe``
-        names them."""
+        """The options that differ from the official block, as ``describe`` names them."""
         return [getattr(self, f) for f, reg in CHOICES.items() if getattr(self, f) != next(iter(reg))] + [
             name.replace("_", "-") for name in SWITCHES if getattr(self, name)
         ]
@@ -201,8 +187,7 @@ ACTIVATION_CHECKPOINTING_HELP = (
 
 
 def parse_activation_checkpointing(value: str, depth: int | None = None) -> int | str:
-    """``--activation-checkpointing``: "none" -> 0, "all" (the depth, where given), "auto", or a block count
-    N (the first N blocks recomputed in backward). The one parser: train.py, dit-cost and the benchmarks."""
+    """``--activation-checkpointing``: none -> 0, all -> the depth (where given), auto, or a block count N."""
     text = str(value).lower()
     blocks = 0 if text == "none" else text if text in ("all", "auto") else int(text) if text.isdigit() else None
     if blocks is None:
@@ -217,8 +202,7 @@ def parse_activation_checkpointing(value: str, depth: int | None = None) -> int 
 
 
 def _section_fields():
-    """``ModelSection``'s fields: the registry name, then DiTConfig's flagged fields, the image size standing
-    where the input size is (the data decide the input size and channels)."""
+    """``ModelSection``'s fields: the registry name, the flagged fields, ``image_size`` for ``input_size``."""
     hints = typing.get_type_hints(DiTConfig)
     yield "model", str, option("DiT-XL/2", lambda: f"registry name: {', '.join(model_names())}")
     for f in dataclasses.fields(DiTConfig):
@@ -232,7 +216,6 @@ def _section_fields():
 
 
 def _with_flags(cls):
-    """``cls`` as a frozen dataclass of ``_section_fields``."""
     cls.__annotations__ = {}
     for name, tp, f in _section_fields():
         cls.__annotations__[name] = tp
@@ -242,11 +225,7 @@ def _with_flags(cls):
 
 @_with_flags
 class ModelSection(Section):
-    """The DiT to build: a registry name with any size overridden, the images it makes and its classes.
-
-    Read by the trainer and ``dit-cost`` alike; the data decide the input channels and size (a VAE's latents
-    or the pixels) and the objective whether the variance is learned (``dit_config``). Its fields:
-    ``_section_fields``."""
+    """The DiT to build: a registry name, sizes overridden, its image size and classes (``dit_config``)."""
 
     def check(self) -> None:
         try:
@@ -284,16 +263,8 @@ def describe(cfg: DiTConfig) -> str:
 
 
 def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int | None = None) -> DiTConfig:
-    """The DiT a state dict's shapes imply: official releases are bare state dicts with no config.
-
-    Depth, width, patch, input size, channels, classes, learned sigma and the MLP ratio are read from the
-    tensors, and so are a SwiGLU MLP (``w12``/``w3`` keys) and QK-norm (``q_norm`` weights, whose size is
-    the head size). RMSNorm (no weights) and RoPE (no weights) leave no trace in a state dict: a model with
-    them loads from a checkpoint that records its config (every dit-ledger checkpoint does). Without
-    QK-norm the head count is not in any shape (qkv is D x 3D for every head count), so it is the
-    registry's for that depth and width, else ``num_heads``; without either it is asked for (a guess of
-    64-wide heads rebuilt a 2-head width-64 model 6% off its outputs). A bare table of C + 1 rows is C
-    classes and the null class, as every official release has."""
+    """The DiT a bare state dict's shapes imply (RMSNorm and RoPE leave no trace); without QK-norm the head count
+    is the registry's for the depth and width, else ``num_heads``."""
     try:
         hidden, in_channels, patch, _ = shapes["x_embedder.proj.weight"]
         tokens = shapes["pos_embed"][1]

@@ -1,9 +1,5 @@
-"""The Diffusion Transformer (Peebles & Xie 2022), reimplemented from the paper, built from one ``DiTConfig``.
-
-The module tree and parameter names reproduce the official release's state dict exactly, so its
-checkpoints load with ``strict=True``; the numerics (adaLN-Zero, sin-cos tables, tanh GELU, eps 1e-6)
-follow the official semantics. Its blocks and block options: ``dit.model.layers``, ``dit.model.options``.
-"""
+"""The Diffusion Transformer (Peebles & Xie 2022), built from one ``DiTConfig``. Its module tree and parameter
+names are the official release's (its checkpoints load with ``strict=True``), and so are its numerics."""
 
 from __future__ import annotations
 
@@ -37,23 +33,16 @@ def _registry_entry(name: str):
 
 
 def extrapolate(strong: torch.Tensor, weak: torch.Tensor, scale: float, channels: int) -> torch.Tensor:
-    """Guidance: ``weak + scale (strong - weak)`` on the first ``channels`` output channels, the rest (a learned
-    variance) ``strong``'s. Classifier-free guidance's weak output is the unconditional pass; autoguidance's
-    (Karras et al. 2024) a weaker model's conditional pass."""
+    """``weak + scale (strong - weak)`` on the first ``channels`` channels, the rest ``strong``'s."""
     weak_part = weak[:, :channels]
     return torch.cat([weak_part + scale * (strong[:, :channels] - weak_part), strong[:, channels:]], dim=1)
 
 
 class DiT(nn.Module):
-    """Class-conditional latent (or pixel) diffusion transformer.
-
-    Takes the official constructor arguments; any combination of sizes builds, so custom small models
-    for pixel-space data need no registry entry.
-    """
+    """Class-conditional latent (or pixel) diffusion transformer; any combination of sizes builds."""
 
     def __init__(self, config: DiTConfig | None = None, **fields):
-        """``DiT(cfg)``, or the official keyword arguments: ``DiT(input_size=32, num_classes=1000)`` (any
-        ``DiTConfig`` field; sizes need no registry entry)."""
+        """``DiT(cfg)``, or the official keyword arguments (any ``DiTConfig`` field): ``DiT(input_size=32)``."""
         super().__init__()
         cfg = self.config = config if config is not None else DiTConfig(**fields)
         d = cfg.hidden_size
@@ -106,15 +95,8 @@ class DiT(nn.Module):
         if self.token_drop is not None:
             nn.init.normal_(self.token_drop.mask_token, std=0.02)
 
-    # ---- activation checkpointing ---------------------------------------------------------------------
-
     def set_checkpointing(self, blocks: str | int | bool | Iterable[int] | None = "all"):
-        """Activation checkpointing: recompute the forward of some blocks in backward to save memory.
-
-        ``"all"``/True: every block; ``"none"``/False/None/0: none; an int n: the first n blocks (the
-        count is what the memory model and the cost model need, not where the blocks are); an iterable of
-        indices: exactly those. Works on a built (even wrapped) model.
-        """
+        """Recompute blocks' forward in backward: "all"/True, "none"/False/None/0, the first n, or some indices."""
         depth = len(self.blocks)
         if blocks is True or blocks == "all":
             chosen = set(range(depth))
@@ -149,8 +131,6 @@ class DiT(nn.Module):
     def num_checkpointed_blocks(self) -> int:
         return sum(self.checkpoint_mask)
 
-    # ---- forward --------------------------------------------------------------------------------------
-
     def _check_input(self, x: torch.Tensor):
         """A shape bug keeps its traceback (ValueError): user data is checked where it is loaded."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
@@ -178,14 +158,8 @@ class DiT(nn.Module):
         kept: torch.Tensor | None = None,
         path_drop: bool = False,
     ):
-        """x: (N, C, H, W) noisy input; t: (N,) integer timesteps; y: (N,) labels (num_classes = null).
-
-        ``force_drop_ids`` (1 = use the null label) replaces the random class dropout, so that a trainer
-        can draw the dropout from its own counter-based random stream. ``return_hidden_at=k`` (1-based, as
-        REPA's ``encoder_depth``) also returns the (N, T, D) tokens after block k: (output, tokens). A model
-        built with ``token_drop``: ``kept`` (N, K) token indices run its sparse blocks on those tokens only,
-        ``path_drop`` skips them (SPRINT's path-drop guidance; ``dit.model.tokendrop``).
-        """
+        """x (N, C, H, W), t (N,) timesteps, y (N,) labels; ``force_drop_ids`` (1: null label) replaces class
+        dropout; ``return_hidden_at=k`` also returns block k's tokens; ``kept``, ``path_drop``: token drop."""
         self._check_input(x)
         if return_hidden_at is not None and not 1 <= return_hidden_at <= len(self.blocks):
             raise ValueError(f"return_hidden_at must be in 1..{len(self.blocks)}, got {return_hidden_at}")
@@ -202,8 +176,7 @@ class DiT(nn.Module):
         return out if return_hidden_at is None else (out, hidden)
 
     def _blocks(self, x, c, rope, kept, path_drop: bool, hidden_at: int | None):
-        """The blocks in order: the dense ones on every token; with token dropping, the sparse ones between
-        them on the kept tokens (or skipped: ``path_drop``), their output re-entering as the layout says."""
+        """Dense blocks on every token, sparse ones on the kept tokens (or skipped), re-entering by the layout."""
         seen = {}
 
         def run(indices: range, x: torch.Tensor, rope) -> torch.Tensor:
@@ -227,8 +200,7 @@ class DiT(nn.Module):
     def _reenter(
         self, dense: torch.Tensor, middle: torch.Tensor | None, kept: torch.Tensor | None
     ) -> torch.Tensor:
-        """The sparse path's output back at every position: SPRINT fuses it with the dense features; MaskDiT
-        fills the dropped positions with the mask token and their position embedding."""
+        """The sparse output at every position: fused by SPRINT, mask-token-filled by MaskDiT."""
         if self.config.token_drop_layout == "sprint":
             return self.token_drop.reenter(dense, middle, kept)
         if middle is None:
@@ -244,13 +216,8 @@ class DiT(nn.Module):
         cfg_channels: int | str = 3,
         path_drop: bool = False,
     ) -> torch.Tensor:
-        """Classifier-free guidance on a batch [conditional; unconditional] sharing the first half's noise.
-
-        ``cfg_channels=3`` is the official behaviour (the paper's FID used it); ``"all"`` guides every
-        noise channel. The learned-variance channels are never guided, even for models with fewer than
-        3 input channels, where the official ``[:3]`` would reach into them. ``path_drop``: the unconditional
-        half skips the sparse blocks (SPRINT's path-drop guidance).
-        """
+        """Classifier-free guidance on [cond; uncond] sharing the first half's noise, on ``cfg_channels`` (3: the
+        official), never the variance; ``path_drop``: the second half skips the sparse blocks."""
         guided = self.guided_channels(cfg_channels)
         n = len(x) // 2
         half = x[:n]
@@ -263,11 +230,8 @@ class DiT(nn.Module):
         return torch.cat([guided_half, torch.cat([guided_half[:, :guided], uncond[:, guided:]], dim=1)])
 
     def guided_channels(self, cfg_channels: int | str = 3) -> int:
-        """How many leading output channels guidance moves: all the noise's, or the first ``cfg_channels`` of
-        them (3, the official code's); never the learned-variance channels."""
+        """The leading channels guidance moves (the noise's, or its first ``cfg_channels``), never the variance."""
         return self.in_channels if cfg_channels == "all" else min(int(cfg_channels), self.in_channels)
-
-    # ---- checkpoints ----------------------------------------------------------------------------------
 
     def load_weights(self, state_dict: dict, source: str = "checkpoint"):
         """Strict load whose error lists every missing, unexpected and mis-shaped key."""

@@ -1,8 +1,5 @@
-"""The DiT's blocks, embedders, attention and MLPs, with the official module names and numerics (``dit.model.dit``).
-
-Attention goes through ``F.scaled_dot_product_attention`` or explicit matmuls. The block options' modules
-(``dit.model.options``) live here; all off, the block is the official one (same modules, keys and outputs).
-"""
+"""The DiT's blocks, embedders, attention and MLPs, with the official module names and numerics; with every block
+option (``dit.model.options``) off, the block is the official one."""
 
 from __future__ import annotations
 
@@ -20,10 +17,6 @@ from dit.io.errors import UserError
 from dit.model.config import DiTConfig
 from dit.model.options import MLPS, NORMS, SWITCHES
 
-# --------------------------------------------------------------------------------------------------------
-# Embedding tables
-# --------------------------------------------------------------------------------------------------------
-
 
 def sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
     """[sin | cos] of positions times dim/2 frequencies 1/10000^(i/(dim/2)), in float64."""
@@ -33,22 +26,13 @@ def sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
 
 
 def sincos_2d(dim: int, grid_size: int) -> np.ndarray:
-    """(grid_size**2, dim) table in row-major token order; first half encodes the column, second the row.
-
-    That column-first order is what the official checkpoints were trained with (MAE's helper names its
-    variables the other way round).
-    """
+    """(grid_size**2, dim) in row-major token order: the column in the first half, the row in the second."""
     rows, cols = np.meshgrid(np.arange(grid_size), np.arange(grid_size), indexing="ij")
     return np.concatenate([sincos_1d(dim // 2, cols), sincos_1d(dim // 2, rows)], axis=1)
 
 
 def rope_2d(head_dim: int, grid_size: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables, (grid_size**2, head_dim) in row-major token order, for ``apply_rope``.
-
-    Axial: the first half of a head's features rotates with the token's column, the second half with its
-    row (the order of ``sincos_2d``). Within each half, feature i pairs with i + head_dim/4 and turns by
-    position x theta^(-i / (head_dim/4)), the frequencies of 1-D RoPE over head_dim/2 features.
-    """
+    """Axial RoPE cos and sin tables: a head's first half turns with the column, the second with the row."""
     quarter = head_dim // 4
     omega = theta ** (-np.arange(quarter, dtype=np.float64) / quarter)
     rows, cols = np.divmod(np.arange(grid_size * grid_size), grid_size)
@@ -57,10 +41,7 @@ def rope_2d(head_dim: int, grid_size: int, theta: float = 10000.0) -> tuple[np.n
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each feature pair of x (..., tokens, heads, head_dim) by its angle; x's dtype out.
-
-    ``cos``/``sin``: ``rope_2d``'s tables as (tokens, 1, head_dim), float32 buffers, so a 16-bit x is
-    rotated in float32 (type promotion). Only elementwise ops: nothing is saved for backward but the tables."""
+    """Rotate each feature pair of x (..., tokens, heads, head_dim) in float32, the tables' dtype."""
     first, second = x.unflatten(-1, (2, 2, -1)).unbind(-2)
     rotated = torch.stack((-second, first), dim=-2).flatten(-3)
     return (x * cos + rotated * sin).to(x.dtype)
@@ -77,29 +58,19 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     return emb
 
 
-# --------------------------------------------------------------------------------------------------------
-# Modules
-# --------------------------------------------------------------------------------------------------------
-
-
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(shift.unsqueeze(1), x, 1 + scale.unsqueeze(1))
 
 
 class PatchEmbed(nn.Module):
-    """Strided-conv patchify to (N, T, D).
-
-    timm's PatchEmbed does the same with more options; this keeps the ``proj`` key without timm's strict
-    size assertion, and the input checks live in ``DiT.forward`` where they can name the fix.
-    """
+    """Strided-conv patchify to (N, T, D), with timm's ``proj`` key but not its size assertion."""
 
     def __init__(self, patch_size: int, in_channels: int, hidden_size: int):
         super().__init__()
         self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Token-major memory: the transposed view would carry a channel-major residual stream through every
-        # block, and each LayerNorm and Linear would then copy its input (about 4% of a CPU step).
+        # token-major: a transposed view would make every LayerNorm and Linear copy its input
         return self.proj(x).flatten(2).transpose(1, 2).contiguous()
 
 
@@ -134,8 +105,7 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
-# "sdpa" lets PyTorch pick a kernel; the next four pin one of its kernels; "explicit" is two batched
-# matmuls around a softmax, which keeps the T x T probabilities for backward instead of recomputing them.
+# "sdpa": PyTorch picks; the next four pin a kernel; "explicit": matmuls that keep the T x T softmax for backward
 _PINNED_SDPA = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -146,11 +116,7 @@ ATTENTION_BACKENDS = ("auto", "sdpa", *_PINNED_SDPA, "explicit")
 
 
 def attention_kernel(backend: str, device_type: str, dtype: torch.dtype) -> str:
-    """The kernel ``backend`` runs on this device and dtype; "auto" is chosen from measurements.
-
-    On CPU in bf16 the explicit matmuls train DiT-B/2 attention 2x faster than PyTorch's CPU flash kernel,
-    which is slower in bf16 than in fp32 (docs/performance.md); everywhere else SDPA chooses.
-    """
+    """The kernel ``backend`` runs here; auto: explicit matmuls for bf16 on CPU, else sdpa."""
     if backend not in ATTENTION_BACKENDS:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(ATTENTION_BACKENDS)}.")
     if backend != "auto":
@@ -159,10 +125,8 @@ def attention_kernel(backend: str, device_type: str, dtype: torch.dtype) -> str:
 
 
 def attention_context(backend: str):
-    """The SDPA kernel pin of ``backend`` (nothing for auto, sdpa and explicit), entered around the blocks, never
-    inside one: an ``sdpa_kernel`` context inside a compiled block makes AOTAutograd's cache refuse the graph
-    (pytorch issue 194007), so a compiled block is traced under a pin it does not contain, the kernel chosen
-    once at trace time."""
+    """The SDPA kernel pin of ``backend``, entered around the blocks, never inside one: an ``sdpa_kernel`` context
+    in a compiled block makes AOTAutograd's cache refuse the graph (pytorch issue 194007)."""
     return sdpa_kernel(_PINNED_SDPA[backend]) if backend in _PINNED_SDPA else nullcontext()
 
 
@@ -175,13 +139,8 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
 
 
 class _RMSNormWeighted(torch.autograd.Function):
-    """w * x / rms(x) over the last dim, in float32, keeping only x and 1/rms for backward.
-
-    torch's RMSNorm is a composite on the CPU (and on CUDA when x and w differ in dtype, as under
-    autocast): it keeps a float32 copy of x and the float32 normalised x, 8 more bytes per element of q and
-    of k, which under bf16 makes QK-norm add 42% to a block's activations instead of 9% (docs/recipes.md).
-    x is a view of qkv's output, which attention keeps anyway: this keeps nothing new but 1/rms (one number
-    per head and token)."""
+    """w * x / rms(x) over the last dim in float32, saving only x (kept by attention anyway) and 1/rms, where
+    torch's composite RMSNorm keeps two float32 copies (docs/recipes.md)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -215,11 +174,7 @@ class HeadRMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused qkv and a choice of kernels (``backend``).
-
-    Same keys as timm's Attention (``qkv``, ``q_norm``/``k_norm`` with QK-norm, ``proj``); written out so
-    that the kernel choice and the head layout are in one place we control for compile and the cost model.
-    """
+    """Multi-head self-attention: a fused qkv, timm's keys (``qkv``, ``q_norm``/``k_norm``, ``proj``), kernels."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -234,7 +189,6 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         n, t, d = x.shape
         # unbind on the (n, t, 3, h, dh) layout: backward stacks the three gradients straight into qkv's
-        # layout in one copy, where unbinding a permuted (3, n, h, t, dh) view costs a stack and a copy.
         q, k, v = self.qkv(x).view(n, t, 3, self.num_heads, d // self.num_heads).unbind(2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -259,9 +213,7 @@ class Mlp(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """w3(silu(gate) * value) with [gate | value] = w12(x) in one matmul (Shazeer 2020; xformers' names).
-
-    ``hidden`` is ``DiTConfig.mlp_hidden``: 2/3 of the GELU width, so the weights match the GELU MLP's."""
+    """w3(silu(gate) * value), [gate | value] = w12(x) (Shazeer 2020; xformers' names)."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -287,8 +239,7 @@ class DiTBlock(nn.Module):
         self.checkpointed = False  # recompute this block's forward in backward (DiT.set_checkpointing)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Checkpointing is inside the block, so that compiling the block compiles its recomputation too
-        (torchtitan's order: checkpoint, then compile, then shard); not a compiled block wrapped afterwards."""
+        """Checkpointing sits inside the block, so that compiling it compiles the recomputation."""
         if not (self.checkpointed and torch.is_grad_enabled()):
             return self._forward(x, c, rope)
         if torch.compiler.is_compiling():  # the recomputation is traced into the graph, under the trace's pin

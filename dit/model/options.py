@@ -1,15 +1,6 @@
-"""Block options: one entry each, carrying its module builder, its cost terms and its memory terms.
-
-``norm`` and ``mlp`` choose an entry of ``NORMS`` and ``MLPS``; a ``SWITCHES`` entry is on when the
-``DiTConfig`` field of its name is true; the first entries, all switches off, are the official DiT.
-``dit.cost`` reads the terms of a config's entries (``chosen``), never their names, so a new option needs no
-edit to ``dit/cost/`` or the docs. No torch at import: builders import it when called.
-
-Terms per block, as ``dit.cost`` counts them (docs/cost_model.md): ``macs``, forward multiply-accumulates per
-token in matmuls (also the weights autocast copies to 16 bits); ``params``, weights and biases; ``saved``,
-D-wide tensors of the activation dtype backward keeps per token, and ``saved_fp32`` float32 bytes per
-(token x D) element; ``new_qk``: makes new q and k, which attention keeps (two tensors, once for all).
-"""
+"""Block options: one entry each, with its builder and its cost and memory terms, which ``dit.cost`` reads (never
+the names); the first entries are the official DiT. Per block (docs/cost_model.md): ``macs`` per token in matmuls;
+``params``; ``saved``/``saved_fp32``, what backward keeps per element; ``new_qk``: new q and k."""
 
 from __future__ import annotations
 
@@ -45,8 +36,7 @@ def _layer(module: str, name: str, *sizes: str, **kwargs) -> Callable:
 
 
 def _mlp_terms(matrices: int, saved_widths: int) -> dict:
-    """An MLP of ``matrices`` D x h matrices (h = ``mlp_hidden``), biases on all but its D-wide inputs, keeping
-    ``saved_widths`` h-wide tensors for backward."""
+    """An MLP of ``matrices`` D x h matrices keeping ``saved_widths`` h-wide tensors for backward."""
     return dict(
         macs=lambda cfg: matrices * cfg.hidden_size * cfg.mlp_hidden,
         params=lambda cfg: matrices * cfg.hidden_size * cfg.mlp_hidden + (matrices - 1) * cfg.mlp_hidden

@@ -1,9 +1,5 @@
-"""REPA (Yu et al. 2024, "Representation Alignment for Generation"), the trained half, reimplemented from the
-paper: a 3-layer MLP projects the DiT's tokens after one block onto a frozen encoder's patch features, and
-the loss adds the negative cosine similarity between them, averaged over tokens.
-
-The frozen encoder lives in ``dit.data.encoder`` (it loads weights); this module is pure PyTorch.
-"""
+"""REPA (Yu et al. 2024), the trained half: a 3-layer MLP projects the DiT's tokens after one block onto a frozen
+encoder's patch features, and the loss adds their negative cosine similarity, averaged over tokens."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ class RepaProjector(nn.Sequential):
 
 
 class RepaModel(nn.Module):
-    """The DiT and its projector as one module, so that DDP and the optimizer see both and one forward returns
-    (the DiT's output, the projected tokens of block ``depth``). Sampling and export use ``dit`` alone."""
+    """The DiT and its projector as one module (DDP and the optimizer see both); sampling uses ``dit`` alone."""
 
     def __init__(self, dit: DiT, projector: RepaProjector, depth: int):
         super().__init__()
@@ -50,8 +45,7 @@ def repa_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def resample_tokens(tokens: torch.Tensor, grid: int) -> torch.Tensor:
-    """(N, g*g, C) patch tokens on a g x g grid -> (N, grid*grid, C), bilinear (antialiased when shrinking);
-    the identity when the grids already agree."""
+    """(N, g*g, C) tokens on a g x g grid -> (N, grid*grid, C), bilinear (antialiased when shrinking)."""
     n, t, c = tokens.shape
     side = round(t**0.5)
     if side * side != t:

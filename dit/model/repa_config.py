@@ -1,9 +1,5 @@
-"""REPA's options (Yu et al. 2024, docs/repa.md), as the faces that train, extract or plan with it say them.
-
-Two sections under the ``repa_`` prefix: the frozen encoder (train.py, extract_features.py and ``dit-cost
-train`` name it alike, so a store's features match the run that reads them) and the alignment it trains
-(block, weight, projector width). No torch: ``dit-cost`` imports it.
-"""
+"""REPA's options (Yu et al. 2024, docs/repa.md) under the ``repa_`` prefix: the frozen encoder, named alike by
+every face, and the alignment it trains. No torch: ``dit-cost`` imports it."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Token dropping: the sparse blocks of a DiT see only a kept subset of the tokens (``DiTConfig.token_drop``).
-
-Two layouts (``DiTConfig.sparse_blocks``):
-- ``sprint`` (SPRINT, arXiv 2510.21986): the first blocks see every token, the middle blocks the kept ones,
-  the last blocks every token again. At the re-entry the middle's output is scattered back to its positions,
-  the dropped positions filled with a learned mask token, and fused with the dense features from before the
-  drop: ``fuse([dense | sparse padded])``, a linear 2D -> D (SPRINT's "concat_linear" residual).
-- ``maskdit`` (MaskDiT, arXiv 2306.09305): tokens are dropped at the input, all blocks but the last see the
-  kept ones, and the dropped positions re-enter as the mask token plus their fixed position embedding, with
-  no dense features (MaskDiT's separate decoder is the model's own last blocks here).
-
-The kept set is indices (N, K) drawn per sample by ``draw_kept``; the positions (sin-cos table, RoPE) follow
-the kept tokens. With no kept set, every block sees every token: the SPRINT fusion still runs (its full-token
-fine-tune and sampling), and the MaskDiT model is the plain DiT.
-"""
+"""Token dropping: a DiT's sparse blocks see a kept subset of the tokens: ``sprint`` (SPRINT, arXiv 2510.21986),
+fused back with the dense features, or ``maskdit`` (MaskDiT, arXiv 2306.09305), dropped at the input."""
 
 from __future__ import annotations
 
@@ -23,8 +10,7 @@ from dit.model.config import DiTConfig
 
 
 def draw_kept(generator: torch.Generator, batch: int, tokens: int, kept: int, device) -> torch.Tensor:
-    """(batch, kept) token indices, ascending, a uniform random subset per sample: row i belongs to the
-    global batch's sample i, so a rank's slice of it is the same on any world size."""
+    """(batch, kept) ascending token indices, a uniform subset per sample of the global batch."""
     scores = torch.rand(batch, tokens, generator=generator, device=device)
     return scores.argsort(dim=1)[:, :kept].sort(dim=1).values
 
@@ -59,8 +45,7 @@ class TokenDrop(nn.Module):
         return base.scatter(1, kept.unsqueeze(-1).expand(-1, -1, d), sparse)
 
     def reenter(self, dense: torch.Tensor, sparse: torch.Tensor | None, kept: torch.Tensor | None) -> torch.Tensor:
-        """SPRINT's fusion of the dense features from before the drop with the sparse path's output: ``sparse``
-        None is the path dropped (every position the mask token), ``kept`` None the full-token path."""
+        """SPRINT's fusion of the pre-drop dense features with the sparse output (None: the path dropped)."""
         if sparse is None:
             sparse = self.mask_token.to(dense.dtype).expand_as(dense)
         elif kept is not None:

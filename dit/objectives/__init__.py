@@ -1,9 +1,5 @@
-"""What a run trains the DiT to do, behind one interface: DiT's Gaussian diffusion or SiT's flow matching.
-
-``Objective`` (``objective.py``) is what the trainer and the samplers call; ``OBJECTIVES`` (``registry.py``)
-names its implementations. Nothing outside this package asks which one it is: a new objective is one module
-here and one registry entry.
-"""
+"""What a run trains the DiT to do, behind one interface (``Objective``): DiT's Gaussian diffusion or SiT's flow
+matching (``OBJECTIVES``). Nothing outside this package asks which one it is."""
 
 from dit.objectives.diffusion import DiffusionObjective
 from dit.objectives.flow import FlowObjective

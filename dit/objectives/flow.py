@@ -87,7 +87,6 @@ class FlowObjective(Objective):
         return t.numpy(), (sigma / alpha).numpy()
 
     def manifest(self, sample_eps) -> dict:
-        """The transport's fields; the recipe's at their defaults left out, so that sets written before them keep
-        their identity (the sampler's shift is the set's own entry)."""
+        """The transport's fields, the recipe's defaults left out so that older sets keep their identity."""
         record = dataclasses.asdict(self.process(0, sample_eps))
         return {k: v for k, v in record.items() if (k, v) not in (("time_shift", 1.0), ("cos_loss_weight", 0.0))}

@@ -1,9 +1,5 @@
-"""The flow ODE integrators: one entry each, its step and the evaluations the step makes.
-
-``ode_sample`` (dit/objectives/transport/samplers.py) runs ``step`` between grid points; the sampling plan
-(dit/objectives/samplers.py) takes ``times`` from the same entry, so a new integrator is one line of
-``ODE_INTEGRATORS`` (plain arithmetic: no torch here).
-"""
+"""The flow ODE integrators, one entry each (its step and the evaluations it makes): ``ode_sample`` runs the step
+and the sampling plan reads ``times``, so a new integrator is one line of ``ODE_INTEGRATORS``. No torch."""
 
 from __future__ import annotations
 
@@ -47,10 +43,8 @@ def adams_bashforth_step(x, h: float, velocities: Sequence):
 
 @dataclass(frozen=True)
 class AdamsBashforth:
-    """Adams-Bashforth of order k: 1 evaluation a step, at its start, the earlier steps' velocities reused
-    (training-free, as DEIS's and iPNDM's multistep samplers). The first k - 1 steps bootstrap with the lower
-    orders (no start-up evaluations); their O(h^2) local error bounds the global order at 2 for k >= 2, the
-    higher orders lower the error constant."""
+    """Adams-Bashforth of order k: one evaluation a step, the earlier velocities reused (as DEIS's and iPNDM's);
+    the first k - 1 steps bootstrap with the lower orders, which bounds the global order at 2."""
 
     order: int
     adaptive = False

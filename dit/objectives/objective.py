@@ -1,7 +1,4 @@
-"""The one interface a training objective implements: what the trainer and the samplers call.
-
-The class attributes (samplers, defaults) need no torch, so ``dit-cost sample`` plans with them.
-"""
+"""The one interface a training objective implements; its class attributes need no torch (``dit-cost``)."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ class Objective(ABC):
 
     @abstractmethod
     def task(self) -> dict:
-        """What the network's output means (the objective, its schedule or path, what it predicts, a learned
-        variance): two models whose tasks are equal can guide one another (autoguidance)."""
+        """What the output means: two models whose tasks are equal can guide one another (autoguidance)."""
 
     @abstractmethod
     def sample_t(self, n: int, generator, device):
@@ -78,15 +74,13 @@ class Objective(ABC):
 
     @abstractmethod
     def process(self, num_steps: int, sample_eps: float | None, time_shift: float | None = None):
-        """What a sampler of ``num_steps`` steps integrates: a respaced diffusion (its timesteps shifted by
-        ``time_shift``, None: the run's), or the transport (the plan's grid carries the shift)."""
+        """What a ``num_steps`` sampler integrates: a respaced (shifted) diffusion, or the transport."""
 
     @abstractmethod
     def sampling_loop(self, kind: str, process, plan, *, method: str | None, diffusion_form: str, last_step: str,
                       atol: float, rtol: float) -> Callable:  # fmt: skip
-        """Sampler ``kind``'s loop over ``process`` along ``plan`` (``dit.objectives.samplers.SamplingPlan``), made
-        before the first batch (what it needs installed is asked for then): ``loop(model_fn, x, model_kwargs,
-        noise, progress) -> x``, ``noise(x)`` each step's per-image noise, ``progress`` whether to show a bar."""
+        """Sampler ``kind``'s ``loop(model_fn, x, model_kwargs, noise, progress) -> x`` over ``process`` along
+        ``plan``, made before the first batch (what it needs installed is asked for then)."""
 
     @abstractmethod
     def noise_to_signal(self) -> tuple:

@@ -1,7 +1,4 @@
-"""The objectives by name (``OBJECTIVES``), and the objective a record, a sampler or a sampling model names.
-
-A new objective is one module in this package and one entry here.
-"""
+"""The objectives by name (``OBJECTIVES``: a new one is a module and an entry), and the one a record names."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ def objective_for_sampler(sampler: str | None) -> type[Objective]:
 
 
 def from_record(run: dict, learn_sigma: bool, latent_dim: int) -> Objective:
-    """The objective a run's record names (records without one are diffusion's, as DiT's checkpoints), its
-    ``time_shift`` resolved for latents of ``latent_dim`` numbers (C x H x W)."""
+    """The objective a run's record names (diffusion without one), ``time_shift`` resolved for ``latent_dim``."""
     from dit.objectives.times import shift_factor
 
     run = {**run, "time_shift": shift_factor(run.get("time_shift", 1.0), latent_dim)}

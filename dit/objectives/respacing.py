@@ -1,6 +1,5 @@
 """The times a sampler steps on: ADM's respacing of the diffusion's timesteps (with the timestep shift) and
-the flow samplers' time grids. No torch here: the sampling plan and the samplers read the same grids.
-"""
+the flow samplers' time grids. No torch here: the sampling plan and the samplers read the same grids."""
 
 from __future__ import annotations
 
@@ -12,12 +11,8 @@ DIFFUSION_STEPS = 1000  # T: the training timesteps every DiT diffusion has
 
 
 def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
-    """The timesteps to keep (ADM's respacing).
-
-    ``section_counts`` is "ddimN" (an exact stride: "ddim50" gives 0, 20, ..., 980), a comma-separated
-    string or list of counts per equal section ("250" gives 0, 4, 8, ..., 991, 995, 999: each section is
-    strided by rounding so that its ends are kept).
-    """
+    """The timesteps to keep (ADM's respacing): "ddimN" an exact stride ("ddim50": 0, 20, ..., 980), or counts per
+    equal section ("250": 0, 4, ..., 995, 999, each section's ends kept)."""
     if isinstance(section_counts, str):
         if section_counts.startswith("ddim"):
             desired = int(section_counts[len("ddim") :])
@@ -43,9 +38,7 @@ def space_timesteps(num_timesteps: int, section_counts) -> set[int]:
 
 
 def shift_timesteps(kept, time_shift: float, diffusion_steps: int = DIFFUSION_STEPS) -> list[int]:
-    """A respacing's timesteps moved by the shift: i -> round((T - 1) tau'), tau = i / (T - 1) the noise fraction
-    shifted as the flow's time (``shift_time`` on 1 - tau), so the ends 0 and T - 1 stay; two steps landing on
-    one timestep are refused."""
+    """A respacing's timesteps shifted as the flow's time; the ends stay, and collisions are refused."""
     kept = sorted(kept, reverse=True)
     if time_shift == 1:
         return kept
@@ -67,13 +60,8 @@ def diffusion_timesteps(
 
 
 def flow_grid(kind: str, steps: int, t0: float, t1: float, last_step: str = "mean", time_shift: float = 1.0):
-    """The time grid of a fixed-step flow sampler on [t0, t1].
-
-    ODE: ``steps`` intervals from t0 to t1. SDE (as SiT): ``steps`` points, the Euler-Maruyama steps between
-    them; with a last step the grid ends at 1 - 0.04 and the last step runs from there to t = 1 (SiT's), with
-    ``--last-step none`` it ends at t1 itself. A ``time_shift`` moves the points inside the grid's ends
-    (each fraction of the way shifted by ``shift_time``); the ends stay.
-    """
+    """A fixed-step flow sampler's grid on [t0, t1]: ODE, ``steps`` intervals; SDE (as SiT), ``steps`` points to
+    1 - 0.04, then a last step to t = 1 (none: to t1); ``time_shift`` moves the inner points."""
     if kind == "ode":
         points, end = steps + 1, t1
     else:

@@ -34,10 +34,7 @@ INTERVAL_HELP = (
 
 @dataclass(frozen=True)
 class SamplingSection(Section):
-    """The sampler and its settings (sample.py, scripts/sample_ddp.py, train.py's ``--eval-*`` flags,
-    ``dit-cost sample``). The model decides what the section leaves open: its objective the default sampler
-    (``Objective.sampler``), whether it has a null class the default guidance (``guidance``). Faces with other defaults
-    subclass it and say why."""
+    """The sampler and its settings; the model decides what it leaves open (default sampler and guidance)."""
 
     FAST = False  # default to the objective's fast sampler (the in-loop evaluation's) instead of sample.py's
     GUIDANCE_DEFAULT = 4.0  # the official sample.py's, for a model with a null class

@@ -1,15 +1,5 @@
-"""diffusers' schedulers as samplers of our diffusion models: DPM-Solver++ (2M, and 2M SDE), UniPC, DEIS,
-Euler and Heun (``--sampler dpmpp-2m`` etc.); our DDPM/DDIM loops stay the reference.
-
-Our diffusion configures each scheduler: its training schedule is the respaced betas (the N steps kept of
-the 1000), and it visits all N in order ("trailing" spacing, no offset), so its timestep k is our respaced
-step k and the model sees ``timestep_map[k]``, the original timestep, as in our DDPM/DDIM (a test holds
-diffusers' DDIM to ours). The scheduler gets the model's first C channels only: a learned-sigma DiT's
-variance channels never reach it (diffusers' DPM-Solver with ``variance_type="learned"`` keeps the first 3,
-wrong for 4-channel latents), as the noise, or as x0 ("sample") for an x0-predicting diffusion. Guidance
-is applied before the scheduler sees the output. The SDE variant's noise comes from the per-image
-generators (``variance_noise``), so a set is the same on any number of processes.
-"""
+"""diffusers' schedulers as samplers of our diffusion, on the respaced betas with "trailing" spacing, so that their
+step k is ours; they see the first C channels only, and the SDE's noise comes from the per-image generators."""
 
 from __future__ import annotations
 
@@ -25,17 +15,13 @@ from dit.objectives.samplers import SCHEDULERS, SamplingPlan
 
 
 def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):
-    """A diffusers scheduler (a ``SCHEDULERS`` name, or any diffusers scheduler class name) configured by
-    ``diffusion``: its respaced betas, all of its steps, and its prediction (noise or x0)."""
+    """A diffusers scheduler configured by ``diffusion``: its respaced betas, all its steps, its prediction."""
     class_name, settings = SCHEDULERS.get(name, (name, {}))
     diffusers = require("diffusers", "vae", f"--sampler {name} (a diffusers scheduler)")
     x0 = diffusion.model_mean_type == ModelMeanType.START_X
     return getattr(diffusers, class_name)(
         num_train_timesteps=diffusion.num_timesteps,
-        # diffusers takes alpha-bar as a float32 cumprod: at 5 of the cosine schedule's 1000 steps the last
-        # respaced beta (1 - 2.4e-9 / 0.144) rounds to 1, alpha-bar to 0, sigma to inf, and every image to NaN
-        # (digit FID 5938 for dpmpp-2m and unipc at 5 NFE). Kept at float32's largest beta below 1, the last
-        # alpha-bar is 8.6e-9 instead of 2.4e-9: sigma_max 1.1e4 instead of 2.0e4, for x_T ~ N(0, I) alike.
+        # below 1 in float32: a few-step cosine schedule's last beta rounded to 1 (docs/reliability.md, row 19)
         trained_betas=np.minimum(diffusion.betas, 1 - 2.0**-24).tolist(),
         timestep_spacing="trailing",
         steps_offset=0,
@@ -55,8 +41,7 @@ def scheduler_sample(
     noise_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Denoise ``x`` (x_T ~ N(0, I)) with ``scheduler``, calling ``model(x_t, t, **model_kwargs)`` once per
-    entry of its timesteps, which must be the evaluations ``plan`` counted (checked before the first)."""
+    """Denoise ``x`` with ``scheduler``, one model call per timestep, as ``plan`` counted (checked first)."""
     scheduler.set_timesteps(diffusion.num_timesteps, device=x.device)
     steps = [int(k) for k in scheduler.timesteps.tolist()]
     original = [int(diffusion.timestep_map[k]) for k in steps]

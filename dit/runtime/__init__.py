@@ -1,5 +1,4 @@
-"""The process a face runs in (``runtime.py``), its precision policy (``precision.py``), its stop signals
-(``stop.py``) and its host memory (``host_memory.py``)."""
+"""The process a face runs in: ``runtime``, ``precision``, ``stop``, ``host_memory``."""
 
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision

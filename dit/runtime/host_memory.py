@@ -1,13 +1,5 @@
-"""The host's memory: how much a process may have, and keeping what it freed so a CPU step stops page-faulting.
-
-PyTorch's CPU tensors come straight from glibc malloc. Blocks above the mmap threshold are mapped fresh
-and unmapped on free, and freed memory at the top of the heap is trimmed back to the kernel, so every
-step touches new pages for its activations and pays a page fault for each 4 KiB. On the 2-core CPU box
-that was 7% of a DiT-S/2 fp32 step (1.6 M minor faults in 16 steps; docs/performance.md). Intel's CPU
-guide prescribes jemalloc or tcmalloc through LD_PRELOAD for the same reason; two ``mallopt`` calls get
-the same effect from inside the process, without a launcher or a package. The cost: the process keeps its
-peak heap for its life, which a training or sampling process does anyway.
-"""
+"""The host's memory: what a process may have, and two ``mallopt`` calls that keep what glibc frees, so that a CPU
+step stops page-faulting (docs/performance.md), at the cost of keeping the peak heap."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The process a face runs in: device, process group, precision policy, stop flag, and the one seed mixer.
-
-Training, sampling, FID sample sets, extraction, evaluation and the benchmarks all enter a ``Runtime``;
-nothing else joins a process group, sets TF32/cuDNN flags or tunes host memory. Under torchrun (or any
-launcher that sets WORLD_SIZE, RANK, LOCAL_RANK and MASTER_ADDR/PORT) it joins the group: NCCL on GPUs,
-gloo on CPUs; on one process it starts nothing.
-"""
+"""The process a face runs in: device, process group, precision policy, stop flag and the one seed mixer. Nothing
+else joins a process group, sets TF32/cuDNN flags or tunes host memory."""
 
 from __future__ import annotations
 
@@ -46,9 +41,7 @@ class Stream(enum.IntEnum):
 
 
 def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 finaliser), so nearby inputs give unrelated streams.
-
-    Every keyed random stream is seeded through this one function as ``mix_seed(Stream.KIND, seed, ...)``."""
+    """A 63-bit seed from integers (splitmix64's finaliser): every keyed stream's ``mix_seed(Stream.X, ...)``."""
     h = 0x9E3779B97F4A7C15
     for p in parts:
         if int(p) < 0:
@@ -60,11 +53,7 @@ def mix_seed(*parts: int) -> int:
 
 @dataclass(frozen=True)
 class DeviceSection(Section):
-    """Where and in what precision a face runs, and the peak its MFU divides by: every face that runs a model.
-
-    The default precision is the face's: training bf16 (measured within seed noise of fp32,
-    docs/performance.md), sampling tf32 (the official scripts' setting, for comparable FIDs), extraction
-    fp32 (the latents are encoded once and read by every run)."""
+    """Where and in what precision a face runs, and the peak its MFU divides by; each face sets its precision."""
 
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
     precision: str = option("bf16", "matmul precision: fp32, tf32 (fp32 with TF32 matmuls), bf16 or fp16 (CUDA)",
@@ -74,8 +63,7 @@ class DeviceSection(Section):
 
 
 def default_workers() -> int:
-    """Data-loader processes by default: one per core this process may use, at most 4 (on a 2-core machine a
-    fixed 4 drew the loader's oversubscription warning on every run)."""
+    """Data-loader processes by default: one per usable core, at most 4."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -96,8 +84,7 @@ def _device(requested: str | None, local_rank: int, world: int) -> torch.device:
 
 
 def _rendezvous(env) -> dist.TCPStore:
-    """The group's store, waiting at most ``rendezvous_seconds()`` for every rank (torch waits 30 minutes,
-    silently, for a rank that was never started)."""
+    """The group's store, waiting ``rendezvous_seconds()`` for every rank (torch waits 30 minutes, silently)."""
     seconds = rendezvous_seconds()
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     try:
@@ -112,12 +99,7 @@ def _rendezvous(env) -> dist.TCPStore:
 
 
 class Runtime:
-    """``with Runtime(device, precision) as rt:`` rank, world size, device and precision for one face.
-
-    ``device`` None picks CUDA when available; under several processes each takes ``cuda:LOCAL_RANK``.
-    The precision's flags hold inside the ``with`` and are restored after it; the process group is
-    destroyed on exit only if this runtime created it.
-    """
+    """``with Runtime(device, precision) as rt``: one face's rank, world, device and precision, restored after."""
 
     @classmethod
     def of(cls, section: DeviceSection, **kw) -> Runtime:
@@ -192,10 +174,8 @@ class Runtime:
         return out
 
     def raise_together(self, error: UserError | None) -> None:
-        """Every rank learns whether rank 0 met ``error`` (a collective, where the ranks wait for rank 0 anyway):
-        rank 0 raises it, the others a ``ReportedByRankZero`` (exit 2, the line unsaid). From there every rank
-        ignores the stop signals: the first to exit has torchrun signal the others, and rank 0 would die before
-        its line, another rank as killed rather than as the error."""
+        """Every rank learns whether rank 0 met ``error`` (collective): rank 0 raises it, the others
+        ``ReportedByRankZero``, then ignore the stop signals so that torchrun's signal cuts no rank's line."""
         said = next((e for e in self.gather_objects(error) if e is not None), None)
         if said is None:
             return
@@ -207,8 +187,7 @@ class Runtime:
         raise said if self.is_main else ReportedByRankZero(str(said))
 
     def memory_capacity(self) -> int:
-        """The bytes one process's training step may fill, the smallest over the ranks (each decides alike): its
-        GPU's total memory, or on a CPU the host's, shared by the processes on that host. Collective."""
+        """The bytes a step may fill: the GPU's, or the host's shared by its processes; the ranks' minimum."""
         if self.device.type == "cuda":
             mine = torch.cuda.get_device_properties(self.device).total_memory
         else:
@@ -217,8 +196,7 @@ class Runtime:
         return min(self.gather_objects(mine))
 
     def lock_folder(self, folder, purpose: str, fix: str) -> FolderLock | None:
-        """Rank 0 locks ``folder`` for one job (its lock on rank 0, None elsewhere); if another job holds it,
-        every rank raises the same one-line error, so no rank goes on alone."""
+        """Rank 0 locks ``folder`` (None elsewhere); if another job holds it, every rank raises the same line."""
         lock, error = None, None
         if self.is_main:
             try:

@@ -10,8 +10,7 @@ import stat
 import torch
 import torch.distributed as dist
 
-# Every signal a scheduler or a terminal sends to say "you are about to be killed": each saves and exits as
-# SIGTERM does. One list, for the handlers (StopFlag) and the loader workers that ignore them alike.
+# Every signal a scheduler or terminal sends before a kill: each saves and exits as SIGTERM does
 STOP_SIGNALS = (
     signal.SIGTERM,  # the polite kill: SLURM at the time limit or on scancel, docker stop, Kubernetes, timeout
     signal.SIGINT,  # Ctrl-C
@@ -20,12 +19,9 @@ STOP_SIGNALS = (
     signal.SIGUSR2,  # the same warning where a site or a job script chose USR2 (Grid Engine's -notify before a kill)
     signal.SIGXCPU,  # a CPU-time limit's soft limit (SLURM, LSF, ulimit -t): the hard limit's SIGKILL follows
 )
-# Not stops: SIGQUIT (Ctrl-\) stays the way to quit at once, without waiting for a save; SIGCONT and SIGTSTP
-# resume and suspend a run that keeps its state; SIGKILL and SIGSTOP cannot be caught.
+# Not stops: SIGQUIT (Ctrl-\) quits at once; SIGCONT, SIGTSTP resume and suspend; SIGKILL, SIGSTOP can't be caught
 
-# What a stopped run exits with, as a shell reports a process killed by the signal (128 + its number), so a
-# requeue wrapper tells "stopped, resume me" (143, 130, 129, ...) from "finished" (0) and "failed" (1, or 2
-# for a user error).
+# A stopped run exits 128 + the signal's number (143, 130, ...): "resume me" to a requeue wrapper, not 0, 1 or 2
 EXIT_CODES = {s.name: 128 + s.value for s in STOP_SIGNALS}
 
 
@@ -34,27 +30,20 @@ class EvalStopped(Exception):
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
-    """A DataLoader's ``worker_init_fn``: SLURM, ``timeout`` and Ctrl-C signal the whole process group, and a
-    worker killed by SIGTERM took the run down with a traceback and no save (4 of 4 tries with 2 workers).
-    Workers leave the stop signals to the main process, which saves and stops them."""
+    """A DataLoader's ``worker_init_fn``: workers leave the stop signals to the main process, which saves."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
 
 
 def close_workers(batches) -> None:
-    """Tell a DataLoader iterator's workers to exit now (they ignore SIGTERM, so the loader's fallback,
-    ``terminate()``, would not end them): a run that fails keeps its iterator alive in the traceback, and
-    the workers held the exit for minutes (200 s in tests/test_faults.py::test_8). torch's own shutdown."""
+    """Tell a DataLoader iterator's workers (which ignore SIGTERM) to exit now."""
     shutdown = getattr(batches, "_shutdown_workers", None)  # private, but the one way to end them early
     if shutdown is not None:
         shutdown()
 
 
 def _leave_the_terminal() -> None:
-    """SIGHUP says the terminal is gone: every write to it fails (EIO), and the next progress line took the
-    run down before its save (an ssh session dropped: exit 1, nothing saved). As under nohup, the console's
-    lines go to /dev/null from here on; log.txt keeps them. A hung-up terminal no longer answers isatty, so
-    every character device on stdout or stderr is left (/dev/null again, harmlessly)."""
+    """SIGHUP: the terminal is gone, so the console goes to /dev/null, as under nohup (log.txt keeps it)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
@@ -68,13 +57,7 @@ def _leave_the_terminal() -> None:
 
 
 class StopFlag:
-    """A context that installs the handlers of ``STOP_SIGNALS`` and restores the old ones on exit.
-
-    With one process ``should_stop`` reads the flag at every call, which is free. With several, the ranks must
-    agree on the step they stop at, which takes a collective (an OR over a gloo group on the CPU, a host
-    barrier across all ranks and nodes): the loop asks for it at log, checkpoint and evaluation steps only
-    (``everyone=True``), so a signal is honoured within ``--log-every`` steps, at a step that is then saved.
-    """
+    """Installs the ``STOP_SIGNALS`` handlers; several processes agree on the stop step in a collective."""
 
     def __init__(self, world_size: int = 1):
         self.raised: str | None = None
@@ -98,8 +81,7 @@ class StopFlag:
             _leave_the_terminal()
 
     def should_stop(self, everyone: bool = True) -> bool:
-        """Whether to stop now. With several processes every rank must pass the same ``everyone`` at the
-        same call: True asks the others (collective), False answers no without asking."""
+        """Whether to stop now; ``everyone`` (the same on every rank) asks the others, collectively."""
         if self.group is None:
             return self.raised is not None
         if not everyone:

@@ -19,8 +19,7 @@ SAMPLING_INPUTS = {**WEIGHTS_INPUTS, **GUIDE_INPUTS}
 
 @dataclass(frozen=True)
 class SamplingDeviceSection(DeviceSection):
-    """The device section with sampling's default precision: tf32, the official scripts' setting, so that
-    FIDs compare with the paper's; ``--tf32/--no-tf32`` is the official scripts' switch for it."""
+    """The device section with sampling's default precision, tf32: the official scripts' (``--tf32/--no-tf32``)."""
 
     precision: str = option("tf32", _PRECISION["help"], choices=_PRECISION["choices"])
     tf32: bool | None = option(None, "the official scripts' switch: --tf32 is --precision tf32, --no-tf32 is fp32")

@@ -1,9 +1,5 @@
-"""What sampling cost: FLOPs from the cost package, time from the clock, DiT and VAE decode apart.
-
-The DiT's FLOPs are divided by the time the DiT ran, and the decode's by the time the decode ran, so
-each MFU has its numerator and its timed region covering the same work; the line prints enough digits to
-recompute both from it.
-"""
+"""What sampling cost: FLOPs from the cost package, time from the clock, DiT and VAE decode apart, each MFU
+dividing its own FLOPs by its own timed region."""
 
 from __future__ import annotations
 
@@ -98,9 +94,7 @@ class SamplingCost:
 def flops_per_image(
     sm: SamplingModel, guided_nfe: float, unguided_nfe: float, guidance: Guidance
 ) -> tuple[float, float]:
-    """(DiT FLOPs of the evaluations, two passes for each guided one: the model's and the unconditional one, the
-    latter without the sparse blocks under path-drop guidance, or the guide's forward under autoguidance; VAE
-    decode FLOPs) per image."""
+    """(DiT FLOPs of the evaluations, two passes per guided one; VAE decode FLOPs) per image."""
     decode_flops = float(vae_flops(dict(sm.vae.config), sm.image_size).decode) if sm.vae is not None else 0.0
     scale = 2.0 if guided_nfe else 1.0  # any scale above 1 doubles a guided evaluation
     guide = guidance.guide.config if guidance.guide is not None else None
@@ -112,8 +106,7 @@ def flops_per_image(
 
 
 def device_peak(device: torch.device, precision: str, peak_tflops: float | None = None) -> tuple[Peak | None, str]:
-    """(peak, why none) for the device the sampler runs on, looked up before sampling: a device without a
-    published rate gets MFU "n/a" and a reason, instead of an error after hours of sampling."""
+    """(peak, why none) for the sampler's device, looked up before sampling: no published rate is MFU "n/a"."""
     try:
         return peak_for_device(device, precision, peak_tflops), ""
     except UserError as e:

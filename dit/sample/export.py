@@ -1,11 +1,5 @@
-"""Our DiTs out to the diffusers ecosystem: a ``DiTPipeline`` folder that ``from_pretrained`` loads offline.
-
-Official checkpoints come in through ``dit.checkpoint`` and ``dit.sample.loading`` (the state dict
-layouts are the same), so this module only maps our weights onto ``DiTTransformer2DModel``. Two
-differences cannot be exported away, so they are measured instead (``transformer_difference``):
-diffusers' timestep embedding divides the frequency exponent by half - 1 where DiT divides by half, and
-``DiTPipeline`` guides with the hard-coded null class 1000 (and on all latent channels).
-"""
+"""Our DiTs out to diffusers as a ``DiTPipeline`` folder; its two differences, diffusers' timestep frequencies and
+the pipeline's null class 1000, are measured (``transformer_difference``), not exported away."""
 
 from __future__ import annotations
 
@@ -64,12 +58,7 @@ def diffusers_transformer_config(cfg: DiTConfig) -> dict:
 
 
 def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
-    """Our class table with the null row moved to index 1000, where ``DiTPipeline`` looks for it.
-
-    Models with fewer than 1000 classes get the null row at 1000, and also at the unused ids in between
-    (they act as "unconditional"). A model trained without class dropout has no null row: zeros go there,
-    and such a model should be sampled with guidance_scale 1.
-    """
+    """Our class table with the null row at 1000 (and the unused ids), where ``DiTPipeline`` looks for it."""
     rows = max(cfg.num_classes, PIPELINE_NULL_CLASS) + 1
     has_null = table.shape[0] > cfg.num_classes
     null = table[cfg.num_classes] if has_null else torch.zeros_like(table[0])
@@ -79,12 +68,7 @@ def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
 
 
 def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
-    """Map our (= the official) key layout onto diffusers'.
-
-    The timestep MLP and the class table are copied into every block (diffusers keeps one embedder per
-    block); the fused qkv is split; ``pos_embed`` is dropped because diffusers recomputes the same sin-cos
-    table as a buffer.
-    """
+    """Our (the official) keys onto diffusers': per-block embedders, qkv split, ``pos_embed`` dropped."""
     sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
     out = {
         "pos_embed.proj.weight": sd["x_embedder.proj.weight"],
@@ -138,10 +122,7 @@ def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
 
 
 def use_dit_timestep_frequencies(transformer: DiTTransformer2DModel) -> DiTTransformer2DModel:
-    """Make a loaded transformer divide by half, as DiT does (not saved: diffusers has no config key for it).
-
-    For measuring: with this, the exported transformer matches ours to float rounding.
-    """
+    """Make a loaded transformer divide by half as DiT does (no config key saves it); it then matches ours."""
     for block in transformer.transformer_blocks:
         block.norm1.emb.time_proj.downscale_freq_shift = 0
     return transformer
@@ -169,10 +150,7 @@ def timestep_embedding_gap(dim: int = 256, num_timesteps: int = 1000) -> dict:
 def transformer_difference(
     model: DiT, transformer: DiTTransformer2DModel, batch: int = 8, seed: int = 0
 ) -> dict[str, float]:
-    """Our model against the exported transformer on random inputs, timesteps and labels.
-
-    Returns max |diff| and the relative RMS difference ||diff|| / ||ours||.
-    """
+    """Max |diff| and relative RMS of the exported transformer against our model on random inputs."""
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, cfg.in_channels, cfg.input_size, cfg.input_size, generator=g)
@@ -216,11 +194,7 @@ paper's scale: for the paper's samples, use dit-ledger's `sample.py` or `scripts
 def export_pipeline(
     model: DiT, vae, out_dir: str | os.PathLike, noise_schedule: str = "linear", id2label: dict | None = None
 ) -> Path:
-    """Write a ``DiTPipeline`` folder (transformer, VAE, DDIM scheduler, id2label) to ``out_dir``.
-
-    It is assembled in a temp folder beside ``out_dir`` and renamed into place, so a failed export leaves
-    nothing that looks like a pipeline. ``id2label`` (class id -> name) defaults to the ids themselves.
-    """
+    """Write a ``DiTPipeline`` folder, assembled in a temp folder beside ``out_dir`` and renamed into place."""
     if vae is None:
         raise UserError("DiTPipeline decodes latents with a VAE; a pixel-space model cannot be exported.")
     out_dir = Path(out_dir)
@@ -279,14 +253,11 @@ def read_id2label(path: str | os.PathLike) -> dict[int, str]:
 
 
 def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:
-    """Export the checkpoint a ``WeightsSection`` names (ours or official) as a DiTPipeline folder, and
-    measure what the export changes."""
+    """Export a ``WeightsSection``'s checkpoint as a DiTPipeline folder and measure what the export changes."""
     from dit.sample.loading import load_weights
 
     sm = load_weights(weights, "cpu")
-    if (
-        sm.latent_norm is not None
-    ):  # DiTPipeline decodes latents / vae.config.scaling_factor: the images would be wrong
+    if sm.latent_norm is not None:  # DiTPipeline divides latents by the VAE's one scaling factor
         raise UserError(
             "the checkpoint was trained with --latent-norm channel; DiTPipeline undoes only the VAE's one scaling "
             "factor, so its images would be wrong: sample it with sample.py instead. Nothing was written."

@@ -1,9 +1,5 @@
-"""FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator, on any number of processes.
-
-Image i gets its label from (seed, i, N, C) (``dit.sample.labels``: balanced or random) and its noise from
-``noise_seed(seed, i)``, so any world size and any number of resumes give the same set; a folder made with
-other settings, or in the other label mode, is refused, not mixed.
-"""
+"""FID sample sets: images 0..N-1 as PNGs, then one ``.npz`` for the ADM evaluator; image i's label and noise
+depend on (seed, i) alone, so any world size and resume give the same set."""
 
 from __future__ import annotations
 
@@ -48,8 +44,7 @@ def png_path(folder: Path, index: int) -> Path:
 
 
 def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str:
-    """Like the official folder name, plus the sampler, the guided channels, the set's size and the batch,
-    which change the set too: another --num-fid-samples is another set, never a replacement of this one."""
+    """The official folder name plus what else changes the set: the sampler, guided channels, N and the batch."""
     name = (registry_name(sm.config) or "custom").replace("/", "-")
     vae = Path(sm.vae_spec).name if sm.vae_spec else "none"
     s, f, g = c.sampling, c.fid, sampler.guidance
@@ -68,9 +63,7 @@ def sample_folder_name(c: FidConfig, sm: SamplingModel, sampler: Sampler) -> str
 def _set_identity(
     c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str, guide_sha256: str | None
 ) -> dict:
-    """Everything that decides the set: the weights by content (a retrained file at the same path is another
-    set; the guide's too), the model, sampler and guidance, N and the batch (the batch an image is in moves its
-    last bits), the label mode and how N splits over the classes; not the world size (tested equal)."""
+    """Everything that decides the set (weights by content, model, sampler, N, batch, labels), not the world."""
     s, f, interval = (
         c.sampling,
         c.fid,
@@ -118,8 +111,7 @@ def write_png(path: Path, image: np.ndarray) -> None:
 
 
 def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[range]:
-    """Global batch b holds images [b*B, (b+1)*B); rank r takes b = r, r+W, ... So the batch an image is in,
-    and hence its numerics, do not depend on the world size."""
+    """Rank r's global batches b = r, r+W, ...: an image's batch, hence its numerics, is the same for any W."""
     starts = range(0, num_samples, batch_size)
     return [range(s, min(s + batch_size, num_samples)) for s in starts][rank::world]
 
@@ -127,14 +119,7 @@ def batches(num_samples: int, batch_size: int, rank: int, world: int) -> list[ra
 def pack_npz(
     folder: Path, num_samples: int, path: Path, labels: list[int] | None = None, label_mode: str | None = None
 ) -> Path:
-    """Stream PNGs 0..N-1 into ``path`` as ``arr_0`` uint8 (N, H, W, 3), the ADM evaluator's input, and
-    ``labels`` (each image's class) as ``arr_1`` int64, as guided-diffusion's class-conditional sampler writes
-    them: ``python -m dit.eval`` then reports the class accuracy with a classifier whose classes they are, and
-    ``label_mode`` (balanced or random, a 0-d string) beside every score.
-
-    np.savez would need all N images in memory at once (9.8 GB for 50k at 256 px); this writes the .npy
-    member image by image into an uncompressed zip64 archive, which ``np.load`` reads the same way.
-    """
+    """Stream PNGs 0..N-1 into ``path`` (``arr_0``, ``arr_1`` labels, ``label_mode``), one member at a time."""
     missing = [i for i in range(num_samples) if not png_complete(png_path(folder, i))]
     if missing:
         raise UserError(

@@ -1,6 +1,5 @@
-"""Autoguidance's guide (Karras et al. 2024, arXiv 2406.02507): a smaller or less-trained model of the same
-task, run conditionally in place of the unconditional pass (``dit.sample.generate.GuidedModel``). It is
-loaded here, beside the model it guides, and checked against that model once, where it is loaded."""
+"""Autoguidance's guide (Karras et al. 2024, arXiv 2406.02507): a smaller or less-trained model of the same task,
+run conditionally in place of the unconditional pass, loaded and checked beside the model it guides."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from dit.sample.loading import read_model, recorded_objective
 
 @dataclass(frozen=True)
 class GuideSection(Section):
-    """The guide (sample.py, scripts/sample_ddp.py, studies/sampling_study.py; flags ``--guide-*``): with a
-    checkpoint, guidance extrapolates from the guide's conditional output instead of the unconditional pass."""
+    """The guide (``--guide-*``): guidance extrapolates from its conditional output, not the unconditional pass."""
 
     ckpt: str | None = option(
         None, "autoguidance: guide with this checkpoint, a smaller or earlier model of the same classes, image "
@@ -32,8 +30,7 @@ GUIDE_INPUTS = {GUIDE_PREFIX + "ckpt": "file"}  # what GuideSection's faces read
 
 
 def load_guide(g: GuideSection, sm: SamplingModel, device) -> DiT | None:
-    """The guide of ``g`` for the model ``sm`` on ``device`` (None without ``--guide-ckpt``); one of another
-    task is refused."""
+    """The guide for the model ``sm`` on ``device`` (None without ``--guide-ckpt``); another task is refused."""
     if g.ckpt is None:
         return None
     if not os.path.isfile(g.ckpt):  # the checkpoint reader's own message names --ckpt
@@ -53,8 +50,7 @@ def load_guide(g: GuideSection, sm: SamplingModel, device) -> DiT | None:
 
 
 def task_differences(sm: SamplingModel, guide: SamplingModel) -> list[str]:
-    """How ``guide`` differs from ``sm`` in what their outputs mean: classes, image size, input shape (the
-    latent's, or the pixels'), objective (``Objective.task``); an empty list when one can guide the other."""
+    """How ``guide``'s outputs differ in meaning from ``sm``'s (``Objective.task``); empty if it can guide."""
     m, gc = sm.config, guide.config
     out = []
     if gc.num_classes != m.num_classes:

@@ -1,11 +1,5 @@
-"""The class labels of a sample set: ``balanced`` (exactly N/C images per class, the default) or ``random``
-(each image's class drawn on its own, as the official sample_ddp.py and DiT's reported FIDs draw them).
-
-Either way image i's label depends only on (seed, i, N, C): any number of processes, and any resume, make
-the same labels. A balanced set of N images over C classes gives every class N // C images, and one more to
-each of the first N mod C classes of a permutation of the classes seeded by the set's seed; the N labels
-are then laid out in an order seeded the same way (image i takes the rank of its key among the N keys).
-"""
+"""The class labels of a sample set: ``balanced`` (N // C per class, the rest to seeded classes) or ``random`` (as
+the official sample_ddp.py); image i's label depends only on (seed, i, N, C)."""
 
 from __future__ import annotations
 
@@ -69,8 +63,7 @@ def labels_record(mode: str, seed: int, num_samples: int, num_classes: int) -> d
 
 
 def resumed_mode(asked: str | None, recorded: str | None, where, elsewhere: str) -> str:
-    """The mode a set continues in: its own (``recorded``; None for a new set, which takes ``asked`` or the
-    default). Asking a set made in one mode for the other is refused, so that no set mixes the two."""
+    """The mode a set continues in: its ``recorded`` one (a new set takes ``asked``); the other mode is refused."""
     if recorded is None:
         return asked or DEFAULT_LABELS
     if asked is not None and asked != recorded:

@@ -21,8 +21,7 @@ from dit.sample.generate import SamplingModel
 
 @dataclass(frozen=True)
 class WeightsSection(Section):
-    """Which weights to sample and what a file without a record needs said about them (sample.py,
-    scripts/sample_ddp.py, the diffusers export). Our checkpoints record the rest: these then are checks."""
+    """Which weights to sample, and what a file without a record needs said about them."""
 
     ckpt: str | None = option(
         None,
@@ -54,8 +53,7 @@ def load_weights(w: WeightsSection, device, sd_decoder: str = "mse") -> Sampling
 
 
 def recorded_run_config(ckpt: dict) -> dict:
-    """What a checkpoint says about its run, as flat options: ours under ``config`` (nested by section, or
-    flat before the sections), official train.py under ``args``."""
+    """A checkpoint's run as flat options: ours under ``config``, official train.py's under ``args``."""
     for key in ("config", "args"):
         if isinstance(ckpt.get(key), dict):
             return flatten_record(ckpt[key])
@@ -63,8 +61,7 @@ def recorded_run_config(ckpt: dict) -> dict:
 
 
 def sit_run_config(run: dict) -> dict:
-    """SiT's train.py records ``args`` in its own spelling (path_type "Linear", model "SiT-XL/2", no
-    objective): the same flow model under our names, so its checkpoints sample with their transport."""
+    """SiT's ``args`` (path_type "Linear", "SiT-XL/2", no objective) under our names: the same flow model."""
     if "path_type" not in run or "objective" in run:
         return run
     run = {**run, "objective": "flow", "path_type": str(run["path_type"]).lower()}
@@ -97,16 +94,7 @@ def load_sampling_model(
     sd_decoder: str = "mse",
     objective: str | None = None,
 ) -> SamplingModel:
-    """Build and load the DiT a checkpoint holds, and the VAE to decode its samples.
-
-    Our checkpoints carry their model config and run config; official ``train.py`` files carry ``args``;
-    a ``--latent-norm channel`` run's carry the statistics that undo it; official releases are bare state dicts, whose model is read from the weights' shapes (``model``,
-    ``image_size`` and ``num_classes`` are then checks; ``objective`` "flow" marks a bare SiT release, whose
-    transport is SiT's default: linear path, velocity). ``vae``: a spec for ``dit.data.vae.load_vae``, "none" for pixel space, or
-    None for the default: the SD decoder ``sd_decoder`` (the official sample.py uses mse, sample_ddp.py
-    ema) for runs on SD latents or of unknown kind, the run's own VAE when it was another one, and none
-    when the run was pixel space.
-    """
+    """The DiT a checkpoint holds (a bare release read from its shapes) and the VAE to decode its samples."""
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
                                  use_ema=use_ema, device=device, objective=objective)  # fmt: skip
@@ -128,8 +116,7 @@ def read_model(
     device: str | torch.device = "cpu",
     objective: str | None = None,
 ) -> tuple[DiT, str, dict, ChannelNorm | None]:
-    """(the DiT a checkpoint holds, in eval mode on ``device``; which weights it loaded; the run's record as
-    flat options, its objective resolved; its latents' per-channel statistics, if it normalised with them): ``load_sampling_model`` without the VAE."""
+    """``load_sampling_model`` without the VAE: (DiT, which weights, flat record, latent statistics)."""
     ckpt = load_checkpoint(ckpt_path)
     run = sit_run_config(recorded_run_config(ckpt))
     recorded_objective = run.get("objective") or ("diffusion" if run else None)
@@ -159,8 +146,7 @@ def _latent_norm(ckpt: dict, run: dict) -> ChannelNorm | None:
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
-    """(spec, module) of the VAE that decodes the samples, (None, None) for pixel space: ``vae`` checked
-    against the run's record (see ``load_sampling_model``)."""
+    """(spec, module) of the VAE that decodes the samples, ``vae`` checked against the record; None for pixels."""
     recorded_pixel = "vae" in run and run["vae"] in (None, "none")
     if vae == "none" and "vae" in run and not recorded_pixel:
         raise UserError(
@@ -171,7 +157,6 @@ def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
         raise UserError(f"the checkpoint is a pixel-space model (trained without a VAE): drop --vae {vae}.")
     if recorded_pixel or vae == "none":
         return None, None
-    # The SD decoders share one latent space (ema or mse decode the same latents); any other VAE does not.
     recorded_vae = run.get("vae")
     sd_family = recorded_vae is None or is_sd_vae(recorded_vae)
     vae_spec = vae or (sd_decoder if sd_family else recorded_vae)
@@ -179,8 +164,7 @@ def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
 
 
 def _model_config(ckpt: dict, weights: dict, run: dict, *, model, num_classes, num_heads) -> DiTConfig:
-    """The checkpoint's model: its recorded config, else (an official release or train.py file) read from the
-    weights' shapes; ``model`` and ``num_classes`` are checks."""
+    """The recorded model config, else one read from the weights' shapes, checked against ``model``."""
     if "model_config" in ckpt:
         cfg = DiTConfig(**ckpt["model_config"])
         name = registry_name(cfg) or "custom"

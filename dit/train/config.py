@@ -1,13 +1,5 @@
-"""train.py's configuration: the sections it composes, and a resumed run that remembers its own settings.
-
-Each section is owned by the component that reads it (the model's shape by ``dit.model.config``, the
-objective by ``dit.objective``, the data by ``dit.train.data``, the recipe by ``dit.train.optim``, ...);
-``TrainConfig`` only composes them and checks what spans two of them. A run writes its resolved
-configuration beside its checkpoints (``config.yaml``) and inside each one; ``resolve`` builds train.py's
-config once, a resumed run's from its record so that ``--resume auto`` needs no flag the run recorded (a
-flag given anyway is applied where that is safe and named in the log; ``resume_point`` checks the model,
-the data order and the recipe against the record).
-"""
+"""train.py's configuration: the sections it composes (``TrainConfig`` checks what spans two), ``resolve`` that
+builds it once, and ``resume_point`` that checks a resume against its record."""
 
 from __future__ import annotations
 
@@ -35,12 +27,9 @@ IDENTITY_FIELDS = (
     "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
     "repa_input_size", "repa_depth", "repa_projector_dim",
 )  # fmt: skip
-# What a resume may change only when --allow-changes names it: the optimizer's recipe, the objective's, and the
-# latents' scaling.
+# What a resume may change only when --allow-changes names it: the optimizer's and objective's recipes, scaling.
 RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE, *DataSection.RECIPE)
-# Every other field (steps, precision, kernels, devices, logging, checkpoint cadence, evaluation) may change.
-# What --allow-changes may name: the recipe, and the token-drop ratio and stages (a model field that keeps the
-# model's tensors while it stays above 0).
+# What --allow-changes may name: the recipe, and the token-drop ratio and stages (the same tensors while above 0).
 CHANGEABLE_FIELDS = (*RECIPE_FIELDS, "token_drop", "token_drop_until")
 
 
@@ -62,8 +51,7 @@ class BudgetSection(Section):
 
 @dataclass(frozen=True)
 class TrainDeviceSection(DeviceSection):
-    """The device section with training's default precision, bf16 (docs/performance.md: within seed noise
-    of the paper's fp32 with TF32 matmuls, which is ``--precision tf32``)."""
+    """The device section with training's default precision, bf16 (docs/performance.md)."""
 
     precision: str = option("bf16", DeviceSection.__dataclass_fields__["precision"].metadata["help"],
                             choices=DeviceSection.__dataclass_fields__["precision"].metadata["choices"])  # fmt: skip
@@ -174,8 +162,7 @@ TRAIN_FACE = Face(
 
 
 def run_record(ckpt: dict) -> dict:
-    """A checkpoint's run configuration as flat options, in either layout (nested by section since the
-    sections; flat before them, as tests/data/checkpoint_v1 keeps), with what older records left implicit."""
+    """A checkpoint's run configuration as flat options in either layout, with what older records left implicit."""
     saved = ckpt.get("config") or {}
     flat = TRAIN_FACE.flatten(saved, "the checkpoint's record", strict=False) if isinstance(saved, dict) else {}
     if "vae" in flat and flat["vae"] is None:  # the flat layout recorded pixel space as None
@@ -186,12 +173,7 @@ def run_record(ckpt: dict) -> dict:
 
 
 def resolve(argv: list[str] | None = None) -> TrainConfig:
-    """train.py's flags (and ``--config`` preset) as the run's ``TrainConfig``, built and checked once.
-
-    A resume takes every option no flag or preset sets from its checkpoint's record (read without the weights),
-    and a change the record does not allow is refused here, before the trainer locks the folder or reads the
-    data. A latent store gives its VAE, and on a fresh run its image size and class count where no flag or
-    preset sets them. ``accelerate launch --mixed_precision`` sets the precision where no flag or preset does."""
+    """train.py's flags and preset (a resume's record, a store's VAE) as the run's ``TrainConfig``, built once."""
     v = TRAIN_FACE.values(argv)
     spell = TRAIN_FACE.speller(v)
     path = TRAIN_FACE.section("checkpoint", v.values, spell).resume_path()
@@ -229,11 +211,7 @@ def _launcher_precision(v: Values) -> Values:
 
 
 def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
-    """(path, checkpoint, changed options) to continue from, or (None, None, []) for a fresh run in an empty
-    folder. A resume continues the same run: the model, the data order (seed, batch, data set), the latent
-    space and the recipe of ``record`` (the run as resolved) must match the checkpoint's, or every difference
-    is listed; recipe fields may change when ``--allow-changes`` names them; any other option that differs is
-    returned, to be named."""
+    """(path, checkpoint, changed options) to continue from (checked against the record), or (None, None, [])."""
     from dit.checkpoint import latest_checkpoint, load_training_checkpoint
     from dit.model.config import describe
 
@@ -265,9 +243,7 @@ GUARDED_FIELDS = (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
 
 
 def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> list[str]:
-    """The options of ``mine`` (flat) that differ from a checkpoint's flat record ``saved``, as '--flag new
-    (recorded old)'. A guarded one the start's ``--allow-changes`` does not name, or another latent space,
-    is refused in one line listing every one (its checkpoint ``path`` named)."""
+    """The options that differ from the record, as '--flag new (recorded old)'; a guarded one is refused."""
     allowed = set(start.allow_changes or ())
     differ = [n for n in sorted(saved) if n in mine and _plain(saved[n]) != _plain(mine[n])]
     conflicts = [f"{n}: {saved[n]!r} -> {mine[n]!r}" for n in GUARDED_FIELDS if n in differ and n not in allowed]
@@ -296,8 +272,7 @@ def _plain(value):
 
 
 def latent_space(vae_spec: str | None) -> str | None:
-    """The SD VAEs (ema, mse, their hub ids) share one encoder, hence one latent space; others are their own;
-    pixel space (None, "none") is none."""
+    """The SD VAEs share one latent space; another VAE is its own; pixel space (None, "none") is None."""
     from dit.cost.vae_facts import is_sd_vae
 
     if vae_spec in (None, "none"):

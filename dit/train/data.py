@@ -1,13 +1,5 @@
-"""Training data: the source (image folder, latent store, or a given data set) and its order.
-
-The order depends only on (seed, step): resumable at any step and the same on any world size.
-
-The global batch of step s is a slice of epoch e's permutation; rank r's micro-batch m is a contiguous
-piece of it. Each item's augmentation randomness (flip, posterior sample) is seeded from (seed, epoch,
-index), so a resumed run, or a run on another number of devices, sees exactly the same samples.
-PyTorch's DistributedSampler depends on the world size, and DataLoader worker seeds on when the iterator
-was created, which is why this is written out here.
-"""
+"""Training data: the source (image folder, latent store, or data set) and its order, keyed by (seed, step) and
+each item by (seed, epoch, index), so that a resume or another world size sees the same samples."""
 
 from __future__ import annotations
 
@@ -25,8 +17,7 @@ from dit.runtime.stop import ignore_stop_signals
 
 @dataclass(frozen=True)
 class DataSection(Section):
-    """What the run trains on: an image folder (encoded on the fly by ``vae``, or pixels with ``vae`` none)
-    or a latent store written by extract_features.py (which records its own VAE)."""
+    """What the run trains on: an image folder (encoded on the fly by ``vae``, or pixels) or a latent store."""
 
     data_path: str | None = option(None, "image folder with one sub-folder per class")
     feature_path: str | None = option(
@@ -104,12 +95,7 @@ class StepOrder(Sampler):
 
 
 class SeededItems(Dataset):
-    """Wraps a map-style data set: item (epoch, index) draws its randomness from torch's CPU generator
-    seeded with (seed, epoch, index), as every data set here (and torchvision's transforms) does.
-
-    Only that generator is touched, directly: ``torch.manual_seed`` (and numpy's and Python's RNGs on top)
-    cost 190 us an item, this 3 us. In the main process (no workers) the caller's state is restored.
-    """
+    """Item (epoch, index) reseeds torch's CPU generator alone (docs/architecture.md), restored in-process."""
 
     def __init__(self, dataset, seed: int):
         self.dataset, self.seed = dataset, seed
@@ -175,9 +161,7 @@ def build_data(
     device: torch.device,
     features: bool = False,
 ) -> TrainData:
-    """The configured source: ``dataset`` (items (image CHW in [-1, 1], label)), a latent store, or a folder,
-    checked against the model's ``image_size`` and ``num_classes``; ``features``: a store also yields its
-    encoder features (REPA)."""
+    """The configured source (``dataset``, a latent store, or a folder), checked against the model."""
     if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
         raise UserError(
             "--latent-norm channel uses a latent store's per-channel statistics, and latents encoded on the fly "
@@ -191,7 +175,6 @@ def build_data(
     if data.feature_path:
         from dit.data.reader import LatentStoreDataset
 
-        # REPA: and the encoder's features
         ds = LatentStoreDataset(data.feature_path, features=features, latent_norm=data.latent_norm)
         c, h, _ = ds.latent_shape
         ds.check_compatible(in_channels=c, input_size=image_size // ds.downsample, num_classes=num_classes or None)

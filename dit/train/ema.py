@@ -11,14 +11,12 @@ from torch import nn
 from dit.checkpoint.posthoc import gamma_of, profile_key
 from dit.train.parallel import local
 
-# Devices whose foreach kernels fuse a whole list into a few launches, for dense tensors only. The CPU's loop over
-# the tensors anyway, where a dense weight is one more read of every parameter (DiT-S/2: 57 -> 72 ms an update).
+# Devices whose foreach kernels fuse a list of dense tensors into a few launches (docs/ema.md, "What it costs")
 FUSED_FOREACH = ("cuda",)
 
 
 class Average:
-    """An fp32 shadow copy of the model; ``avg = decay_at(n) * avg + (1 - decay_at(n)) * model`` at update n,
-    over every parameter (the frozen positional table too). It starts as a copy of the model."""
+    """An fp32 shadow copy of every parameter: ``avg = d avg + (1 - d) model``, d = ``decay_at(n)``."""
 
     def __init__(self, model: nn.Module):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -44,9 +42,7 @@ class Average:
         self.num_updates += 1
 
     def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
-        """``apply * weight`` as one dense tensor per parameter, each a view of one buffer as large as the largest:
-        CUDA's fused foreach kernel takes only dense, non-overlapping tensors (an ``expand``ed 0-dim weight has
-        stride 0 and fell back to one kernel per parameter), and torch has no 0-dim-tensor weight for lerp."""
+        """``apply * weight`` as dense views of one buffer: CUDA's fused foreach takes only dense tensors."""
         largest = max(d.numel() for d in dst)
         buffer = self._weights
         if (
@@ -60,8 +56,7 @@ class Average:
 
 
 class PowerEMA(Average):
-    """A power-function profile of post-hoc EMA: ``decay_at(n) = (1 - 1/(n + 1))^(gamma + 1)``, 0 at the first
-    update (a copy of the model), computed on the host from the update count (no sync)."""
+    """A post-hoc EMA profile: ``decay_at(n) = (1 - 1/(n + 1))^(gamma + 1)``, computed on the host."""
 
     def __init__(self, model: nn.Module, sigma_rel: float):
         super().__init__(model)
@@ -72,9 +67,7 @@ class PowerEMA(Average):
 
 
 class EMA(Average):
-    """The classic EMA, ``decay`` at every update, and the post-hoc profiles ``profiles`` (sigma_rel values)
-    updated with it. Like the official DiT's, it starts as the model; ``warmup`` uses decay = min(decay,
-    (1 + n) / (10 + n)) at update n, without which a 0.9999 EMA of a short run is mostly the initialisation."""
+    """The classic EMA (``decay``, with the official ``warmup``) and the post-hoc ``profiles`` beside it."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False, profiles=()):
         if not 0.0 <= decay < 1.0:

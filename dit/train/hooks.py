@@ -1,10 +1,5 @@
-"""Side features of the training step (REPA, encoding images on the fly): each is a ``StepHook``, called by the
-step at fixed points, so that the step has no branch for any of them.
-
-Per step: ``draw`` (keyed randomness of the whole global batch, after the step's own draws); per micro-batch:
-``prepare`` (the images before the model), ``output`` (the model's output before the objective's loss), ``loss``
-(a term added to the loss, and the value counted for the log).
-"""
+"""Side features of the training step (REPA, encoding on the fly) as ``StepHook``s, so that the step has no branch
+for any: ``draw`` once per step, then ``prepare``, ``output`` and ``loss`` per micro-batch."""
 
 from __future__ import annotations
 
@@ -18,8 +13,7 @@ class StepHook:
         """Draw from the step's generator ``g`` what the whole global ``batch`` of samples ``shape`` needs."""
 
     def prepare(self, x: torch.Tensor, stored: list, sl: slice) -> torch.Tensor:
-        """The model's input from this micro-batch's images ``x`` (``stored``: the data's extra items, ``sl``:
-        the micro-batch's place in the global batch)."""
+        """The model's input from micro-batch images ``x`` (``stored``: the data's extra items; ``sl``: where)."""
         return x
 
     def output(self, out):
@@ -27,14 +21,12 @@ class StepHook:
         return out
 
     def loss(self, scale: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(the term added to the micro-batch's loss, its unweighted value to count), each divided by
-        ``scale``; None: no term."""
+        """(the term added to the micro-batch's loss, its unweighted value to count), both / ``scale``; or None."""
         return None
 
 
 class EncodeImages(StepHook):
-    """Images to latents inside the step (``--data-path`` with a VAE): the posterior sample is keyed by (seed,
-    step) like the noise, so a resumed run or another world size encodes the same latents."""
+    """Images to latents inside the step (``--data-path`` with a VAE), the posterior draw keyed by (seed, step)."""
 
     def __init__(self, vae: torch.nn.Module, precision):
         self.vae, self.precision, self.eps = vae, precision, None

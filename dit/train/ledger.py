@@ -1,9 +1,5 @@
-"""The run's ledger: what a step costs (analytic and measured FLOPs, the VAE, the peak, memory), the meter
-that turns host-side counts into MFU/HFU per window, and the sinks every record goes to (``SINKS``).
-
-The training loop only calls ``count`` each step and ``log`` at log steps; all accounting lives here, and
-none of it touches the device between log steps.
-"""
+"""The run's ledger: a step's cost, the meter that turns host-side counts into MFU/HFU per window, and the sinks;
+the loop calls ``count`` each step and ``log`` at log steps, and nothing here touches the device in between."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ from dit.train.sinks import Sinks, TensorBoard
 
 
 def _sink_modules() -> dict[str, type]:
-    """``--sinks NAME`` for each ``dit/train/sinks_NAME.py``: its ``SINK``. Found in the package's folder (not
-    through entry points), so a new file is a new sink at once, in an editable install too, without reinstalling."""
+    """``--sinks NAME`` for each ``dit/train/sinks_NAME.py`` (its ``SINK``): a new file is a new sink."""
     package = importlib.import_module("dit.train")
     names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("sinks_"))
     return {name.removeprefix("sinks_"): importlib.import_module(f"dit.train.{name}").SINK for name in names}
@@ -60,14 +55,11 @@ class _LedgerOptions(Section):
 
 @dataclass(frozen=True)
 class LedgerSection(*reversed([s.options for s in SINKS.values() if s.options]), _LedgerOptions):
-    """What the run reports and how often: log records (the only host syncs), MFU windows, the cost
-    projection, the progress display and sample grids; then each sink's own options (``Sink.options``),
-    which become flags and record entries of this section by themselves."""
+    """What the run reports and how often, then each sink's own options (``Sink.options``)."""
 
 
 class StepCounters:
-    """Loss and non-finite counts kept on the device between log steps, read there in one sync; with
-    ``alignment`` (REPA) also the alignment loss, minus the cosine similarity."""
+    """Loss and non-finite counts (and REPA's alignment loss) kept on the device, read in one sync per log step."""
 
     def __init__(self, device: torch.device, alignment: bool = False):
         zero = torch.zeros((), dtype=torch.long, device=device)
@@ -77,7 +69,6 @@ class StepCounters:
         self.longest_streak = zero.clone()  # in this window: a streak that ended between two logs still counts
 
     def add(self, loss: torch.Tensor, bad: torch.Tensor, align: torch.Tensor | None = None) -> None:
-        """``loss`` of a step and ``bad`` (it was non-finite and skipped), both device scalars; ``align``: REPA's."""
         if self.align_sum is not None:
             self.align_sum += torch.where(bad, torch.zeros_like(align), align)
         bad = bad.long()
@@ -88,12 +79,10 @@ class StepCounters:
         self.loss_count += 1 - bad
 
     def read(self, runtime: Runtime) -> dict:
-        """Mean loss over the window (all ranks), non-finite steps so far and in a row; opens a new window."""
+        """Window means over all ranks and the non-finite counts; opens a new window."""
         stats = [self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak, self.longest_streak]
         stats += [self.align_sum] if self.align_sum is not None else []
-        total, count, nonfinite, streak, longest, *align = runtime.all_reduce(
-            torch.stack(stats).float()
-        ).tolist()  # the sync
+        total, count, nonfinite, streak, longest, *align = runtime.all_reduce(torch.stack(stats).float()).tolist()
         self.loss_sum.zero_()
         if self.align_sum is not None:
             self.align_sum.zero_()
@@ -111,9 +100,7 @@ class StepCounters:
 
 
 def device_memory(device: torch.device) -> dict:
-    """This log window's peaks on a CUDA device (the ledger resets them after each record), in GiB, and the
-    allocator's retries so far (cudaMalloc failed, the cache was freed and the call retried: a stall each, and
-    the sign that memory is nearly full, as torchtitan reports it); None elsewhere."""
+    """This window's CUDA peaks (GiB) and the allocator's retries (each a stall: memory is nearly full)."""
     if device.type != "cuda":
         return {"max_memory_gib": None, "max_memory_reserved_gib": None, "alloc_retries": None}
     return {
@@ -121,11 +108,6 @@ def device_memory(device: torch.device) -> dict:
         "max_memory_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
         "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
     }
-
-
-def _vae_config(data: TrainData) -> dict | None:
-    """The diffusers config of the VAE the latents come from, when it is known."""
-    return data.vae_config if data.vae_config is not None else known_vae_config(data.vae_spec)
 
 
 class Ledger:
@@ -147,12 +129,7 @@ class Ledger:
         repa=None,
         dropped_images_done: int = 0,
     ):
-        """``record``: the run's resolved configuration, for the sinks. ``local_images_done``: this rank's images
-        in the steps before a resume, so that the run's total FLOPs (``total_model_pflops``, the x axis of quality
-        against compute) count them too; ``start_step``: the step it resumes from, for the sinks. ``repa``
-        (``dit.train.repa.Repa``): its projector and encoder are auxiliary FLOPs, counted apart from the DiT's. A
-        model that drops tokens costs less per image in the steps that drop (``dropped_images_done`` of the images
-        before a resume) than in a full-token stage: each step is counted at its own (``count``)."""
+        """``local_images_done`` (``dropped_images_done`` with dropped tokens): images before a resume."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
@@ -166,7 +143,7 @@ class Ledger:
         self.full_flops = training_flops_per_image(mc, self.checkpointed, self.fused_attention, ratio=0)
         measured = measure_flops(mc, batch_size=1, train=True, checkpointed_blocks=self.checkpointed)
         self.measured_flops_per_image = float(measured["train_flops_per_image"])
-        vae_config = _vae_config(data)
+        vae_config = data.vae_config if data.vae_config is not None else known_vae_config(data.vae_spec)
         self.vae = vae_flops(vae_config, image_size) if vae_config is not None else None
         on_the_fly = data.vae is not None and self.vae is not None
         self.peak = peak_for_device(runtime.device, device.precision, device.peak_tflops)
@@ -184,8 +161,6 @@ class Ledger:
         self.meter.total_model_flops = dropped_images_done * self.flops.model + full_done * self.full_flops.model
         self.projected = self.peak_doubted = self.memory_compared = False
         self.memory_estimate = float("nan")  # per device, set by ``report``
-
-    # ---- the start-up report -------------------------------------------------------------------------
 
     def report(self, batch_per_device: int, sharded: bool) -> None:
         """The start-up lines: model, FLOPs per image, VAE, memory, peak."""
@@ -250,21 +225,19 @@ class Ledger:
             f"{m.get('num_images', 0):,} images = {total / 1e15:.4g} PFLOP ({data.vae_spec}); not in this run's MFU"
         )
 
-    # ---- every step, and every log step ---------------------------------------------------------------
-
     def count(self, local_images: int, data_wait_s: float, dropping: bool = True) -> None:
-        """One step's images; ``dropping``: whether it dropped tokens (a model that never does: no matter)."""
+        """One step's images; ``dropping``: whether it dropped tokens."""
         flops = self.flops if dropping else self.full_flops
         self.meter.step(local_images, data_wait_s=data_wait_s, flops=(flops.model, flops.hardware))
 
     def start_window(self) -> None:
-        """Open a fresh MFU window now (after warm-up or a resume): what came before is not counted."""
+        """Open a fresh MFU window (after warm-up or a resume)."""
         self.runtime.sync()
         self.meter.reset_clock(time.perf_counter())
 
     @contextmanager
     def paused(self):
-        """Checkpoint files, sample grids and evaluations are kept out of the MFU window."""
+        """Keep checkpoints, sample grids and evaluations out of the MFU window."""
         self.runtime.sync()
         self.meter.pause()
         try:
@@ -276,7 +249,6 @@ class Ledger:
     def log(
         self, *, step: int, epoch: int, counters: dict, grad_norm, lr: float, in_warmup: bool, loss_scale=None
     ) -> dict:
-        """One record to the sinks; right after the log step's one sync."""
         self.runtime.sync()
         window = self.meter.window(time.perf_counter())
         if grad_norm is not None:
@@ -317,8 +289,7 @@ class Ledger:
         return record
 
     def _doubt_peak(self, hfu: float) -> None:
-        """The hardware cannot beat its own peak: a measured peak that this run exceeds was probed on a busy
-        machine. It is dropped from the cache (the next run measures again), and the log says so."""
+        """A run above its measured peak means a busy probe: drop the peak from the cache and say so."""
         self.peak_doubted = True
         dropped = forget_cpu_peak(self.peak.precision)
         where = f"removed from {dropped}, so the next run measures again" if dropped else "not kept"

@@ -1,6 +1,5 @@
-"""The optimisation recipe: AdamW, its learning-rate schedule, the EMA, the batch and the seed of the data
-order, and when non-finite steps stop a run. The paper's recipe is the default (AdamW 1e-4 constant,
-no weight decay, batch 256, EMA 0.9999)."""
+"""The optimisation recipe: AdamW, its schedule, the EMA, the batch and the data order's seed, and when non-finite
+steps stop a run; the paper's by default (AdamW 1e-4 constant, no weight decay, batch 256, EMA 0.9999)."""
 
 from __future__ import annotations
 
@@ -82,7 +81,6 @@ class OptimSection(Section):
         }
 
     def reapply(self, optimizer: torch.optim.Optimizer) -> None:
-        """A resumed optimizer's groups hold the checkpoint's settings: this run's weight decay, betas and eps go
-        back in (an --allow-changes resume trained on the old ones, bit for bit; the lr is set every step)."""
+        """Put this run's weight decay, betas and eps back into a resumed optimizer (lr is set every step)."""
         for group in optimizer.param_groups:
             group.update(self._group())

@@ -1,14 +1,5 @@
-"""The one place for data parallelism: a ``Parallelism`` (one process, DDP or FSDP2 over the runtime's process
-group) that the trainer calls without naming it, and the state dicts of each.
-
-torch's ``DistributedDataParallel`` and ``fully_shard`` are used directly: both run on the CPU with gloo,
-which is how they are tested, and neither needs a launcher of its own (torchrun, or any launcher that
-sets the usual environment variables, starts the processes; ``dit.runtime`` joins the group).
-
-State dicts are whole (gathered, on rank 0) or, under FSDP, each rank's shards (a sharded checkpoint); the
-optimizer's is keyed by parameter name in both, so a run can be resumed with or without FSDP, on any number
-of devices.
-"""
+"""Data parallelism in one place: a ``Parallelism`` (one process, DDP or FSDP2) the trainer calls without naming
+it, and state dicts keyed by parameter name, so that a run resumes with or without FSDP on any device count."""
 
 from __future__ import annotations
 
@@ -55,8 +46,7 @@ class ParallelSection(Section):
 
 
 def data_parallel(model: nn.Module, device: torch.device, bf16_grads: bool = False) -> nn.Module:
-    """DDP around ``model`` over the process group (gradient buckets as views: one copy less per step). No buffer
-    broadcast before each forward: the DiT's buffers (RoPE tables) are fixed and built alike on every rank."""
+    """DDP with gradient buckets as views and no buffer broadcast (the RoPE tables are alike everywhere)."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
@@ -71,9 +61,7 @@ def data_parallel(model: nn.Module, device: torch.device, bf16_grads: bool = Fal
 def parallelize(
     model: DiT, checkpointed: int, compile: bool, sharded: bool, param_dtype: torch.dtype | None
 ) -> DiT:
-    """The DiT made ready to train, in torchtitan's order: activation checkpointing (inside each block's
-    forward), then each block compiled whole (fullgraph: its recomputation traced in, the attention pin
-    outside it, ``dit.model.layers.attention_context``), then FSDP2 over the compiled blocks."""
+    """The DiT ready to train, in torchtitan's order: checkpointing, compiled blocks, then FSDP2."""
     model.set_checkpointing(checkpointed)
     if compile:
         if next(model.parameters()).device.type == "cpu":
@@ -86,10 +74,8 @@ def parallelize(
 
 
 def pin_cpu_simd_width() -> None:
-    """Write the SIMD width inductor picks for CPU kernels (from ``ATEN_CPU_CAPABILITY``, else the CPU) into its
-    config, unless set: the config is part of inductor's FX graph cache key and that variable is not, so a cache
-    filled under AVX-512 would otherwise hand an AVX2 process 16-lane loops, built for 8-lane vectors, that leave
-    half their outputs unwritten (NaN or garbage: a cache shared by two CPUs, or the tests run under both)."""
+    """Pin inductor's CPU SIMD width: its config is in the FX graph cache key and ``ATEN_CPU_CAPABILITY`` is not,
+    so an AVX-512 cache would hand an AVX2 process loops that leave half their outputs unwritten."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -98,14 +84,7 @@ def pin_cpu_simd_width() -> None:
 
 
 def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard each DiT block, then the rest of the model (or a module without blocks whole: REPA's projector, the
-    EMA copy), over the default process group.
-
-    The blocks' weights are gathered and computed in ``param_dtype`` (bf16 in a bf16 run: half the all-gather
-    traffic) and their gradients reduced in float32. Inputs are not cast (``cast_forward_inputs=False``), and
-    the rest of the model (embedders, final layer: about 1% of the weights) keeps float32, whose ``pos_embed``
-    makes the residual stream float32: the run computes what DDP's autocast computes. The last block stays
-    gathered after forward: backward needs it first."""
+    """Shard each block, then the rest (float32, as under DDP's autocast); the last block stays gathered."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
@@ -153,8 +132,7 @@ def model_state(model: nn.Module, sharded: bool) -> dict:
 
 
 def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str = "checkpoint") -> None:
-    """A full state dict into ``model``: strict with every differing key named, or scattered into the shards
-    (or shards of a sharded checkpoint into their places)."""
+    """A full state dict into ``model`` (strict, every differing key named), or a sharded checkpoint's shards."""
     if not sharded:
         if hasattr(model, "load_weights"):  # the DiT names every differing key
             model.load_weights(state, source=source)
@@ -204,9 +182,7 @@ def parallelism(section: ParallelSection, runtime) -> Parallelism:
 
 
 class Parallelism:
-    """How the step runs over the processes, so that the trainer names none: ``wrap`` the model, ``sync_gradients``
-    on the last micro-batch only, gather the ``whole`` model, the ``global_norm`` of the gradients. This class
-    is one process; ``DDP`` and ``FSDP`` override what they change."""
+    """How the step runs over the processes, so that the trainer names none; this class is one process."""
 
     split = False  # FSDP: weights, gradients and optimizer state are split over the ranks, each saves its own
     memory_layout = "ddp"  # the memory model's name for it (one process counts as DDP on one)
@@ -216,9 +192,7 @@ class Parallelism:
         self.module: nn.Module | None = None  # what the step calls, set by ``wrap``
 
     def wrap(self, model: DiT, trained: nn.Module, ema: list[nn.Module], checkpointed: int) -> nn.Module:
-        """Make ``model`` ready to train (``parallelize``, its first ``checkpointed`` blocks recomputed: ``fit``'s
-        choice) and return what the step calls in place of ``trained`` (the model, or the model and REPA's
-        projector). ``ema`` are the EMA copies, placed as the model is."""
+        """Parallelize ``model`` and place the ``ema`` copies; return what the step calls for ``trained``."""
         parallelize(model, checkpointed, self.section.compile, self.split, self.runtime.precision.amp_dtype)
         self.module = trained
         return trained
@@ -226,11 +200,7 @@ class Parallelism:
     def fit(
         self, cfg: DiTConfig, micro: int, grad_accum: int, attention: str, ema_profiles: int = 0
     ) -> tuple[int, str | None]:
-        """The blocks to recompute, checked against the device's memory before anything is built or written:
-        (blocks, a line saying why, or None). ``auto`` (the default) takes the fewest whose estimated step
-        (``dit.cost.memory``) fits; a fixed count (none, all, N) is kept. A run that does not fit stops here,
-        in one line with the fixes. ``micro`` images per pass, ``attention`` the kernel the step runs,
-        ``ema_profiles`` the post-hoc EMA profiles (one fp32 copy each)."""
+        """(blocks to recompute, why or None), checked against device memory before anything is built."""
         section, runtime = self.section, self.runtime
         try:
             policy = parse_activation_checkpointing(section.activation_checkpointing, cfg.depth)
@@ -278,17 +248,15 @@ class Parallelism:
         return f"pass {', '.join(fixes)}, or {more}" if fixes else more
 
     def sync_gradients(self, last: bool):
-        """The context of one micro-batch's forward and backward: gradients are reduced over the processes on the
-        ``last`` micro-batch only."""
+        """The context of one micro-batch: gradients are reduced on the ``last`` only."""
         return contextlib.nullcontext()
 
     def whole(self, model: DiT, every_rank: bool = True) -> DiT | None:
-        """``model`` whole: itself, or under FSDP a gathered copy on every rank (or on rank 0 only, None
-        elsewhere). Every rank must call it: gathering is collective."""
+        """``model`` whole: under FSDP a gathered copy on every rank (or rank 0 only); collective."""
         return model
 
     def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        """The gradient norm over the whole model (``norm`` is this rank's view of it)."""
+        """The gradient norm over the whole model from this rank's view of it."""
         return norm
 
 

@@ -1,8 +1,4 @@
-"""Measured training recipes that more than one face runs: the quick start's digits model.
-
-docs/quickstart_tuning.md has every configuration tried; the quick start, the bf16-vs-fp32 loss benchmark
-and the MFU-repeatability benchmark train exactly these.
-"""
+"""Measured training recipes that several faces run: the quick start's digits model (docs/quickstart_tuning.md)."""
 
 from __future__ import annotations
 
@@ -25,16 +21,12 @@ class Preset:
     num_heads: int = 4
     batch_size: int = 64
     lr: float = 1e-3
-    # The grid: DDIM 25 steps at guidance 3 draws the clearest digits (class accuracy 99%; 10, 25 and 50 steps
-    # drew the same ones, 25 keeps a margin), not the best FID (268 at guidance 3: the digits lose variety).
+    # The grid: DDIM 25 steps at guidance 3 draws the clearest digits, not the best FID (docs/quickstart_tuning.md)
     sample_steps: int = 25
     guidance_scale: float = 3.0
     per_class: int = 10  # grid columns (one row per class)
     eval_samples: int = 500  # EMA samples the digit FID and class accuracy score (the FID needs 65 or more)
-    # The quality line: the cheapest setting that matches DDPM-250 under both judges in the re-judged sampling
-    # study on this recipe's checkpoint (docs/sampling.md, 1,000 samples x 2 seeds): UniPC 15 steps unguided, 6%
-    # of DDPM-250's sampling FLOPs. Guidance 1.25 in EDM2's interval (67% more FLOPs) is within noise of it:
-    # ahead in 100% of paired resamples under the digit FID, 86% under the digit judge (the rule needs 95%).
+    # The quality line: the cheapest setting that matches DDPM-250 under both judges (docs/sampling.md)
     eval_sampler: str = "unipc"
     eval_steps: int = 15
     eval_guidance_scale: float = 1.0
@@ -61,9 +53,7 @@ def digits_train_config(
     sample_steps: int | None = None,
     resume: bool = False,
 ) -> TrainConfig:
-    """The trainer's config for preset ``p``: pixel space, cosine betas, x0 target, fixed variance; with
-    ``eval_ref`` (digit statistics) its EMA samples are scored every ``eval_every`` steps (0: at the end)
-    with the preset's evaluation sampler (``sample_steps`` overrides its steps)."""
+    """The trainer's config for preset ``p``; ``eval_ref``: its EMA samples scored with the preset's sampler."""
     evaluation = {}
     if eval_ref is not None:
         evaluation = dict(

@@ -1,10 +1,5 @@
-"""REPA in a training run (``--repa-encoder``): the checks, the projector, the alignment targets and their cost,
-and its part in the step (a ``StepHook``).
-
-The targets come from the frozen encoder inside the step (the same, possibly flipped, image the DiT's input
-comes from: the pixels themselves, or the image before the VAE encodes it), or from a latent store that
-carries the encoder's features of both flips, so that the encoder runs once, at extraction.
-"""
+"""REPA in a training run (``--repa-encoder``): the checks, the projector, the alignment targets (the frozen
+encoder inside the step, or a store's features of both flips) and their cost, as a ``StepHook``."""
 
 from __future__ import annotations
 
@@ -100,8 +95,7 @@ class Repa(StepHook):
         return self.coeff * align, align
 
     def upstream_record(self) -> dict:
-        """What an evaluation record adds to the x axis beside the run's own FLOPs: the encoder's training (when
-        known) and, with stored features, their extraction."""
+        """What an eval record adds to its x axis: the encoder's training (if known), the extraction."""
         record = {"upstream_pflops": self.upstream / 1e15} if self.upstream is not None else {}
         if self.extraction_flops is not None:
             record["feature_extraction_pflops"] = self.extraction_flops / 1e15

@@ -1,6 +1,5 @@
-"""Where the ledger's records go: ``Sink``s behind one fan-out. The run's own record (the console with
-``log.txt``, and ``metrics.jsonl``) is always kept; the others are chosen with ``--sinks`` from
-``dit.train.ledger.SINKS``: TensorBoard here, and each ``dit/train/sinks_NAME.py`` module's ``SINK``."""
+"""Where the ledger's records go: ``Sink``s behind one fan-out. The console with ``log.txt`` and ``metrics.jsonl``
+are always kept; ``--sinks`` adds TensorBoard and each ``dit/train/sinks_NAME.py``'s ``SINK``."""
 
 from __future__ import annotations
 
@@ -18,12 +17,7 @@ from dit.io.progress import write
 
 
 class Sink(Protocol):
-    """One place the records go, on rank 0 only, built as ``Sink(section, out, record, start)``: the ledger's
-    section, the results folder, the run's resolved configuration and the step it starts from (a resume's).
-    ``scalars`` takes a log record (its ``kind``: train, eval; ``time``, UTC; numbers, switches, Nones) at its
-    step, ``image`` a CHW image in [0, 1], ``text`` a line for people and its UTC time; a subclass leaves out
-    what it has no use for. ``path`` is what it writes: a write the OS refuses there (an ``OSError``: a full
-    disk) is the one line naming it."""
+    """One place the records go, on rank 0 (``scalars``, ``image``, ``text``); a refused write names ``path``."""
 
     path: Path
     options = None  # a frozen Section of the sink's own flags (W&B's project), or None
@@ -55,8 +49,7 @@ class _Lines(Sink):
 
 
 class Log(_Lines):
-    """The console as it is, and log.txt with the time before each line, for lining a run up with a cluster's
-    events (the console is watched live, or has its own times)."""
+    """The console as it is, and log.txt with each line's UTC time (to line a run up with a cluster's events)."""
 
     name = "log.txt"
 
@@ -76,9 +69,7 @@ class Metrics(_Lines):
 
 
 def _quiet_tensorboard_thread() -> None:
-    """TensorBoard's writer thread re-raises a failed write (a full disk) in the next log call, which the
-    fan-out turns into the one line; the thread's own traceback, printed as it dies, would be a second
-    report of the same error."""
+    """Silence TensorBoard's writer thread: the write it re-raises in the next log is the one line."""
     previous = threading.excepthook
     if getattr(previous, "quiet_tensorboard", False):
         return
@@ -114,9 +105,7 @@ class TensorBoard(Sink):
 
 
 class Sinks:
-    """What the ledger writes to: ``Log`` and ``Metrics`` (the run's record), then the ``chosen`` sink classes,
-    on rank 0, each told the step the run starts from (``start``); other ranks (``enabled=False``) get none.
-    Records and lines share one time (``utc_now``)."""
+    """What the ledger writes to: ``Log``, ``Metrics`` and the ``chosen`` sinks, on rank 0 only."""
 
     CONSOLE_KEYS = ("step", "loss", "grad_norm", "steps_per_sec", "images_per_sec", "mfu", "hfu",
                     "host_data_wait_frac")  # fmt: skip
@@ -130,8 +119,7 @@ class Sinks:
 
     @contextmanager
     def _writing(self, path: Path):
-        """A refused write (the line-buffered files, TensorBoard's event file) is the one line (the run adds
-        which checkpoints are kept), not a traceback from inside the log call."""
+        """A refused write is the one line (the run adds which checkpoints are kept), not a traceback."""
         try:
             yield
         except OSError as e:

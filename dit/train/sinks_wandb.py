@@ -1,9 +1,5 @@
-"""Weights & Biases (``--sinks wandb``; ``pip install 'dit-ledger[wandb]'``): a record's numbers as ``KIND/key`` at
-its step, sample grids, the run's configuration. ``WANDB_MODE=offline`` keeps the run in the results folder
-(``wandb sync`` uploads it later); W&B's other variables (``WANDB_API_KEY``, ...) apply as usual.
-
-The whole sink: the ledger finds ``SINK`` by this file's name (``sinks_wandb``: ``--sinks wandb``) and takes
-``WandBOptions`` into its section."""
+"""Weights & Biases (``--sinks wandb``): numbers as ``KIND/key``, sample grids, the configuration
+(``WANDB_MODE=offline`` keeps the run local); the ledger finds ``SINK`` and ``WandBOptions`` by the file's name."""
 
 from __future__ import annotations
 
@@ -26,15 +22,7 @@ class WandBOptions(Section):
 
 
 class WandB(Sink):
-    """One W&B run per results folder: its id is kept there (``wandb/run-id``), so a resumed run continues it.
-    Lines for people are not sent: W&B keeps the process's console itself (its Logs), log.txt the timed copy.
-
-    A resume at step S continues the run with W&B's rewind, ``resume_from="ID?_step=S"``: W&B sets the history
-    past S aside (the steps logged after the checkpoint before a kill, or the branch a rollback left) and takes
-    the resumed steps in their place; with the id alone it would drop every step below its last ("Tried to log
-    to step N that is less than the current step"). The rewind keeps one run per results folder; ``fork_from``
-    would start a new run at each resume. wandb records the rewind offline too (the run's ``branch_point``),
-    and ``wandb sync`` applies it."""
+    """One W&B run per results folder; a resume continues it with W&B's rewind (docs/reliability.md, row 52)."""
 
     options = WandBOptions
 

@@ -1,12 +1,5 @@
-"""``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``.
-
-Model, EMA, optimizer, loss scaler, step, every rank's RNG, the data position, REPA's projector when the run
-has one (sampling, export and ``--init-from`` read the model and EMA keys only), and what the run is: its
-configuration, its model's, its lineage, and with ``--latent-norm channel`` the statistics its latents were
-normalised with (``latent_norm``: a sampler decodes with them, no store needed). ``state_dict`` is the whole payload: full tensors on rank 0
-(one process, DDP), or under FSDP each rank's shards; the optimizer keyed by parameter name in both, so a
-checkpoint resumes with or without FSDP on any number of devices.
-"""
+"""``TrainState``: everything a run needs to continue exactly, saved and loaded only through ``dit.checkpoint``,
+with the optimizer keyed by parameter name, so that a checkpoint resumes with or without FSDP."""
 
 from __future__ import annotations
 
@@ -35,8 +28,7 @@ class TrainState:
         record: dict | None = None,
         latent_norm: dict | None = None,
     ):
-        """``trained``: what the optimizer steps, when more than the model (``dit.model.projector.RepaModel``); ``record``: the
-        run's resolved configuration; ``latent_norm``: ``ChannelNorm.record()``, or None for the scalar rule. ``lineage`` is set once the run knows its branch (``dit.checkpoint.lineage``)."""
+        """``trained``: what the optimizer steps; ``latent_norm``: ``ChannelNorm.record()``; ``lineage``: later."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch
         self.trained = model if trained is None else trained
@@ -50,9 +42,7 @@ class TrainState:
         return self.step // self.steps_per_epoch
 
     def state_dict(self, runtime: Runtime) -> dict | None:
-        """The whole payload of a checkpoint: on rank 0 alone (None on the others; under DDP only rank 0 copies the
-        weights to the host: the others' copies, 5.4 GB each on XL/2, were never written), or under FSDP on every
-        rank with its own shards, nothing gathered. Every rank calls it (the RNG gather is collective)."""
+        """The whole payload on rank 0 (None elsewhere), or under FSDP every rank's shards; collective."""
         rng = runtime.gather_objects(
             {
                 "cpu": torch.get_rng_state(),
@@ -91,8 +81,7 @@ class TrainState:
         return {key: model_state(p.model, self.sharded) for key, p in self.ema.profiles.items()}
 
     def snapshot_dict(self, runtime: Runtime) -> dict | None:
-        """A post-hoc EMA snapshot's payload (``dit.checkpoint.posthoc``): the profiles, and what the run is (with
-        the latent statistics a sampler decodes with); on rank 0 alone, or under FSDP on every rank's shards."""
+        """A post-hoc EMA snapshot's payload: the profiles and what the run is, on rank 0 (or all shards)."""
         if not (self.sharded or runtime.is_main):
             return None
         run = {"config": self.record, "model_config": self.model.config.to_dict(), "lineage": self.lineage}
@@ -100,8 +89,7 @@ class TrainState:
         return {PROFILES: self._profiles(), **run, **norm}
 
     def load_state_dict(self, state: dict, runtime: Runtime, source: str = "checkpoint") -> list[str]:
-        """Continue from ``state``; returns lines for the log. A data set that lost items since ``source``
-        continues (our error for a bad image says to remove the file); one that gained items is refused."""
+        """Continue from ``state``; lines for the log. A data set that gained items is refused."""
         position = state.get("data_position", {})
         saved_len, step = position.get("dataset_len"), int(state["step"])
         self.data_changes = list(position.get("changes", []))
@@ -142,8 +130,7 @@ class TrainState:
         return notes
 
     def _load_profiles(self, saved: dict, source: str) -> None:
-        """The post-hoc EMA profiles this run tracks (``resume_point`` refused one ``source`` lacks; one an
-        --allow-changes resume no longer tracks is dropped)."""
+        """The post-hoc EMA profiles this run tracks; one an --allow-changes resume no longer tracks is dropped."""
         for key, profile in self.ema.profiles.items():
             load_model_state(profile.model, saved[key], self.sharded, f"{source} (EMA profile {key})")
             profile.num_updates = self.ema.num_updates

@@ -18,14 +18,7 @@ def create_diffusion(
     time_shift=1.0,
     **recipe,
 ) -> SpacedDiffusion:
-    """The DiT diffusion: linear betas over 1000 steps, epsilon prediction, learned-range variance.
-
-    ``timestep_respacing`` "" or None keeps every step; "250" or "ddim50" respaces for sampling. The
-    keywords in ``recipe`` are ``GaussianDiffusion``'s training options beyond the official recipe (whose
-    values are the defaults): ``loss_weighting`` "min-snr" weights the MSE term by Min-SNR-``min_snr_gamma``;
-    ``timestep_sampling`` "logit-normal" draws ``sample_t`` from sigmoid(N(``logit_mean``, ``logit_std``)).
-    ``time_shift`` shifts the training draw and a respacing's kept timesteps (``shift_timesteps``).
-    """
+    """The DiT diffusion (linear betas, 1000 steps, epsilon, learned range), respaced by ``timestep_respacing``."""
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:
         loss_type = gd.LossType.RESCALED_KL

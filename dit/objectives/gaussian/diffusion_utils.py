@@ -18,10 +18,7 @@ def approx_standard_normal_cdf(x: torch.Tensor) -> torch.Tensor:
 
 
 def discretized_gaussian_log_likelihood(x, *, means, log_scales):
-    """Log-likelihood of x in [-1, 1], quantised to 256 bins, under N(means, exp(log_scales)^2).
-
-    The outermost bins extend to +-infinity; probabilities are clamped at 1e-12 before the log.
-    """
+    """Log-likelihood of x in [-1, 1] in 256 bins under N(means, exp(log_scales)^2); outer bins reach +-inf."""
     centered_x = x - means
     inv_stdv = torch.exp(-log_scales)
     cdf_plus = approx_standard_normal_cdf(inv_stdv * (centered_x + 1.0 / 255.0))

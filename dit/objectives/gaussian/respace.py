@@ -1,5 +1,4 @@
-"""Timestep respacing: sample with a subset of the training timesteps (ADM's ``space_timesteps``, which lives
-in the torch-free ``dit.objectives.respacing`` so that the planner can read a respacing without torch)."""
+"""Timestep respacing: sample with a subset of the training timesteps (``dit.objectives.respacing``'s)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,7 @@ __all__ = ["SpacedDiffusion", "space_timesteps"]
 
 
 class SpacedDiffusion(GaussianDiffusion):
-    """A diffusion over the kept timesteps, with betas recomputed from the base alpha-bar ratios.
-
-    The model is still conditioned on the original integer timesteps (through ``timestep_map``).
-    """
+    """A diffusion over the kept timesteps; the model still sees the original ones (``timestep_map``)."""
 
     def __init__(self, use_timesteps, **kwargs):
         base = GaussianDiffusion(**kwargs)

@@ -1,10 +1,5 @@
-"""Interpolant paths between noise and data, as SiT (Ma et al. 2024) defines them.
-
-Time runs as in SiT's code: t = 0 is noise x0 ~ N(0, I), t = 1 is data x1 (the paper writes the other
-direction). x_t = alpha_t x1 + sigma_t x0, and the velocity target is u_t = alpha'_t x1 + sigma'_t x0.
-``drift_var`` is SiT's d_t = (alpha'/alpha) sigma^2 - sigma sigma' (beta(t)/2 for VP), the coefficient of
-the score in the velocity: v = (alpha'/alpha) x + d_t s.
-"""
+"""SiT's interpolant paths (Ma et al. 2024), t = 0 noise x0, t = 1 data x1: x_t = alpha_t x1 + sigma_t x0,
+u_t = alpha'_t x1 + sigma'_t x0, and v = (alpha'/alpha) x + d_t s with d_t = ``drift_var``."""
 
 from __future__ import annotations
 
@@ -40,8 +35,7 @@ class Path:
         log_alpha = -0.25 * (1 - t) ** 2 * (b1 - b0) - 0.5 * (1 - t) * b0
         d_log_alpha = 0.5 * (1 - t) * (b1 - b0) + 0.5 * b0
         alpha = torch.exp(log_alpha)
-        # sigma = sqrt(1 - alpha^2) through expm1: near t = 1, alpha^2 rounds to 1 in fp32 and 1 - alpha^2
-        # loses every digit (the training target's sigma' = -alpha^2 L' / sigma was off by up to 6% there)
+        # sigma = sqrt(1 - alpha^2) through expm1, exact in fp32 near t = 1 (docs/flow_matching.md)
         sigma = torch.sqrt(-torch.expm1(2 * log_alpha))
         return alpha, alpha * d_log_alpha, sigma, -(alpha**2) * d_log_alpha / sigma
 
@@ -74,7 +68,6 @@ class Path:
             return out
         if prediction == "noise":
             return -out / sigma
-        # velocity: s = (v - (alpha'/alpha) x) / d_t, written as SiT does so that it stays finite at t = 0
-        # (alpha = 0), where the SDE sampler of a velocity model starts
+        # velocity: s = (v - (alpha'/alpha) x) / d_t, as SiT writes it: finite at t = 0, where the SDE starts
         ratio = alpha / d_alpha
         return (ratio * out - x) / (sigma**2 - ratio * d_sigma * sigma)

@@ -1,19 +1,5 @@
-"""ODE and SDE samplers for flow-matching models, from noise (t = t0) to data (t = 1), counting the network
-evaluations they make (NFE) so that the cost of a sample is what was run, not what was asked for. Their
-time grids come from ``dit.objectives.respacing`` (``flow_grid``), the plan ``dit-cost`` reads too.
-
-ODE: the integrators of ``dit.objectives.integrators.ODE_INTEGRATORS`` (each entry is its step and the evaluations
-the step makes): ``euler``, ``heun`` (the trapezoid of the ends, torchdiffeq's ``heun2``), ``ab2``-``ab4``
-(Adams-Bashforth) on a uniform grid of ``steps`` intervals, or ``dopri5`` (adaptive; torchdiffeq, SiT's
-default, atol 1e-6, rtol 1e-3). Note: SiT's ``num_steps`` counts grid points (250 points = 249 steps);
-here it counts steps.
-
-SDE (SiT's Euler-Maruyama and Heun): dx = (v + w s) dt + sqrt(2 w) dW on a grid from t0 to 1 - h, then one
-last deterministic step of length h from there to t = 1 (SiT's ``Mean``, h = 0.04, by default). w(t) is the
-diffusion form; SiT's CLI default is ``sigma`` (w = sigma_t). Each evaluation calls the network once: SiT's
-code calls it twice with the same input (for the velocity, then for the score); the result is the same,
-the cost half.
-"""
+"""ODE and SDE samplers for flow-matching models on ``flow_grid``'s grids, counting the network evaluations they
+make: ``ODE_INTEGRATORS``, and SiT's Euler-Maruyama and Heun with one call each (docs/flow_matching.md)."""
 
 from __future__ import annotations
 
@@ -46,8 +32,7 @@ def ode_sample(
     field: FlowField, x: torch.Tensor, grid: Sequence[float], method: str = "heun", *, atol=1e-6, rtol=1e-3,
     progress=None,
 ):  # fmt: skip
-    """Integrate from grid[0] to grid[-1] with ``ODE_INTEGRATORS[method]``: its step between the grid's points,
-    or (adaptive) torchdiffeq's solver between the two ends."""
+    """Integrate over the grid with ``ODE_INTEGRATORS[method]``, or (adaptive) between its two ends."""
     integrator = ODE_INTEGRATORS[method]
     if integrator.adaptive:
         from dit.io.errors import require
@@ -91,8 +76,7 @@ def sde_sample(
     last_step: str = "mean",
     progress=None,
 ):
-    """Euler-Maruyama (or Heun) steps between the grid's points, then the last deterministic step from the
-    grid's end to t = 1 (``flow_grid`` ends the grid at 1 - 0.04; with ``last_step`` "none" at t1, no step)."""
+    """Euler-Maruyama (or Heun) steps over the grid, then the last deterministic step to t = 1."""
 
     def drift(y, t):
         v, s = field(y, t, score=True)

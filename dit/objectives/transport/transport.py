@@ -1,18 +1,11 @@
-"""Flow matching on the DiT backbone: SiT's objective (interpolant, prediction, loss weight, times).
-
-The model sees the raw time t in [0, 1] (1 = data), as SiT, REPA and LightningDiT feed it, and predicts
-the velocity (the default), the score or the noise. Losses (per sample, the mean over the latent):
+"""Flow matching on the DiT backbone: SiT's objective. The model sees the raw time t in [0, 1] (1 = data) and
+predicts the velocity (the default), the score or the noise; per-sample losses, the mean over the latent:
 
   velocity: |v - u_t|^2                          (SiT never weights it)
   noise:    w |eps_hat - x0|^2                    score: w |sigma_t s_hat + x0|^2
   w = 1 (none), (d_t / sigma_t)^2 (velocity: the velocity loss in disguise), d_t / sigma_t^2 (likelihood)
 
-Training times are uniform on [train_eps, 1 - train_eps'] as in SiT (velocity on linear/GVP: [0, 1];
-score and noise: [1e-3, 1 - 1e-3]; VP: [0, 1 - 1e-5]), or logit-normal (SD3: sigmoid of N(m, s)); the draw
-u in (0, 1) is shifted (``dit.objectives.times.shift_time``) before it is mapped onto that interval.
-With ``cos_loss_weight`` w > 0 the loss adds w (1 - cos) of the (implied) velocity and u_t
-(``dit.objectives.terms``), unweighted like LightningDiT's.
-"""
+Training times, their shift and the cosine term: docs/flow_matching.md."""
 
 from __future__ import annotations
 
@@ -73,8 +66,7 @@ class Transport:
                 self.sample_eps if self.sample_eps is not None else sample)  # fmt: skip
 
     def interval(self, training: bool) -> tuple[float, float]:
-        """[t0, t1] of training times or of the sampler's grid (SiT's ``check_interval``): VP never starts at
-        pure noise, so only its data end is kept off; the other paths keep eps off both ends (0 for velocity)."""
+        """[t0, t1] of training times or the sampler's grid (SiT's ``check_interval``); VP starts at 0."""
         eps = self.eps()[0 if training else 1]
         return (0.0 if self.path_type == "vp" else eps), 1 - eps
 
