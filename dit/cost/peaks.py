@@ -1,8 +1,6 @@
-"""Dense peak FLOP/s per device and dtype: the MFU denominator, matched from the device name, never guessed.
-
-The datasheet rows are ``dit.cost.devices``' table; for anything it lacks (or the CPU) a measured matmul
-peak labelled "measured". ``--peak-tflops`` and ``DIT_PEAK_TFLOPS`` override everything.
-"""
+"""Dense peak FLOP/s per device and dtype: the MFU denominator, matched from the device name, never guessed:
+``dit.cost.devices``' datasheet rows, else (and on the CPU) a matmul peak labelled "measured";
+``--peak-tflops`` and ``DIT_PEAK_TFLOPS`` override everything."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ class Peak:
     measured_on: str = ""  # a measured peak's date (ISO), so that every cost line can say its age
 
     def describe(self) -> str:
-        """'X TFLOP/s fp32 on cpu (measured DATE, N days old; best of 5 probes ...)': the peak, its source and
-        its age, as every cost line prints it."""
+        """'X TFLOP/s fp32 on cpu (measured DATE, N days old; ...)', as every cost line prints it."""
         where = f" on {self.device}" if self.device else ""
         source = self.source
         if self.measured_on:
@@ -92,13 +89,8 @@ def _override(override_tflops: float | None, device: str, precision: str) -> Pea
 def resolve_peak(
     device_name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
 ) -> Peak:
-    """The peak to divide by: override, then env, then the table, then a measured matmul peak.
-
-    ``device_name`` None or "cpu" measures the CPU; an unknown accelerator (or a known one without a
-    published rate for ``precision``, like an A10G) is measured on the current device with a warning, and
-    labelled "measured" so that nobody mistakes it for a datasheet figure. Training never stops for this:
-    it names the device it runs on. A name that is not this machine's device is refused, not measured.
-    """
+    """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
+    on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
     label = device_name or "cpu"
     forced = _override(override_tflops, label, precision)
     if forced is not None:
@@ -151,8 +143,7 @@ def _cuda_matmul_mode() -> str:
 
 
 def device_name(device=None) -> str:
-    """``torch.cuda.get_device_name`` of ``device`` (default: the current CUDA device, else "cpu"), with the
-    MI250X/MI250 ambiguity resolved by compute-unit count."""
+    """``torch.cuda.get_device_name`` of ``device`` (default: the current CUDA device, else "cpu")."""
     import torch
 
     device = torch.device(device) if device is not None else None
@@ -181,10 +172,8 @@ _DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "fl
 def measure_matmul_peak(
     precision: str = "fp32", seconds: float = 1.0, device: str | None = None, probes: int = 1
 ) -> float | list[float]:
-    """Best FLOP/s of a square matmul in each of ``probes`` bursts of ``seconds / probes``.
-
-    One burst returns a float (the ceiling for unknown devices); several return the list, so that a
-    caller can show the spread: on a shared or throttling machine single bursts differ by 2x."""
+    """Best FLOP/s of a square matmul in each of ``probes`` bursts of ``seconds / probes``: a float for one
+    burst, else the list, so that a caller can show the spread."""
     import torch
 
     if precision not in _DTYPES:
@@ -214,9 +203,7 @@ def measure_matmul_peak(
     return bests[0] if probes == 1 else bests
 
 
-# --------------------------------------------------------------------------------------------------------
-# The CPU: no datasheet, so a measured peak, kept per machine so that every run divides by the same number
-# --------------------------------------------------------------------------------------------------------
+# The CPU: no datasheet, so a measured peak, kept per machine so that every run divides by the same number.
 
 CACHE_ENV = "DIT_CACHE_DIR"
 CPU_PEAK_PROBES = 5
@@ -228,8 +215,7 @@ def cache_dir() -> Path:
 
 
 def cpu_arithmetic(precision: str) -> str:
-    """What a CPU really computes for ``precision``: tf32 is a CUDA matmul mode, so on a CPU it is fp32, one
-    arithmetic and one peak (docs/cost_model.md, section 5)."""
+    """What a CPU computes for ``precision``: tf32 is a CUDA matmul mode, so on a CPU it is fp32."""
     return "fp32" if precision == "tf32" else precision
 
 
@@ -253,15 +239,9 @@ CPU_PEAK_AGREEMENT = 0.10
 
 
 def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
-    """The CPU's matmul peak: the best of ``CPU_PEAK_PROBES`` bursts, kept per machine for 30 days.
-
-    Single probes differ from run to run (docs/cost_model.md, section 5). The best of several bursts is a
-    ceiling noise can only lower, and the cache (``$DIT_CACHE_DIR`` or ~/.cache/dit-ledger/cpu_peaks.json)
-    makes every later run on the machine divide by the same number. A new measurement is two rounds of probes;
-    it is kept only if the rounds agree within ``CPU_PEAK_AGREEMENT`` and it is not that far below an expired
-    kept peak (a busy machine measures low): otherwise this run uses the better figure and keeps nothing, and
-    the detail says which was used and why. Delete the file to measure again.
-    """
+    """The CPU's matmul peak: the best of ``CPU_PEAK_PROBES`` bursts (a ceiling noise can only lower), kept per
+    machine for 30 days (docs/cost_model.md, section 5). Two rounds of probes: kept only if they agree within
+    ``CPU_PEAK_AGREEMENT`` and are not that far below an expired kept peak; else the better figure, unkept."""
     arithmetic = cpu_arithmetic(precision)
     path = cache_dir() / "cpu_peaks.json"
     key = _cpu_key(arithmetic)
@@ -305,9 +285,8 @@ _WARNED: set[Path] = set()
 
 
 def _keep(path: Path, data: bytes) -> str | None:
-    """Write the cache file; None, or why it cannot be. The cache is an optimisation: a ``$DIT_CACHE_DIR``
-    that is a file, read-only or not creatable is one warning line per process, on rank 0, and the run goes
-    on with its peak measured and not kept."""
+    """Write the cache file; None, or why it cannot be (then one warning per process, on rank 0: the cache is
+    only an optimisation)."""
     from dit.io.atomic import atomic_write_bytes
 
     try:
@@ -332,8 +311,7 @@ def _keep(path: Path, data: bytes) -> str | None:
 
 
 def forget_cpu_peak(precision: str) -> Path | None:
-    """Drop this machine's kept peak for ``precision`` (a run computed faster than it: it was measured while
-    another job had the cores); the next run measures again. Returns the cache file it was dropped from."""
+    """Drop this machine's kept peak for ``precision`` (a run beat it: it was measured on a busy machine)."""
     path = cache_dir() / "cpu_peaks.json"
     try:
         cache = json.loads(path.read_text())

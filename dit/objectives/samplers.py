@@ -1,19 +1,10 @@
 """Which network evaluations a sampler makes, at which times, and which of them are guided: before it runs.
+No torch: ``dit-cost sample`` plans with it, and the engine's samplers run the same plan, so the planned and
+the reported counts are equal by construction.
 
-No torch here: ``dit-cost sample`` plans with it in a fraction of a second, and the engine's samplers run
-the same plan (the diffusion's respacing, the flow's time grid, the guided flags), so the planned count and
-the count a run reports are equal by construction (tests/test_schedulers.py counts the passes).
-
-Time units of a plan (and of ``--guidance-interval LO HI``, a closed interval):
-
-- diffusion samplers (ours and diffusers' schedulers): t / T, where t is the original integer timestep the
-  model sees (T = 1000 training steps; t = 999 is the noise end, 0 the data end), so 1 is noise, 0 is data;
-- flow samplers: SiT's t in [0, 1], where 0 is noise and 1 is data (dit/objectives/transport's convention).
-
-A guided evaluation runs the [conditional; unconditional] batch (two forward passes per image); an
-unguided one the conditional rows alone (one pass). Each evaluation is guided iff the guidance scale is
-above 1 and its own time lies in the interval (Kynkaenniemi et al. 2024, "Applying guidance in a limited
-interval"), so both evaluations of a Heun step are judged apart.
+Times (of a plan and of ``--guidance-interval LO HI``, closed): diffusion t / T (T = 1000, the original timestep;
+1 is noise, 0 is data); flow SiT's t in [0, 1] (0 is noise, 1 is data). An evaluation is guided (two passes)
+iff the scale is above 1 and its own time lies in the interval (Kynkaenniemi et al. 2024).
 """
 
 from __future__ import annotations
@@ -97,11 +88,9 @@ class SamplingPlan:
 def _flow_times(kind: str, method: str, grid: list[float], last_step: str) -> list[float] | None:
     if kind == "ode":
         integrator = ODE_INTEGRATORS[method]
-        return (
-            None
-            if integrator.adaptive
-            else [t for i in range(len(grid) - 1) for t in integrator.times(*grid[i : i + 2])]
-        )
+        if integrator.adaptive:
+            return None
+        return [t for i in range(len(grid) - 1) for t in integrator.times(*grid[i : i + 2])]
     per_step = 2 if method == "heun" else 1
     times = [t for i in range(len(grid) - 1) for t in (grid[i], grid[i + 1])[:per_step]]
     return times + ([] if last_step == "none" else [grid[-1]])
@@ -124,8 +113,7 @@ def check_method(sampler: str | None, method: str | None, last_step: str = "mean
 
 
 def split_sampler(spec: str) -> tuple[str, str | None]:
-    """A sampler with its method as one name, for sweeps: 'ode-heun' -> ('ode', 'heun'); 'dpmpp-2m' -> ('dpmpp-2m',
-    None): only the flow samplers take a method."""
+    """A sweep's sampler name split: 'ode-heun' -> ('ode', 'heun'); 'dpmpp-2m' -> ('dpmpp-2m', None)."""
     kind, _, method = spec.partition("-")
     return (kind, method) if kind in FLOW_SAMPLERS and method else (spec, None)
 
@@ -151,15 +139,9 @@ def sampling_plan(
     diffusion_steps: int = DIFFUSION_STEPS,
     time_shift: float = 1.0,
 ) -> SamplingPlan:
-    """The plan of ``sampler`` with ``num_steps`` steps (``--num-sampling-steps``).
-
-    Diffusion samplers: one evaluation per respaced step (``num_steps`` >= 2; diffusers' Heun: 2 per step but
-    the last, 2N - 1). Flow samplers: see ``flow_grid``; ``flow_interval`` is the transport's sampling
-    interval [t0, t1] (SiT's velocity models: [0, 1]). ``method`` is the flow integrator. ``time_shift`` (a
-    number: "auto" resolved) moves the flow's grid (``flow_grid``) or the diffusion's kept timesteps
-    (``shift_timesteps``). The sampling section checks ``sampler`` (one of ``SAMPLERS``), ``num_steps`` (>= 1)
-    and ``interval``; the checks here are the samplers' own.
-    """
+    """The plan of ``sampler`` with ``num_steps`` steps: diffusion, one evaluation per respaced step (diffusers'
+    Heun: 2N - 1); flow, ``flow_grid`` over the transport's ``flow_interval``. ``time_shift`` is a number ("auto"
+    resolved). The sampling section checks ``sampler``, ``num_steps`` and ``interval``; here, the samplers' own."""
     try:
         check_method(sampler, method, last_step)
     except FieldError as e:

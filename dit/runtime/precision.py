@@ -1,17 +1,8 @@
-"""The one precision policy: autocast dtype, loss scaler, and the TF32/cuDNN flags, set and restored here.
-
-fp32: exact float32 matmuls and convolutions; tf32: float32 tensors with TF32 matmuls and convolutions on
-Ampere and later (the official DiT scripts' setting); bf16 and fp16: autocast around the DiT with float32
-weights, fp16 with a loss scaler (CUDA only). Flags are process-wide in PyTorch, so ``flags()`` restores
-what it found: a face that runs inside another program (a notebook, a test, the benchmark pairing two
-precisions) leaves no trace.
-
-Three kinds of network run in a training run, each with its own arithmetic: the DiT (``autocast``), the
-frozen networks (the VAE's encode and REPA's encoder in the step, the VAE's decode of the grids and the
-evaluations' images: ``frozen``, the run's precision, so a bf16 run does not spend most of its step or its
-evaluation in IEEE float32), and the evaluation networks (``reference``: IEEE float32 whatever the run's
-precision, as the reference evaluators compute, so scores stay comparable).
-"""
+"""The one precision policy: autocast dtype, loss scaler, and the TF32/cuDNN flags, set and restored here
+(the flags are process-wide, so ``flags()`` restores what it found). fp32 is exact float32, tf32 float32 with
+TF32 matmuls (the official DiT scripts'), bf16 and fp16 autocast (fp16 with a loss scaler, CUDA only). The DiT
+runs in ``autocast``, the frozen networks in ``frozen`` (the run's precision), the evaluation networks in
+``reference`` (IEEE float32, so scores stay comparable): docs/performance.md."""
 
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ PRECISIONS = tuple(AUTOCAST_DTYPES)
 
 @dataclass(frozen=True)
 class Precision:
-    """A precision policy by name (one of ``PRECISIONS``: a face's ``--precision``, checked at its field, or a
-    checkpoint's record of one); another name has no policy (KeyError)."""
+    """A precision policy by name, one of ``PRECISIONS`` (another name: KeyError)."""
 
     name: str = "fp32"
     device_type: str = "cpu"
@@ -58,18 +48,14 @@ class Precision:
         return torch.amp.GradScaler("cuda") if self.name == "fp16" else None
 
     def frozen(self):
-        """The context for the frozen networks (VAE encode and decode, REPA's encoder, extraction): the run's
-        autocast for bf16 and fp16; for fp32 and tf32 nothing, the flags already say IEEE or TF32."""
+        """The context for the frozen networks (VAE, REPA's encoder): the run's autocast."""
         return self.autocast()
 
     @contextmanager
     def flags(self, deterministic: bool = False):
-        """TF32 on for tf32 only (so "fp32" means fp32 on every GPU generation); cuDNN determinism on request.
-
-        Every backend's float32 mode is set, through the legacy matmul setting and the per-operator ones
-        together: torch >= 2.9 raises on reading a legacy getter (``cuda.matmul.allow_tf32``,
-        ``cudnn.allow_tf32``, ``get_float32_matmul_precision``, read by Inductor under compile) once the two
-        APIs disagree (pytorch issue 166387), which setting only some operators left them doing."""
+        """TF32 on for tf32 only (so "fp32" means fp32 on every GPU); cuDNN determinism on request. The legacy
+        and per-operator settings move together: torch >= 2.9 raises on a legacy getter once they disagree
+        (pytorch issue 166387)."""
         mode = "tf32" if self.name == "tf32" else "ieee"
         cudnn = torch.backends.cudnn
         saved = _read(torch.get_float32_matmul_precision), _read(lambda: cudnn.allow_tf32)
@@ -94,8 +80,7 @@ _FP32_OPS = (_B.cuda.matmul, _B.cudnn.conv, _B.cudnn.rnn, _B.mkldnn.matmul, _B.m
 
 @contextmanager
 def reference(device_type: str):
-    """IEEE float32 with autocast off, whatever the run's precision: for the evaluation networks (Inception,
-    the digit classifier), whose scores must stay comparable with the reference evaluators' float32."""
+    """IEEE float32 with autocast off, whatever the run's precision: for the evaluation networks."""
     with Precision("fp32").flags(), torch.autocast(device_type, enabled=False):
         yield
 

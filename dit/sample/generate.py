@@ -1,13 +1,6 @@
-"""Generation: per-image noise, guided denoising (our DDPM and DDIM, diffusers' schedulers, or the flow ODE/SDE),
-VAE decoding, and the checks on a request.
-
-Semantics follow the official DiT scripts: classifier-free guidance on a [conditional; unconditional]
-batch that shares its noise (built per evaluation from the sampler's one row per image, so that an
-evaluation outside ``--guidance-interval`` runs the conditional rows alone), the null label ``num_classes``, ``clip_denoised=False``, VAE decoding of
-``latents / scaling_factor + shift_factor`` (shift 0 for the SD VAEs) and uint8 via ``clamp(127.5 x + 128)``. One deliberate change: every image
-draws its noise from its own generator seeded by (seed, image index), so a sample set is the same on any
-number of devices and after any resume (the official per-rank seeding is not).
-"""
+"""Generation: per-image noise, guided denoising with the objective's sampler, VAE decoding, and the checks on a
+request. Semantics follow the official DiT scripts (docs/sampling.md), except that image i's noise comes from its
+own generator seeded by (seed, i), so a sample set is the same on any number of devices and after any resume."""
 
 from __future__ import annotations
 
@@ -73,19 +66,14 @@ class SamplingModel:
         objective: Objective,
         latent_norm: ChannelNorm | None = None,
     ) -> SamplingModel:
-        """``model`` sampled as ``objective`` (the one it trained with, or a checkpoint's record's) says;
-        ``latent_norm``: the run's ``ChannelNorm`` (None: the VAE's scaling rule)."""
+        """``model`` sampled as ``objective`` says; ``latent_norm`` None: the VAE's scaling rule."""
         return cls(
             model, weights, image_size, vae, vae_spec, **objective.sampling_fields(), latent_norm=latent_norm
         )
 
 
-# ---- checks on what the user asked for --------------------------------------------------------------------
-
-
 def check_guidance(guidance_scale: float, cfg: DiTConfig | None) -> None:
-    """The null class that classifier-free guidance guides against (``cfg``: the model's config; None under
-    autoguidance)."""
+    """The null class that classifier-free guidance guides against (``cfg``: None under autoguidance)."""
     if guidance_scale > 1.0 and cfg is not None and cfg.class_dropout_prob <= 0:
         raise UserError(
             "this model was trained without class dropout, so it has no unconditional label to guide against: "
@@ -114,9 +102,6 @@ def default_class_labels(num_classes: int) -> list[int]:
     return [i % num_classes if num_classes else 0 for i in range(8)]
 
 
-# ---- seeds and noise --------------------------------------------------------------------------------------
-
-
 def noise_seed(seed: int, index: int) -> int:
     """The seed of image ``index``'s noise: independent of rank, batch and world size."""
     return mix_seed(Stream.NOISE, seed, index)
@@ -134,16 +119,11 @@ class PerImageNoise:
         return torch.stack([torch.randn(self.shape, generator=g, device=self.device) for g in self.generators])
 
 
-# ---- guidance and the samplers ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Guidance:
-    """Guidance: the scale (1 or less: off), the noise channels it guides (3, the official code's, or "all"),
-    and the interval of times it is on (None: every evaluation; the units are ``dit.objectives.samplers``':
-    t/1000 for diffusion, 1 = noise; flow t, 1 = data). What it guides against: the unconditional pass
-    (classifier-free guidance; ``path_drop``: that pass skips the sparse blocks, SPRINT's path-drop guidance),
-    or ``guide``, a weaker model of the same task run conditionally (autoguidance, Karras et al. 2024)."""
+    """Scale (1 or less: off), guided channels (3, the official code's, or "all"), interval of times (None: all;
+    t/1000 for diffusion, 1 = noise; flow t, 1 = data). It guides against the unconditional pass (``path_drop``:
+    without the sparse blocks, SPRINT's) or ``guide``, a weaker model (autoguidance, Karras et al. 2024)."""
 
     scale: float = 1.0
     channels: int | str = 3
@@ -160,20 +140,16 @@ class Guidance:
 
     @classmethod
     def from_options(cls, c: SamplingSection, has_null_class: bool, guide: DiT | None = None) -> Guidance:
-        """A sampling section's guidance for a model with (or without) a null class, against ``guide`` where
-        given (which needs no null class): its scale, or the default."""
+        """A sampling section's guidance; ``guide`` (autoguidance) needs no null class."""
         scale = c.guidance(has_null_class or guide is not None)
         channels = GUIDANCE_CHANNELS[c.guidance_channels]
         return cls(scale, channels, c.guidance_interval, c.guidance_path_drop, guide)
 
 
 class GuidedModel:
-    """The DiT as a sampler calls it, on the sampler's rows (one per image). A guided evaluation makes two
-    passes: classifier-free guidance runs ``forward_with_cfg`` on [conditional; unconditional] (the same input,
-    the null label ``num_classes``), autoguidance the model and its guide on the same conditional rows,
-    combined by ``extrapolate``. An unguided evaluation runs the model on the conditional rows alone (one
-    pass). Which evaluations are guided is the plan's (``guided``, in call order); an adaptive sampler has
-    none, and is judged at each call's time. Outputs float32; ``guided`` and ``unguided`` count what ran."""
+    """The DiT as a sampler calls it, one row per image: a guided evaluation makes two passes ([conditional;
+    null label] through ``forward_with_cfg``, or model and guide combined by ``extrapolate``), an unguided one a
+    single pass. The plan says which are guided, in call order (adaptive samplers: judged at each call's time)."""
 
     def __init__(self, model, guidance: Guidance, precision: Precision | None, plan: Sequence[bool] | None):
         self.model, self.guidance, self.precision, self.plan = model, guidance, precision, plan
@@ -211,11 +187,8 @@ class GuidedModel:
 
 
 class Sampler:
-    """One sampling method with its settings and guidance, and its plan (``dit.objectives.samplers``: which
-    evaluations run, at which times, which of them guided), made before it runs and followed when it runs.
-
-    ``run`` samples a batch and leaves ``nfe``, ``guided_nfe`` and ``unguided_nfe``: the network evaluations
-    it made per image (a guided evaluation is one evaluation of two passes)."""
+    """One sampling method with its settings, guidance and plan (``dit.objectives.samplers``), made before it
+    runs; ``run`` leaves ``nfe``, ``guided_nfe`` and ``unguided_nfe``, the evaluations per image it made."""
 
     def __init__(self, sm: SamplingModel, num_steps: int, kind: str | None = None, *, method: str | None = None,
                  guidance: Guidance = Guidance(), diffusion_form: str = "sigma", last_step: str = "mean",
@@ -248,8 +221,7 @@ class Sampler:
 
     @classmethod
     def from_options(cls, sm: SamplingModel, c: SamplingSection, guide: DiT | None = None) -> Sampler:
-        """The sampler a sampling section asks for, its default chosen by the model's objective; ``guide``: the
-        autoguidance model (``dit.sample.guide``), None for classifier-free guidance."""
+        """The sampler a sampling section asks for; ``guide``: autoguidance's model (None: classifier-free)."""
         mc = sm.config
         try:
             kind = sm.objective.sampler(c.sampler, fast=c.FAST)
@@ -319,8 +291,7 @@ def sample_latents(
 
 
 def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | None = None) -> torch.Tensor:
-    """The VAE's part: samples to RGB images in [-1, 1], (N, 3, H, W) float32 on the CPU. The decode runs in
-    ``precision``'s arithmetic for frozen networks where given (a bf16 run's grids and evaluations: bf16)."""
+    """The VAE's part: images in [-1, 1], (N, 3, H, W) float32 on the CPU; decoded in ``precision.frozen()``."""
     if sm.vae is None:
         images = samples.clamp(-1, 1)
     else:
@@ -340,7 +311,6 @@ def generate(
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed); the DiT and the decode in
-    ``precision`` (the judges that score them keep IEEE float32: ``dit.eval.features``)."""
+    """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
     samples = sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress)
     return to_images(sm, samples, precision)

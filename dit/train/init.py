@@ -1,11 +1,5 @@
-"""Fine-tuning: a fresh run's model starts from released or trained weights (``--init-from``).
-
-Any checkpoint the sampler reads will do: an official release (a bare state dict), an official train.py
-file, or ours (its EMA weights by default). Tensors of the same shape are loaded; the fixed sin-cos position
-table is recomputed for another input size (it is a formula, not a learned weight); the class table is
-re-initialised for another class count, keeping the learned null (unconditional) row at the new end; any
-other difference is an error naming the tensors. The optimizer, the step and the EMA start fresh.
-"""
+"""Fine-tuning: a fresh run's model starts from released or trained weights (``--init-from``); what differs from
+the source is adapted where that is well defined (docs/finetuning.md), any other difference is an error."""
 
 from __future__ import annotations
 
@@ -20,8 +14,7 @@ TABLE = "y_embedder.embedding_table.weight"
 
 
 def init_from(model: DiT, path: str, weights: str = "ema", report: Path | None = None) -> str:
-    """Load ``path``'s weights into ``model`` (fresh, unsharded); return the start-up line and write the
-    full list of loaded, recomputed and re-initialised tensors to ``report`` (JSON)."""
+    """Load ``path``'s weights into a fresh ``model``; the start-up line, and the full list to ``report``."""
     use_ema = {"ema": True, "model": False}[weights]  # the choice (checked at --init-from-weights) picks them
     ckpt = load_checkpoint(path)
     source, which = model_weights(ckpt, use_ema=use_ema)
