@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from dit.eval.digit_nets import DigitFeatures
 from dit.eval.evaluator import METRICS, Evaluator, extract_features, gather_features, judges_for, shard_batches
-from dit.eval.feature_net import FeatureNet
 from dit.eval.features import FEATURE_NETS, feature_net_for, load_feature_net
 from dit.eval.inception import INCEPTION_NAME
 from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES, min_images_for_covariance
@@ -146,18 +145,10 @@ def evaluate_main(argv: list[str]) -> int:
     with Runtime(args.device) as runtime:
         net = feature_net_for(reference.feature_network, args.inception_weights, runtime.device)
         judges = judges_for(reference.feature_network, args.judge_ref, args.dinov2_weights, runtime.device)
+        batch = args.batch_size or DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"]
+        metrics = args.metrics.split(",") if args.metrics else None
         evaluator = Evaluator(
-            net,
-            reference,
-            metrics=args.metrics.split(",") if args.metrics else None,
-            batch_size=args.batch_size
-            if args.batch_size is not None
-            else DEFAULT_BATCH["mnist" if isinstance(net, DigitFeatures) else "inception"],
-            pr_batch_size=args.pr_batch_size,
-            pr_distances=args.pr_distances,
-            runtime=runtime,
-            judges=judges,
-            bootstrap=args.bootstrap,
+            net, reference, metrics, batch, args.pr_batch_size, runtime, args.pr_distances, judges, args.bootstrap
         )
         evaluator.check_count(len(samples))
         if args.metrics and "accuracy" in evaluator.metrics and samples.labels is None:
@@ -188,9 +179,7 @@ def ref_main(argv: list[str]) -> int:
     args = REF_FACE.parse(argv).sections["ref"]
     with Runtime(args.device) as runtime:
         images, adm = _ref_source(args, runtime.device)
-        net: FeatureNet = load_feature_net(
-            args.feature_net, args.inception_weights, runtime.device, args.dinov2_weights
-        )
+        net = load_feature_net(args.feature_net, args.inception_weights, runtime.device, args.dinov2_weights)
         if adm is not None and net.name != INCEPTION_NAME:
             raise UserError(
                 f"ADM's statistics come from {INCEPTION_NAME}, but these weights are {net.name}: pass "

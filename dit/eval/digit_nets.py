@@ -18,8 +18,7 @@ from dit.io.errors import UserError
 WEIGHTS = Path(__file__).parent / "weights"
 DIGIT_WEIGHTS = WEIGHTS / "mnist_classifier.safetensors"
 DIGIT_JUDGE_WEIGHTS = WEIGHTS / "digits_judge.safetensors"
-# its statistics of the 4,000 training digits, written by the same script: embedding them costs seconds on a
-# busy 2-core CPU, more than the whole judged evaluation of the quick start's 500 samples
+# its statistics of the 4,000 training digits, written by the same script so that no evaluation embeds them
 DIGIT_JUDGE_REFERENCE = WEIGHTS / "digits_judge_reference.npz"
 
 
@@ -81,10 +80,8 @@ def load_digit_classifier(
 
 
 class DigitJudge(nn.Module):
-    """A 28x28 digit encoder trained without labels (SimCLR, studies/train_digit_judge.py) on the 1,000
-    held-out digits: three conv stages, global average pooling, a 64-d feature layer (the FD features) and a
-    projection head that only the contrastive loss sees. Another architecture, split and objective than the
-    classifier's, so that the two judges do not share a feature space by construction."""
+    """A 28x28 digit encoder trained without labels (SimCLR, studies/train_digit_judge.py) on the 1,000 held-out
+    digits: another architecture, split and objective than the classifier's, so the judges share no features."""
 
     def __init__(self):
         super().__init__()

@@ -23,8 +23,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def create_dinov2(arch: str = DINOV2_ARCH) -> nn.Module:
-    """timm's DINOv2 ViT at 224 px without a head, randomly initialised (tests use it so; a real file is
-    loaded by ``load_dinov2``)."""
+    """timm's DINOv2 ViT at 224 px without a head, randomly initialised (``load_dinov2`` loads weights)."""
     timm = require("timm", "repa", "FD_DINOv2 (--dinov2-weights)")
     return timm.create_model(arch, pretrained=False, num_classes=0, img_size=DINOV2_SIZE)
 
@@ -44,13 +43,9 @@ def _dinov2_pos_embed(pos_embed: torch.Tensor, grid: int) -> torch.Tensor:
 
 
 class DINOv2Features(FeatureNet):
-    """DINOv2's CLS token after the final LayerNorm (1024-d for ViT-L/14), dgm-eval's FD_DINOv2 features.
-
-    The semantics matched are dgm-eval's (layer6ai-labs/dgm-eval, dgm_eval/models/dinov2.py, read, not
-    copied): the image resized to 224x224 with bicubic interpolation on the uint8 image (PIL there, torchvision's
-    uint8 kernel here, with antialiasing as PIL has; within 2 grey levels of PIL), scaled to [0, 1], normalised
-    with ImageNet's mean and std, and the hub model's output, which is the normalised CLS token. Grey images
-    are repeated to RGB."""
+    """DINOv2's CLS token after the final LayerNorm (1024-d for ViT-L/14), as dgm-eval computes FD_DINOv2
+    (dgm_eval/models/dinov2.py): bicubic antialiased resize of the uint8 image to 224, [0, 1], ImageNet's
+    mean and std."""
 
     num_classes, input_size = 0, DINOV2_SIZE
 

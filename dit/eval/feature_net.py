@@ -1,11 +1,5 @@
-"""The interface of a feature network, and the checks of the images it takes.
-
-Every network takes uint8 NCHW images (the pixels the ADM evaluator reads from ``arr_0``), returns a dict of
-per-image features (``pool`` for FID and precision/recall, ``logits`` for IS and accuracy, ``spatial`` for
-sFID where it has them), carries a ``name`` that identifies architecture *and* weights (reference statistics
-record it, so two networks' statistics are never compared), and knows its FLOPs per image, counted once with
-FlopCounterMode on the meta device.
-"""
+"""The interface of a feature network (uint8 NCHW images in, a dict of per-image features out, a ``name`` that
+identifies architecture *and* weights, so two networks' statistics are never compared), and its input checks."""
 
 from __future__ import annotations
 
@@ -33,9 +27,7 @@ FLOAT_SLACK = 0.5  # a VAE's decode overshoots [-1, 1] a little (the clamp handl
 
 
 def _check_float_range(images: torch.Tensor) -> None:
-    """Float images must be in [-1, 1]: floats in [0, 255] became all white and floats in [0, 1] a grey
-    image set, scored without a word. Generated images reach here as uint8 (the in-loop evaluation quantises
-    them as saved samples are), so the test is for images a caller brings; one host sync a batch."""
+    """Float images must be in [-1, 1]: [0, 255] would score as all white and [0, 1] as grey, without a word."""
     low, high = torch.aminmax(images.detach())
     low, high = low.item(), high.item()
     if not (math.isfinite(low) and math.isfinite(high)) or high > 1 + FLOAT_SLACK or low < -1 - FLOAT_SLACK:
@@ -66,8 +58,7 @@ class FeatureNet(nn.Module):
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         if images.is_floating_point():
             _check_float_range(images)
-        # IEEE float32, autocast off, in every run's precision: the reference evaluators' arithmetic, so that
-        # scores stay comparable (a bf16 or tf32 run's frozen networks are faster; its judges are not).
+        # IEEE float32, autocast off, in every run's precision: the reference evaluators' arithmetic.
         with reference(images.device.type):
             return {k: v.float() for k, v in self.features(to_uint8(images)).items()}
 

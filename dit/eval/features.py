@@ -1,9 +1,5 @@
-"""The feature networks by name: what turns images into the vectors the metrics compare.
-
-Scoring networks: Inception-v3 (``dit.eval.inception``) and the digit classifier (``dit.eval.digit_nets``).
-Second judges, whose Fréchet distance is reported beside those FIDs: DINOv2 (``dit.eval.dinov2``) and the
-digit judge. Their interface: ``dit.eval.feature_net.FeatureNet``.
-"""
+"""The feature networks by name: the scoring networks (Inception-v3, the digit classifier) and the second
+judges, whose Fréchet distance is reported beside those FIDs (DINOv2, the digit judge)."""
 
 from __future__ import annotations
 

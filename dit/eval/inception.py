@@ -22,11 +22,8 @@ SFID_CHANNELS = 7  # sFID: the first 7 channels of Mixed_6d.branch1x1 (TF mixed_
 
 
 def _torch_fidelity_inception(state_dict: dict | None) -> nn.Module:
-    """torch-fidelity's TF-compatible Inception-v3 with our weights (``None``: its random initialisation).
-
-    Its constructor always fetches weights itself and unpickles them with ``weights_only=False``; we hand it
-    nothing instead and load the state dict that we read safely, so no file is ever unpickled.
-    """
+    """torch-fidelity's TF-compatible Inception-v3 with our weights (``None``: random). Its constructor's own
+    fetch (which unpickles with ``weights_only=False``) is stubbed out: we load the state dict we read safely."""
     require("torch_fidelity", "eval", _INCEPTION_PURPOSE)
     import torch_fidelity.feature_extractor_inceptionv3 as tfi
 
@@ -64,7 +61,7 @@ class InceptionFeatures(FeatureNet):
         self.net.Mixed_6d.branch1x1.register_forward_hook(self._keep_spatial)
 
     def _keep_spatial(self, module, inputs, output):
-        # NHWC order, then the first 7 channels: slicing NCHW instead was the bug that gave sFID 299 in a port.
+        # NHWC order, then the first 7 channels (TF's layout): not the first 7 of NCHW.
         self._spatial = output.permute(0, 2, 3, 1)[..., :SFID_CHANNELS].flatten(1)
 
     def features(self, images_uint8: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -97,11 +94,8 @@ def _download_inception() -> str:
 
 
 def load_inception(weights: str | None = None, device: str | torch.device = "cpu") -> InceptionFeatures:
-    """Inception-v3 with the TF 2015-12-05 weights (downloaded if ``weights`` is None) or the given file.
-
-    Its name is ADM's network only if the file's sha256 starts with the published prefix; any other file is
-    named by its own hash, so statistics made with it never meet ADM's.
-    """
+    """Inception-v3 with the TF 2015-12-05 weights (downloaded if ``weights`` is None) or the given file, named
+    ADM's only if its sha256 has the published prefix (else by its hash: its statistics never meet ADM's)."""
     if weights is not None and not os.path.isfile(weights):
         raise UserError(f"--inception-weights {weights}: no such file.")
     path = weights if weights is not None else _download_inception()

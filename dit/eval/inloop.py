@@ -38,7 +38,6 @@ class EvalSection(Section):
         DEFAULT_LABELS, "class labels of the samples: balanced (N/C per class) or random (DiT's); a run recorded "
         "without this option evaluated with random ones", choices=LABEL_MODES,
     )  # fmt: skip
-
     sigma_rel: float | None = option(
         None, "score this --ema-profiles profile (one of the tracked ones) instead of the classic EMA", gt=0
     )
@@ -86,13 +85,8 @@ class InLoopEval:
         latent_norm=None,
     ):
         """Everything that can fail (reference, weights, image count, guidance) fails here, at start-up."""
-        self.section, self.sampling, self.runtime, self.vae, self.vae_spec = (
-            section,
-            sampling,
-            runtime,
-            vae,
-            vae_spec,
-        )
+        self.section, self.sampling, self.runtime = section, sampling, runtime
+        self.vae, self.vae_spec = vae, vae_spec
         self.image_size, self.objective, self.latent_norm = image_size, objective, latent_norm
         reference = load_reference(section.ref)
         net = feature_net_for(reference.feature_network, section.inception_weights, runtime.device)
@@ -149,7 +143,6 @@ class InLoopEval:
         mine = my_batches(c.num_samples, c.batch_size, rt.rank, rt.world)
         was_training = ema.training
         ema.eval()
-
         # every rank asks the (collective) flag equally often: at each of the fewest batches any rank holds
         checks = min(len(my_batches(c.num_samples, c.batch_size, r, rt.world)) for r in range(rt.world))
 

@@ -74,7 +74,6 @@ def save_stats(path: str, stats: ReferenceStats) -> None:
         "source": stats.source,
         "sha256": checksum(arrays),
     }
-
     atomic_write(path, lambda f: np.savez(f, meta=np.array(json.dumps(meta)), **arrays))
 
 

@@ -43,12 +43,7 @@ class NpzImages:
             raise UserError(
                 f"{path} is not a readable .npz file ({e}): copy it again, or write it again."
             ) from None
-        if (
-            dtype != np.uint8
-            or fortran
-            or len(shape) not in (3, 4)
-            or (len(shape) == 4 and shape[3] not in (1, 3))
-        ):
+        if dtype != np.uint8 or fortran or len(shape) not in (3, 4) or shape[3:] not in ((), (1,), (3,)):
             raise UserError(
                 f"{path}: {key} must be uint8 images (N, H, W, 3), (N, H, W, 1) or (N, H, W) as the ADM evaluator "
                 f"reads them, got {dtype} {shape}."
