@@ -113,13 +113,7 @@ def study(c: AfterConfig, out: Path, ckpt, scales, steps: int, *extra) -> Path:
 def run_studies(c: AfterConfig) -> tuple[dict, dict]:
     """Every study, run or found in --work: (the default's studies, per method its candidate studies)."""
     work, d = Path(c.work), c.default_guidance
-    methods = {
-        "posthoc_ema": {},
-        "cfg": {},
-        "autoguidance_early": {},
-        "autoguidance_small": {},
-        "random_labels": {},
-    }
+    methods = {k: {} for k in ("posthoc_ema", "cfg", "autoguidance_early", "autoguidance_small", "random_labels")}
     small = checkpoints(c.small)[-1][1] if c.small else None
     default = []
     for seed, folder in enumerate(c.runs):
@@ -158,9 +152,8 @@ AGAINST = {"autoguidance_early": ("default", "cfg"), "autoguidance_small": ("def
 
 
 def aggregate(default: dict, methods: dict, refs: dict) -> dict:
-    """Per method, its best setting (scores per seed, intervals, sampling FLOPs) and its verdicts against the
-    default and, for autoguidance, against CFG's best. ``default``: {"studies": [paths per seed], "setting"};
-    ``methods``: {method: {label: [study paths per seed]}}."""
+    """Per method, its best setting and its verdicts against the default (autoguidance also against CFG's best).
+    ``default``: {"studies": [paths per seed], "setting"}; ``methods``: {method: {label: [paths per seed]}}."""
     load, judges = sampling_verdicts.load, sampling_verdicts.SCORES
     base_rows, base = load(tuple(str(p) for p in default["studies"]), refs, recipes=True)
     if default["setting"] not in base:

@@ -1,10 +1,6 @@
-"""The rule that decides whether one setting (a sampler, a recipe) is better than another, in code.
-
-A is "better" than B only when every judge (at least two: the scoring network's FID and a second judge's FD)
-says so on both kinds of evidence: the paired bootstrap puts A ahead in at least 95% of the resamples, and
-A's per-seed scores all lie below B's (the seeds' ranges do not overlap). "worse" is the same rule with A and
-B swapped; anything else is "within noise", with the reasons. docs/evaluation.md states the rule.
-"""
+"""The rule that decides whether one setting (a sampler, a recipe) is better than another (docs/evaluation.md):
+every judge, at least two, puts A ahead in >= 95% of paired bootstrap resamples and A's per-seed scores all
+below B's. "worse" is the rule with A and B swapped; anything else is "within noise", with the reasons."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ MIN_JUDGES = 2
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one judge says about A against B: their Fréchet distances per sampling seed (lower is better) and
-    the share of paired bootstrap resamples in which A's distance is below B's."""
+    """One judge on A against B: Fréchet distances per seed, and the share of paired resamples A is ahead in."""
 
     judge: str
     a_scores: Sequence[float]
@@ -41,8 +36,7 @@ class Verdict:
 def judge_ahead(
     mine: Sequence[float], theirs: Sequence[float], share: float, min_share: float = MIN_SHARE
 ) -> bool:
-    """One judge puts the first set ahead: in ``min_share`` of the paired resamples, and every seed of it below
-    every seed of the other (the ranges apart)."""
+    """One judge puts the first set ahead: in ``min_share`` of the paired resamples, and the seed ranges apart."""
     return share >= min_share and max(mine) < min(theirs)
 
 
@@ -75,23 +69,18 @@ def _verdict(evidence: Sequence[Evidence], min_share: float) -> tuple[str, tuple
     if not a_reasons:
         return ("better", tuple(f"{e.judge}: ahead in {e.share_a_ahead:.1%} of paired resamples, seeds "
                                        f"{max(e.a_scores):.4g} < {min(e.b_scores):.4g}" for e in evidence))  # fmt: skip
-    # B's share is 1 - A's: a resample with equal distances (continuous features practically never give one)
-    # counts for B
+    # B's share is 1 - A's: a resample with equal distances counts for B
     b_reasons = [r for e in evidence for r in _ahead(e, 1 - e.share_a_ahead, e.b_scores, e.a_scores, min_share)]
     if not b_reasons:
         return ("worse", tuple(f"{e.judge}: behind in {1 - e.share_a_ahead:.1%} of paired resamples, seeds "
                                       f"{min(e.a_scores):.4g} > {max(e.b_scores):.4g}" for e in evidence))  # fmt: skip
     disagree = len({e.share_a_ahead >= 0.5 for e in evidence}) > 1
-    return (
-        "within noise",
-        (("the judges disagree on the direction",) if disagree else ()) + tuple(a_reasons),
-    )
+    return "within noise", (("the judges disagree on the direction",) if disagree else ()) + tuple(a_reasons)
 
 
 @dataclass(frozen=True)
 class Judged:
-    """One setting under one judge: its Fréchet distance per sampling seed, and the sample features of those
-    seeds in seed order for the paired bootstrap (row i of two settings: the same noise seed and label)."""
+    """One setting under one judge: its Fréchet distance per seed, and those seeds' features in seed order."""
 
     scores: Sequence[float]
     features: np.ndarray
@@ -105,8 +94,7 @@ def better(
     seed: int = 0,
     min_share: float = MIN_SHARE,
 ) -> Verdict:
-    """Is setting A better than B? ``a`` and ``b`` map each judge to its scores and features; ``references``
-    each judge to its reference (mu, sigma). The paired bootstrap runs on the same resample rows for A and B."""
+    """Is setting A better than B? ``a``, ``b``: per judge, scores and features; ``references``: (mu, sigma)."""
     if set(a) != set(b) or set(a) - set(references):
         raise UserError(
             f"A is judged by {sorted(a)}, B by {sorted(b)}, references exist for {sorted(references)}: give both "

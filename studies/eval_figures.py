@@ -162,17 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         "what": "embed 1,000 digits, FID, IS, precision/recall against 4,000, accuracy (reading excluded)",
     }
 
-    figures["pr_float16_vs_float32"] = {
-        **{
-            pair: pr_both(net, paths[samples], ref)
-            for pair, samples, ref in (
-                ("held_out_vs_train", "held_out", train_ref),
-                ("noise_vs_train", "noise", train_ref),
-                ("train_quarter_vs_train_rest", "train_quarter", rest_ref),
-            )
-        },
-        "synthetic_2048d": pr_synthetic(),
-    }
+    refs = {"train": train_ref, "train_rest": rest_ref}
+    pairs = (("held_out", "train"), ("noise", "train"), ("train_quarter", "train_rest"))
+    figures["pr_float16_vs_float32"] = {f"{s}_vs_{r}": pr_both(net, paths[s], refs[r]) for s, r in pairs}
+    figures["pr_float16_vs_float32"]["synthetic_2048d"] = pr_synthetic()
 
     inception = InceptionFeatures(None, "random weights: the cost does not depend on them").eval()
     batch = torch.randint(0, 256, (16, 3, 256, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))

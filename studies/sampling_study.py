@@ -47,27 +47,10 @@ from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guid
 from dit.sample.labels import LABEL_MODES, resumed_mode, set_labels
 from dit.sample.loading import load_sampling_model
 
-SPECS = (
-    "ddpm",
-    "ddim",
-    "dpmpp-2m",
-    "dpmpp-2m-sde",
-    "unipc",
-    "deis",
-    "euler",
-    "heun",
-    "ode-euler",
-    "ode-heun",
-    "ode-ab2",
-    "ode-ab3",
-    "ode-ab4",
-    "sde-euler",
-    "sde-heun",
-)  # fmt: skip  (dopri5: no NFE knob)
-EDM2_SIGMAS = (
-    0.28,
-    5.42,
-)  # the guidance interval of Kynkaenniemi et al. 2024 for EDM2-S, in sigma = noise / signal
+# every fixed-step sampler (dopri5 has no NFE knob)
+SPECS = ("ddpm", "ddim", "dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun", "ode-euler", "ode-heun",
+         "ode-ab2", "ode-ab3", "ode-ab4", "sde-euler", "sde-heun")  # fmt: skip
+EDM2_SIGMAS = (0.28, 5.42)  # Kynkaenniemi et al. 2024's guidance interval for EDM2-S, in sigma = noise / signal
 
 
 @dataclass(frozen=True)
@@ -253,8 +236,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 
 def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -> str:
-    """FID against sampling TFLOP per 1,000 images, one colour per sampler, and the Pareto front over all of
-    them: which sampler and settings buy a quality for the least compute."""
+    """FID against sampling TFLOP per 1,000 images, a colour per sampler, and the Pareto front over all of them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)],
                   "labels": mode}  # fmt: skip
-        # None without a guide: the studies written before guides had none, and match
+        # None without a guide, as a study recorded before guides has, so that it still matches
         header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
         rows = load_rows(out, study, header)
         rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again

@@ -96,20 +96,14 @@ def load(
     studies: tuple[str, ...], refs: dict[str, tuple[np.ndarray, np.ndarray]], recipes: bool = False
 ) -> tuple[dict[str, list[dict]], dict[str, dict[str, Judged]]]:
     """Per setting run by every study: its rows (seed order) and, per judge, its scores and stacked features.
-    A sampler's studies share the checkpoint and differ in the sampling seed; a recipe's are one checkpoint per
-    training seed, sampled with one sampling seed (so row i of every set has the same noise and label)."""
+    A sampler's studies differ in the sampling seed; a recipe's (``recipes``) in the checkpoint (training seed)."""
     data = [read_study(p) for p in studies]
     shared = ("seed",) if recipes else ("ckpt_sha256",)
     modes = [d.get("labels", "random") for d in data]  # a study written before the label modes drew random ones
-    if (
-        len(
-            {
-                (*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"]), m)
-                for d, m in zip(data, modes)
-            }
-        )
-        != 1
-    ):
+    kinds = {
+        (*(d[k] for k in shared), d["num_samples"], tuple(d["feature_networks"]), m) for d, m in zip(data, modes)
+    }
+    if len(kinds) != 1:
         raise UserError(
             f"the studies must share the {' and '.join(shared)}, the sample count, the judges and the labels "
             "(balanced or random)."

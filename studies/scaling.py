@@ -36,8 +36,7 @@ from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
 
-# (name, depth, hidden size, heads): the quick start's model in the middle, a 2.6x smaller and a 2.9x larger one
-# (in training FLOPs per image; a smaller S spent its budget in too many steps to finish on a CPU).
+# (name, depth, hidden size, heads): the quick start's model in the middle (docs/evaluation.md, "Scaling").
 SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
 # Training recipes (docs/recipes.md): options on top of the digits recipe; "a+b" combines two.
 RECIPES = {
@@ -45,18 +44,14 @@ RECIPES = {
     "min-snr": {"loss_weight": "min-snr"},  # Min-SNR-5 on the MSE term (Hang et al. 2023)
     "logit-normal": {"time_sampling": "logit-normal"},  # SD3's timesteps
     "blocks": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True},  # LightningDiT's bundle
-    # REPA with the digit encoder (not the judge), on block 2 of 6 (REPA's third of the depth), a 256-wide
-    # projector (REPA's 2048 would cost 3.9x the DiT's own FLOPs at this width: docs/repa.md)
+    # the digit encoder (not the judge), block 2 of 6 (a third of the depth), a 256-wide projector: docs/repa.md
     "repa": {"repa_encoder": "digits-mae", "repa_depth": 2, "repa_projector_dim": 256, "repa_coeff": 0.5},
-    # The frontier's recipes (issue 38, docs/recipes.md), each alone. SPRINT's layout at R = 0.5: depth 6 has its
-    # 2 + 2 dense blocks and a sparse middle of 2; the drop runs to the end (no full-token second stage, which
-    # would sit between the evaluations of a continued budget). The evaluation samples at full tokens.
+    # The frontier's recipes (docs/recipes.md), each alone. SPRINT at R = 0.5, dropping to the end (a full-token
+    # second stage would sit between the evaluations of a continued budget); the evaluation samples at full tokens.
     "token-drop": {"token_drop": 0.5, "token_drop_layout": "sprint"},
     # RAE's dimension rule, a = sqrt(784 / 4096) = 0.44 for 28 x 28 x 1: no value tuned on the study itself.
     "time-shift": {"time_shift": "auto"},
-    # On x0 (the digits' target) as on eps: the velocity the prediction implies (dit/objectives/section.py). The
-    # cosine is over the channels at each position, and a digit has one channel: docs/recipes.md says what
-    # that leaves of the term.
+    # on the velocity the x0 prediction implies; a digit has one channel: docs/recipes.md says what that leaves
     "cos-loss": {"cos_loss_weight": 1.0},
     "adam-beta2": {"adam_beta2": 0.95},  # LightningDiT's
 }
@@ -76,9 +71,8 @@ def recipe_options(recipe: str) -> dict:
 
 
 def flops_per_step(cfg, batch: int) -> tuple[float, float]:
-    """(the DiT's training FLOPs, the auxiliary ones: REPA's encoder forward and projector) per step, and the
-    upstream FLOPs paid before the run (the encoder's own training). The DiT's are the ledger's: each block at
-    the tokens it sees (a token-drop step is cheaper)."""
+    """The DiT's and the auxiliary (REPA's) training FLOPs per step, and the upstream FLOPs paid before the run
+    (the encoder's own training)."""
     model = cfg.model_config(1, cfg.model.image_size)
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:
@@ -163,9 +157,7 @@ FACE = Face(
 
 
 def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, recipe: str = "baseline"):
-    """Train (or resume, or reuse) one run; its folder and the steps of this budget. The budget is of total
-    FLOPs: a recipe with auxiliary or upstream FLOPs gets fewer steps, one with cheaper steps (token dropping)
-    more."""
+    """Train (or resume, or reuse) one run for a budget of total FLOPs; its folder and its steps."""
     name, depth, hidden, heads = size
     preset = dataclasses.replace(PRESETS["default"], depth=depth, hidden_size=hidden, num_heads=heads)
     folder = Path(c.results_dir) / run_name(name, objective, seed, recipe)
@@ -199,8 +191,7 @@ def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every
 
 
 def after_training_options(c: ScalingConfig, every: int) -> dict:
-    """Post-hoc EMA profiles and kept checkpoints (docs/ema.md, docs/sampling.md), set only when asked, so the
-    record of a run without them, and its resume, stay as they were."""
+    """Post-hoc EMA profiles and kept checkpoints, set only when asked (a run without them records none)."""
     options = {}
     if c.ema_profiles:
         options.update(ema_profiles=c.ema_profiles, ema_snapshot_every=c.ema_snapshot_every)
@@ -215,8 +206,8 @@ def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> 
 
 
 def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
-    """Per recipe, over its seeds: the FLOPs to each target FID (and digit-judge FD) and the scores at the budget,
-    with their ranges (a claim holds only where the ranges do not overlap)."""
+    """Per recipe, over its seeds: the FLOPs to each target (None: a seed never got there) and the scores at the
+    budget, with their ranges."""
     out = {}
     for recipe in dict.fromkeys(r["recipe"] for r in runs.values()):
         mine = [r for r in runs.values() if r["recipe"] == recipe]
@@ -225,9 +216,7 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         for t in targets:
             reached = [r["to_target"][str(t)] for r in mine]
             flops = [reached_pflops(x) for x in reached if x["reached"]]
-            row[f"pflops_to_fid_{t:g}"] = (
-                flops if len(flops) == len(mine) else None
-            )  # None: a seed never got there
+            row[f"pflops_to_fid_{t:g}"] = flops if len(flops) == len(mine) else None
             row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
         for t in judge_targets:
             reached = [r["to_judge_target"][str(t)] for r in mine]
@@ -249,14 +238,9 @@ JUDGES = ("fid", "fd_judge")  # the digit FID and the digit judge's FD (docs/eva
 
 
 def recipe_verdict(runs: dict, against: str, count: str, targets=(), judge_targets=()) -> dict:
-    """Per recipe, the training FLOPs its seeds need to reach the ``against`` recipe's final quality under each
-    judge, and their ratio to the ``against`` recipe's own (ranges over the seeds), with the compute to each
-    target of ``recipe_summary``.
-
-    The quality to reach, under each judge, is the worse of the ``against`` seeds' final scores: a quality each
-    of them reached within its budget (the worse seed at its budget). A seed that never reaches it has None,
-    and counts as above every FLOPs that did. A claim (``fewer`` or ``more``) holds only where, under both
-    judges, the seeds' ranges do not overlap in the same direction."""
+    """Per recipe, the training FLOPs its seeds need to reach the ``against`` recipe's final quality (the worse of
+    its seeds') under each judge, and their ratio to ``against``'s own (docs/recipes.md). A seed that never gets
+    there has None; a claim needs the ranges apart in the same direction under both judges."""
     base = [r for r in runs.values() if r["recipe"] == against]
     quality = {}
     for judge in JUDGES:
@@ -290,8 +274,8 @@ def _flops_to(run: dict, target: float, count: str, judge: str) -> float | None:
 
 
 def _compare(mine: list, base: list) -> tuple[list | None, str | None]:
-    """([lowest, highest] ratio of ``mine``'s FLOPs to ``base``'s over the seeds, None for an end a seed never
-    reached), and ``fewer`` or ``more`` where the two ranges do not overlap (None where they do)."""
+    """[lowest, highest] ratio of ``mine``'s FLOPs to ``base``'s (None: never reached), and ``fewer`` or ``more``
+    where the two ranges do not overlap (None where they do)."""
     inf = float("inf")
     lo, hi = min(x if x is not None else inf for x in mine), max(x if x is not None else inf for x in mine)
     b_lo, b_hi = min(x if x is not None else inf for x in base), max(x if x is not None else inf for x in base)

@@ -6,8 +6,7 @@ import torch
 
 
 def seeded_script(seed: int) -> torch.Generator:
-    """One thread, deterministic kernels and the seed, so a script writes the same bytes on every run on one
-    machine; its own generator."""
+    """One thread, deterministic kernels and the seed (the same bytes every run on one machine); a generator."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)

@@ -14,6 +14,7 @@ the held-out digits (the only use of labels, to show the features carry the digi
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -144,28 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     keep = max(1, round(tokens * (1 - args.mask_ratio)))
     decay = [q for n, q in mae.named_parameters() if q.ndim > 1 and "pos_embed" not in n and "token" not in n]
     rest = [q for n, q in mae.named_parameters() if not (q.ndim > 1 and "pos_embed" not in n and "token" not in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
+    groups = [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
     per_epoch = math.ceil(len(train) / args.batch_size)
     steps = args.epochs * per_epoch
     warmup = min(2 * per_epoch, max(1, steps // 10))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: (
-            (s + 1) / warmup
-            if s < warmup
-            else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
-        ),
-    )
+
+    def lr_factor(s: int) -> float:  # linear warm-up, then a cosine to 0
+        if s < warmup:
+            return (s + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
     # The training FLOPs: one real step of one image counted (forward and backward, the CPU attention kernel
     # with the formulas torch uses for fused kernels), times the images trained on; every step has the same
     # shapes per image. Counted on a copy, so the run itself is untouched.
-    import copy
-
     probe = copy.deepcopy(mae)
     with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FORMULAS) as counter:
         probe(x_train[:1], random_keep(1, tokens, keep, torch.Generator().manual_seed(0))).backward()

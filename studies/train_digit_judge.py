@@ -48,13 +48,8 @@ def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     angle = (u[:, 0] * 2 - 1) * math.radians(15)
     scale = 0.85 + 0.3 * u[:, 1]
     shift = (u[:, 2:4] * 2 - 1) * (3 / 14)  # 3 pixels in affine_grid's [-1, 1] coordinates
-    theta = torch.stack(
-        [
-            torch.stack([angle.cos() / scale, -angle.sin() / scale, shift[:, 0]], dim=1),
-            torch.stack([angle.sin() / scale, angle.cos() / scale, shift[:, 1]], dim=1),
-        ],
-        dim=1,
-    )
+    cos, sin = angle.cos() / scale, angle.sin() / scale
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     view = F.grid_sample(x + 1, grid, align_corners=False) - 1  # background -1 outside the digit's frame
     corner = torch.randint(0, 21, (n, 2), generator=generator).tolist()

@@ -33,10 +33,8 @@ def _vae(sd_shape: bool):
 
 
 def measure(sd_shape: bool, batch: int, size: int, repeats: int) -> dict:
-    vae, images = (
-        _vae(sd_shape),
-        torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1,
-    )
+    vae = _vae(sd_shape)
+    images = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1
     row = {"vae": "sd-shaped random" if sd_shape else "tiny random", "batch": batch, "image_size": size}
     means = {}
     for name in ("fp32", "bf16"):
