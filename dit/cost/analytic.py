@@ -1,13 +1,6 @@
-"""Closed-form FLOP and parameter counts for any DiT config, per image, by component.
-
-Conventions (docs/cost_model.md): one multiply-accumulate (MAC) = 2 FLOPs; only matmuls and convolutions
-count (norms, modulate/gate, activations, softmax and bias adds are < 1% and left out, as FlopCounterMode
-does); attention is bidirectional (no causal halving). The DiT paper's "Gflops" are GMACs.
-
-A block's options (norm, MLP, switches) count what their registry entries say (``dit.model.options``): their
-matmul MACs per token (under "mlp") and their parameters; RMSNorm, RoPE, QK-norm and SwiGLU's gate product
-are elementwise, so they add no counted FLOPs (docs/recipes.md sizes them: 0.03% of a forward each).
-"""
+"""Closed-form FLOP and parameter counts for any DiT config, per image, by component (docs/cost_model.md).
+One multiply-accumulate (MAC) = 2 FLOPs; only matmuls and convolutions count, as FlopCounterMode does; attention
+is bidirectional. The DiT paper's "Gflops" are GMACs. A block's options count what their registry entries say."""
 
 from __future__ import annotations
 
@@ -19,19 +12,10 @@ from dit.model.config import DiTConfig, check_path_drop, describe, registry_name
 from dit.model.options import chosen
 
 # In forward order. adaLN modulation, the timestep MLP and the final adaLN act once per image on the
-# conditioning vector, not once per token; that is why 6*N*T overcounts DiT by ~46%.
+# conditioning vector, not once per token; that is why 6*N*T overcounts DiT.
 COMPONENTS = (
-    "patch_embed",
-    "timestep_embedder",
-    "adaln_modulation",
-    "qkv",
-    "attention_scores",
-    "attention_values",
-    "attention_out_proj",
-    "mlp",
-    "token_fusion",
-    "final_adaln",
-    "final_linear",
+    *("patch_embed", "timestep_embedder", "adaln_modulation", "qkv", "attention_scores", "attention_values"),
+    *("attention_out_proj", "mlp", "token_fusion", "final_adaln", "final_linear"),
 )
 ATTENTION_COMPONENTS = ("attention_scores", "attention_values")
 
@@ -97,8 +81,7 @@ class ParamCounts:
 
 
 def block_tokens(cfg: DiTConfig, ratio: float | None = None, path_drop: bool = False) -> list[int]:
-    """Tokens each block sees at drop ratio ``ratio`` (default: the config's); 0 for a block that does not run
-    (the sparse blocks under path drop)."""
+    """Tokens each block sees at drop ratio ``ratio`` (default: the config's); 0 for one skipped by path drop."""
     tokens = cfg.block_tokens(ratio)
     skipped = cfg.sparse_blocks() if path_drop else range(0)
     return [0 if i in skipped else n for i, n in enumerate(tokens)]
@@ -118,8 +101,7 @@ def _block_macs(cfg: DiTConfig, t: int) -> dict[str, int]:
 
 
 def forward_macs(cfg: DiTConfig, ratio: float | None = None, path_drop: bool = False) -> FlopBreakdown:
-    """MACs of one forward pass for one image, each block counted at the tokens it sees (``block_tokens``:
-    by default the config's drop ratio; 0 for the full-token forward of sampling and a second stage)."""
+    """MACs of one forward pass for one image, each block at the tokens it sees (``ratio`` 0: full tokens)."""
     t, d, p = cfg.tokens, cfg.hidden_size, cfg.patch_size
     blocks = [_block_macs(cfg, n) for n in block_tokens(cfg, ratio, path_drop)]
     per_block = {k: sum(b[k] for b in blocks) for k in blocks[0]}
@@ -144,12 +126,8 @@ def block_forward_macs(cfg: DiTConfig, blocks: int = 1, ratio: float | None = No
 def training_flops_per_image(
     cfg: DiTConfig, checkpointed_blocks: int = 0, fused_attention: bool = True, ratio: float | None = None
 ) -> TrainFlops:
-    """Model FLOPs (3 x forward: backward is two matmuls per forward matmul) and hardware FLOPs, at the drop
-    ratio ``ratio`` (default: the config's; 0 for a second stage at full tokens).
-
-    Hardware FLOPs add what really runs again: the forward of each checkpointed block, and, for fused
-    (flash / memory-efficient) attention, the backward's recompute of QK^T (+0.5 x attention forward).
-    """
+    """Model FLOPs (3 x forward: backward is two matmuls per forward matmul) and hardware FLOPs, which add what
+    runs again: each checkpointed block's forward and, for fused attention, the backward's recompute of QK^T."""
     if not 0 <= checkpointed_blocks <= cfg.depth:
         raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
     fwd = forward_macs(cfg, ratio)
@@ -169,11 +147,9 @@ def sampling_flops_per_image(
     path_drop: bool = False,
     guide: DiTConfig | None = None,
 ) -> SampleFlops:
-    """Network evaluations x forward, doubled under classifier-free guidance (a scale > 1 batches cond and
-    uncond). ``num_steps`` counts evaluations: the steps for DDPM, DDIM and Euler, twice them for Heun;
-    ``unguided_nfe`` of them run unguided (outside a guidance interval: the conditional pass alone). Sampling
-    runs at full tokens; ``path_drop`` (SPRINT's path-drop guidance) runs the unconditional pass without the
-    sparse blocks; ``guide`` (autoguidance) runs that model's forward in place of the unconditional pass."""
+    """Network evaluations (``num_steps``) x forward at full tokens, a guided one adding the unconditional pass
+    (without the sparse blocks under ``path_drop``; ``guide``'s forward under autoguidance); ``unguided_nfe``
+    of them run the conditional pass alone."""
     if num_steps < 1:
         raise UserError(f"a sampler must make at least one network evaluation per image, got {num_steps}.")
     if not 0 <= unguided_nfe <= num_steps:
@@ -222,9 +198,7 @@ def six_nt_flops(cfg: DiTConfig) -> int:
 def flops_summary(
     cfg: DiTConfig, image_size: int | None = None, checkpointed_blocks: int = 0, fused_attention: bool = True
 ) -> dict:
-    """The ``dit-cost flops --json`` record: names, sizes, per-image counts (G = 1e9) and the breakdown.
-
-    Hardware FLOPs depend on the attention kernel: ``hardware_attention`` says which one they assume."""
+    """The ``dit-cost flops --json`` record: names, sizes, per-image counts (G = 1e9) and the breakdown."""
     fwd = forward_macs(cfg)
     train = training_flops_per_image(cfg, checkpointed_blocks=checkpointed_blocks, fused_attention=fused_attention)
     params = param_counts(cfg)
@@ -253,9 +227,7 @@ def flops_summary(
     }
 
 
-# --------------------------------------------------------------------------------------------------------
 # VAE (diffusers AutoencoderKL): frozen, so reported beside the model's FLOPs and never inside them.
-# --------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -270,11 +242,8 @@ def _conv(hw: int, c_in: int, c_out: int, k: int) -> int:
 
 
 def _resnet(hw: int, c_in: int, c_out: int) -> int:
-    return (
-        _conv(hw, c_in, c_out, 3)
-        + _conv(hw, c_out, c_out, 3)
-        + (_conv(hw, c_in, c_out, 1) if c_in != c_out else 0)
-    )
+    shortcut = _conv(hw, c_in, c_out, 1) if c_in != c_out else 0
+    return _conv(hw, c_in, c_out, 3) + _conv(hw, c_out, c_out, 3) + shortcut
 
 
 def _attention(hw: int, c: int) -> int:
@@ -330,17 +299,13 @@ def vae_flops(vae_config: dict, image_size: int) -> VaeFlops:
     return VaeFlops(encode=2 * encode, decode=2 * decode, downsample=down)
 
 
-# --------------------------------------------------------------------------------------------------------
-# REPA's auxiliary networks: the frozen encoder (forward only) and the trained projector, apart from the DiT
-# --------------------------------------------------------------------------------------------------------
+# REPA's auxiliary networks: the frozen encoder (forward only) and the trained projector, apart from the DiT.
 
 
 @dataclass(frozen=True)
 class ViTShape:
-    """What fixes a ViT encoder's forward FLOPs (read from a built timm model by ``dit.data.encoder.vit_shape``).
-
-    ``prefix_tokens`` are the class and register tokens, which every block processes with the patches;
-    ``gated`` MLPs (SwiGLU) have three matrices of ``mlp_hidden`` columns where a GELU MLP has two."""
+    """What fixes a ViT encoder's forward FLOPs (``dit.data.encoder.vit_shape``); ``prefix_tokens``: class and
+    register tokens; ``gated`` MLPs (SwiGLU) have three matrices of ``mlp_hidden`` columns, GELU's two."""
 
     depth: int
     width: int
@@ -385,8 +350,7 @@ class RepaFlops:
         return 3 * self.projector_forward
 
     def per_step_image(self, features_cached: bool) -> int:
-        """What a training step spends per image: the projector, and the encoder unless its features were
-        extracted beforehand (then it was paid once per stored view, at extraction)."""
+        """What a step spends per image: the projector, and the encoder unless its features were extracted."""
         return self.projector_train + (0 if features_cached else self.encoder_forward)
 
 

@@ -1,8 +1,5 @@
 """The datasheet table: dense peak TFLOP/s per device and dtype, and the matcher from a device's name to its row.
-
-Data, not logic: ``dit.cost.peaks`` reads a peak from it, ``dit-cost peaks`` prints it, the planner reads a
-device's memory from it. docs/cost_model.md (section 5) gives the sources and the matching rules.
-"""
+Data, not logic; docs/cost_model.md (section 5) gives the sources and the matching rules."""
 
 from __future__ import annotations
 
@@ -27,11 +24,8 @@ class DeviceSpec:
     memory_in_name: bool = False  # the name gives the size ("A100-SXM4-80GB"); GH200's "480GB" is CPU+GPU
 
 
-# Order matters where one name is a prefix of another (GB200/B200, H200 NVL/H200, MI250X/MI250); patterns
-# match whole words, so "gh200" is not "h200", "l40s" not "l40", "h20" not "h200". Sources: NVIDIA and
-# AMD datasheets and whitepapers, Google Cloud TPU pages (see ../shared/research/accounting.md, 3.2).
-# GeForce 16-bit rates are the FP32-accumulate ones PyTorch GEMMs use. MI250X/MI250 are per GCD (one torch
-# device, half an OAM). TPUs are per chip and only for planning (torch.cuda never reports them).
+# Order matters where one name is a prefix of another (GB200/B200, H200 NVL/H200, MI250X/MI250); patterns match
+# whole words ("gh200" is not "h200"). GeForce 16-bit: FP32-accumulate; MI250X/MI250: per GCD; TPUs: per chip.
 DEVICES = (
     DeviceSpec("GB200", r"\bgb200\b", 80, 1250, 2500, 2500, 5000, 186),
     DeviceSpec("B200", r"\bb200\b", 75, 1100, 2250, 2250, 4500, 180),
