@@ -20,12 +20,8 @@ def judge_key(network: str) -> str | None:
     return next((key for prefix, key in JUDGE_PREFIXES.items() if network.startswith(prefix)), None)
 
 
-def load_feature_net(
-    kind: str,
-    inception_weights: str | None = None,
-    device: str | torch.device = "cpu",
-    dinov2_weights: str | None = None,
-) -> FeatureNet:
+def load_feature_net(kind: str, inception_weights: str | None = None, device: str | torch.device = "cpu",
+                     dinov2_weights: str | None = None) -> FeatureNet:  # fmt: skip
     if kind == "inception":
         return load_inception(inception_weights, device)
     if kind == "mnist":
