@@ -58,14 +58,9 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     return _save(fig, path)
 
 
-def plot_memory_vs_batch(
-    path: str,
-    cfg: DiTConfig,
-    precision: str = "bf16",
-    device_memory_bytes: int | None = None,
-    batches: list[int] | None = None,
-    traced_batches: tuple[int, ...] = (),
-) -> str:
+def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
+                         device_memory_bytes: int | None = None, batches: list[int] | None = None,
+                         traced_batches: tuple[int, ...] = ()) -> str:  # fmt: skip
     """Analytic peak memory per device against batch, with and without checkpointing every block.
 
     ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check.
@@ -92,15 +87,9 @@ def plot_memory_vs_batch(
     return _save(fig, path)
 
 
-def plot_quality(
-    path: str,
-    runs: list[str],
-    labels: list[str] | None = None,
-    title: str | None = None,
-    up_to_steps: list[int] | None = None,
-    count: str = "model",
-    groups: list[str] | None = None,
-) -> str:
+def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None,
+                 up_to_steps: list[int] | None = None, count: str = "model",
+                 groups: list[str] | None = None) -> str:  # fmt: skip
     """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
     the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
     ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``).

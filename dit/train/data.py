@@ -153,14 +153,8 @@ class TrainData:
         return order, loader
 
 
-def build_data(
-    data: DataSection,
-    image_size: int,
-    num_classes: int,
-    dataset: Dataset | None,
-    device: torch.device,
-    features: bool = False,
-) -> TrainData:
+def build_data(data: DataSection, image_size: int, num_classes: int, dataset: Dataset | None, device: torch.device,
+               features: bool = False) -> TrainData:  # fmt: skip
     """The configured source (``dataset``, a latent store, or a folder), checked against the model."""
     if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
         raise UserError(
