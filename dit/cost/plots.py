@@ -61,17 +61,13 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
 def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
                          device_memory_bytes: int | None = None, batches: list[int] | None = None,
                          traced_batches: tuple[int, ...] = ()) -> str:  # fmt: skip
-    """Analytic peak memory per device against batch, with and without checkpointing every block.
-
-    ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check.
-    """
+    """Analytic peak memory per device against batch, with and without checkpointing every block;
+    ``traced_batches`` adds FakeTensor traces as points, so the chart shows its own check."""
     plt = _pyplot()
     batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for blocks, label, colour in (
-        (0, "no checkpointing", "tab:blue"),
-        (cfg.depth, "checkpoint every block", "tab:green"),
-    ):
+    curves = ((0, "no checkpointing", "tab:blue"), (cfg.depth, "checkpoint every block", "tab:green"))
+    for blocks, label, colour in curves:
         gib = [estimate_training_memory(cfg, b, precision, blocks).total / 2**30 for b in batches]
         ax.plot(batches, gib, marker=".", color=colour, label=f"{label} (analytic)")
         if traced_batches:
@@ -90,11 +86,9 @@ def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
 def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None,
                  up_to_steps: list[int] | None = None, count: str = "model",
                  groups: list[str] | None = None) -> str:  # fmt: skip
-    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
-    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
-    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``).
-    ``groups`` (one name per run, e.g. its recipe) colours the runs of a group alike and gives the legend
-    one entry per group: 14 runs of 6 recipes were unreadable with a colour and an entry each."""
+    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run (the DiT
+    paper's FID-vs-Gflops figure). ``up_to_steps`` cuts each run at a budget; ``count`` "total" adds a recipe's
+    auxiliary and upstream FLOPs; ``groups`` (a name per run) colours a group's runs alike (one legend entry)."""
     from matplotlib.lines import Line2D
 
     from dit.cost.quality import pflops_of, read_run
