@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dit.cost.plots import pyplot, save_figure
 from dit.data.images import to_uint8
 from dit.data.store import sha256_file
 from dit.eval.digit_nets import load_digit_classifier
@@ -237,12 +238,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -> str:
     """FID against sampling TFLOP per 1,000 images, a colour per sampler, and the Pareto front over all of them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = pyplot().subplots(figsize=(8, 5.5))
     for sampler in dict.fromkeys(r["sampler"] for r in rows):
         mine = [r for r in rows if r["sampler"] == sampler]
         ax.scatter([r["sampling_tflop_per_1000"] for r in mine], [r["fid"] for r in mine], s=18, label=sampler)
@@ -254,10 +250,7 @@ def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -
     ax.set_title(title or "Quality against sampling compute")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

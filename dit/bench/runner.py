@@ -270,16 +270,12 @@ def _loss(a: c.LossBench, on_row) -> Result:
 
 
 def _plot_curves(curves: dict, log_every: int, path: str) -> None:
-    import matplotlib
+    from dit.cost.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     for name, curve in curves.items():
         ax.plot(*zip(*curve), label=name, lw=1.2)
     ax.set(xlabel="step", ylabel=f"training loss (mean of {log_every} steps)", yscale="log")
     ax.set_title("Quick-start DiT on MNIST digits: bf16 autocast against fp32")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)

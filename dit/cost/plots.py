@@ -7,7 +7,8 @@ from dit.cost.memory import estimate_training_memory, trace_training_memory
 from dit.model.config import PATCH_SIZES, DiTConfig, describe, model_config, model_names
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (the charts of the cost model, the benchmarks and the studies)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,10 +17,10 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -34,7 +35,7 @@ def _plain_ticks(axis, ticks) -> None:
 
 def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     """Forward GFLOPs per image against parameters for every registry config: size by colour, patch by marker."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [name.removeprefix("DiT-").split("/") for name in model_names()]
     sizes = dict.fromkeys(size for size, _ in reversed(names))  # smallest first, as _SIZES lists them
     colours = {size: f"C{i}" for i, size in enumerate(sizes)}
@@ -55,7 +56,7 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     ax.set_title(f"DiT forward cost at {image_size} px (1 MAC = 2 FLOPs; training = 3x)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
@@ -63,7 +64,7 @@ def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
                          traced_batches: tuple[int, ...] = ()) -> str:  # fmt: skip
     """Analytic peak memory per device against batch, with and without checkpointing every block;
     ``traced_batches`` adds FakeTensor traces as points, so the chart shows its own check."""
-    plt = _pyplot()
+    plt = pyplot()
     batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     fig, ax = plt.subplots(figsize=(7, 5))
     curves = ((0, "no checkpointing", "tab:blue"), (cfg.depth, "checkpoint every block", "tab:green"))
@@ -80,7 +81,7 @@ def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
     ax.set_title(f"{describe(cfg)}, {precision}, AdamW + EMA", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None,
@@ -93,7 +94,7 @@ def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, ti
 
     from dit.cost.quality import pflops_of, read_run
 
-    plt = _pyplot()
+    plt = pyplot()
     limits = up_to_steps or [None] * len(runs)
     series = [read_run(run, n)[1] for run, n in zip(runs, limits)]
     has_pr = any(e.get("precision") is not None for evals in series for e in evals)
@@ -134,4 +135,4 @@ def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, ti
             ["precision", "recall"],
             fontsize=8,
         )
-    return _save(fig, path)
+    return save_figure(fig, path)
