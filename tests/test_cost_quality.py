@@ -107,7 +107,7 @@ def test_grouped_runs_share_a_colour_and_one_legend_entry(tmp_path, monkeypatch)
 
     runs = [str(write_run(tmp_path / f"r{i}", fids=(100.0 - i, 40.0, 10.0))) for i in range(3)]
     seen = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path: seen.setdefault("fig", fig) and path)
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: seen.setdefault("fig", fig) and path)
     plots.plot_quality(str(tmp_path / "q.png"), runs, groups=["baseline", "baseline", "blocks"])
     fid_axis = seen["fig"].axes[0]
     legend = [t.get_text() for t in fid_axis.get_legend().get_texts()]
