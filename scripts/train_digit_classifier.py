@@ -24,7 +24,8 @@ from dit.data.store import sha256_file
 from dit.eval.features import DIGIT_WEIGHTS, DigitClassifier, digit_split, digits_to_input
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:

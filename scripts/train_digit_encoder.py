@@ -36,7 +36,8 @@ from dit.data.store import sha256_file
 from dit.eval.features import digit_split
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from dit.model.layers import sincos_2d
 
 NAME = "digits-mae"
