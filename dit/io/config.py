@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from dit.io.errors import UserError
 
 _REQUIRED = dataclasses.MISSING
+_BOUNDS = dict(ge=(operator.ge, ">="), gt=(operator.gt, ">"), le=(operator.le, "<="), lt=(operator.lt, "<"))
 
 
 def option(
@@ -131,8 +132,7 @@ def _checked(name: str, tp, value, meta: Mapping):
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         raise FieldError(f"{{{name}}} must be one of {', '.join(map(str, choices))}, got {value!r}.")
-    for key, ok, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                           ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):  # fmt: skip
+    for key, (ok, words) in _BOUNDS.items():
         bound = meta.get(key)
         if bound is not None and not ok(value, bound):
             raise FieldError(f"{{{name}}} must be {words} {bound:g}, got {value}.")
@@ -141,8 +141,7 @@ def _checked(name: str, tp, value, meta: Mapping):
 
 def _bounds(meta: Mapping) -> str:
     """A field's bounds in words (" > 0"), for a message that names them all at once."""
-    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    return "".join(f" {w} {meta[k]:g}" for k, w in words.items() if meta.get(k) is not None)
+    return "".join(f" {w} {meta[k]:g}" for k, (_, w) in _BOUNDS.items() if meta.get(k) is not None)
 
 
 @dataclass(frozen=True)

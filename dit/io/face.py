@@ -158,9 +158,7 @@ class Face:
                 continue
             if typing.get_origin(hint) is tuple:
                 hint, kw["nargs"] = typing.get_args(hint)[0], "+"
-            choices = (
-                None if number_or_word(hint) else meta.get("choices")
-            )  # a number is no choice: checked by the section
+            choices = None if number_or_word(hint) else meta.get("choices")  # number or word: the section checks
             parser.add_argument(*flags, type=hint if hint in (int, float, str) else str, metavar=flat.upper(),
                                 choices=choices, **kw)  # fmt: skip
 
