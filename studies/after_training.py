@@ -33,8 +33,9 @@ from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.sample.loading import read_model
 
 ROOT = Path(__file__).resolve().parent.parent
