@@ -23,7 +23,7 @@ import sys
 from dit import bench
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face
+from dit.io.face import Face
 from dit.runtime import Runtime
 
 FACE = Face(

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from dit.sample.export import export_checkpoint, timestep_embedding_gap
 from dit.sample.loading import WeightsSection
 

@@ -33,8 +33,9 @@ from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.sample.loading import read_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,11 @@ class AfterConfig(Section):
     num_samples: int = option(1000, "samples per setting (docs/evaluation.md: the sample count)", ge=65)
     batch_size: int = option(250, "samples per batch", ge=1)
     aggregate_only: bool = option(False, "judge the studies already in --work; run nothing")
+    sampling_seed: int = option(
+        0,
+        "every study's sampling seed (image i's noise and label): another seed confirms a best picked on seed 0's",
+        ge=0,
+    )
 
 
 FACE = Face(
@@ -106,7 +112,7 @@ def study(c: AfterConfig, out: Path, ckpt, scales, steps: int, *extra) -> Path:
     if not c.aggregate_only:
         run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
              "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
-             c.batch_size, "--seed", 0, *extra])  # fmt: skip
+             c.batch_size, "--seed", c.sampling_seed, *extra])  # fmt: skip
     return out
 
 

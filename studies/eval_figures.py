@@ -40,7 +40,8 @@ from dit.eval.reference import load_reference, save_stats, stats_from_features
 from dit.eval.sources import NpzImages
 from dit.io.atomic import atomic_write
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 
 MNIST_BATCH = 500
 

@@ -21,8 +21,9 @@ import numpy as np
 from dit.eval.metrics import fd_interval, frechet_distance, mean_cov
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.io.userfiles import read_matrices
 from sampling_verdicts import SCORES, references
 

@@ -37,8 +37,9 @@ from dit.eval.evaluator import Evaluator, judges_for
 from dit.eval.reference import digits_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.io.userfiles import inside, read_json
 from dit.objectives.samplers import check_guidance_interval, sampling_plan, split_sampler
 from dit.runtime import Runtime

@@ -30,8 +30,9 @@ from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.io.userfiles import inside, read_json, read_matrices
 
 SCORES = ("fid", "fd_judge")

@@ -28,8 +28,9 @@ from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.objectives import OBJECTIVES
 from dit.objectives.samplers import sampling_plan
 from dit.runtime.stop import EXIT_CODES

@@ -24,7 +24,8 @@ from dit.data.store import sha256_file
 from dit.eval.digit_nets import DIGIT_WEIGHTS, DigitClassifier, digits_to_input
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from seeded import seeded_script
 
 

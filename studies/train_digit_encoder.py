@@ -36,7 +36,8 @@ from dit.data.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
 from dit.data.store import sha256_file
 from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from dit.model.layers import sincos_2d
 from seeded import seeded_script
 

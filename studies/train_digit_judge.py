@@ -36,7 +36,8 @@ from dit.eval.metrics import frechet_distance, mean_cov
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from seeded import seeded_script
 
 

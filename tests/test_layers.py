@@ -202,5 +202,5 @@ def test_no_function_is_longer_than_80_lines():
 
 def test_the_trainer_names_no_parallelism():
     """Wrapping, gradient sync, gathering and the global norm are the Parallelism object's (dit/train/parallel.py)."""
-    text = (ROOT / "dit" / "train" / "trainer.py").read_text().lower()
+    text = "".join((ROOT / "dit" / "train" / name).read_text().lower() for name in ("trainer.py", "parts.py"))
     assert not [word for word in ("fsdp", "shard", "ddp", "distributeddataparallel") if word in text]

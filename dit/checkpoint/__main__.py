@@ -17,8 +17,9 @@ from pathlib import Path
 from dit.checkpoint.format import atomic_torch_save, load_checkpoint
 from dit.checkpoint.posthoc import MAX_SIGMA_REL, reconstruct
 from dit.io.cli import run_cli
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from dit.cost.args import (
 )
 from dit.cost.report import EmaSnapshots, Evaluations, RepaUse, num, print_pairs, print_table, show
 from dit.io.cli import run_cli
-from dit.io.config import Face
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.io.progress import duration
 from dit.model.config import model_names
 from dit.model.repa_config import RepaEncoderSection, RepaSection

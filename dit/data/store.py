@@ -1,16 +1,7 @@
-"""The latent store: VAE posterior moments of every image (and of its flip), sharded, checksummed, memory-mapped.
-
-A store folder holds
-  manifest.json                    what made the store, what it holds, and each latent channel's mean and std
-                                   (docs/latent_store.md)
-  shard-00000.safetensors          ``moments`` [n, views, 2 (mean, std), C, H, W], ``labels`` [n], metadata,
-                                   and with REPA ``features`` [n, views, tokens, width] (a frozen encoder's)
-  shard-00000.safetensors.sha256   a ``sha256sum -c`` line, written after its shard: the shard's completion mark
-
-Shard k holds the decodable images among source files [k * shard_size, (k + 1) * shard_size) of the sorted
-folder scan, and batches never straddle shards, so the bytes never depend on how many processes wrote them.
-Storing moments rather than one frozen sample lets the reader draw a fresh posterior sample at every access,
-as on-the-fly encoding does.
+"""The latent store's format: VAE posterior moments of every image (and of its flip) in checksummed
+safetensors shards, with a manifest that says what made them (docs/latent_store.md, "Format"). A shard's
+``.sha256`` file, written after it, is its completion mark; a shard's bytes never depend on how many
+processes wrote the store.
 """
 
 from __future__ import annotations
@@ -51,11 +42,6 @@ def shard_path(folder: str, name: str, index: int) -> str:
     return str(inside(folder, name, os.path.join(folder, MANIFEST), f"shard {index}'s file", fix))
 
 
-# --------------------------------------------------------------------------------------------------------
-# Files: checksums, safetensors headers
-# --------------------------------------------------------------------------------------------------------
-
-
 def sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -92,18 +78,10 @@ def shard_is_complete(folder: str, index: int) -> bool:
     return expected is not None and os.path.isfile(path) and sha256_file(path) == expected
 
 
-# --------------------------------------------------------------------------------------------------------
-# What a store is: its spec, manifest, shards
-# --------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class StoreSpec:
-    """Everything that decides a store's bytes; a rerun may add to an existing store only if all of it matches.
-
-    ``vae_id`` is the exception: it is a label (a folder may move, a hub model may be copied locally); the two
-    hashes are the VAE's identity.
-    """
+    """Everything that decides a store's bytes; a rerun may add to a store only if all of it matches, but
+    ``vae_id``, a label (a folder may move): the two hashes are the VAE's identity."""
 
     vae_id: str
     vae_config_sha256: str
@@ -122,9 +100,7 @@ class StoreSpec:
     moments: str = "mean,std"
     shift_factor: float = 0.0  # latents are (z - shift) x scale (SD3/FLUX VAEs); 0 for the SD VAEs
     vae_config: dict | None = None  # the AutoencoderKL config, for the cost of encoding (its hash is above)
-    # REPA: the encoder whose patch features of every view the shards carry (name, input size, weights, tokens,
-    # width, forward FLOPs per view), or None: latents only
-    features: dict | None = None
+    features: dict | None = None  # REPA: the encoder whose patch features the shards carry; None: latents only
 
     @property
     def num_shards(self) -> int:
@@ -223,10 +199,9 @@ def validate_manifest(manifest: dict, path: str) -> None:
             problems.append("features is not an encoder record (encoder, input_size, tokens, dim)")
         if manifest.get("complete"):
             shards = manifest["shards"]
-            keys = {"file", "num_images", "bytes", "sha256"}
             types = {"file": str, "num_images": int, "bytes": int, "sha256": str}
-            if not all(isinstance(sh, dict) and keys <= sh.keys() for sh in shards):
-                problems.append(f"a shard entry lacks one of {sorted(keys)}")
+            if not all(isinstance(sh, dict) and types.keys() <= sh.keys() for sh in shards):
+                problems.append(f"a shard entry lacks one of {sorted(types)}")
             elif not all(isinstance(sh[k], t) for sh in shards for k, t in types.items()):
                 problems.append("a shard entry has a value of the wrong type (file, num_images, bytes, sha256)")
             elif sum(sh["num_images"] for sh in shards) != manifest["num_images"]:
@@ -305,7 +280,7 @@ def write_shard(
                 f"shard {index}: the encoder's features are not finite in {spec.storage_dtype}. Use --storage-dtype "
                 "bf16 or fp32 (wider range)."
             )
-    # One metadata key: safetensors orders several keys by a randomly seeded hash map, which breaks byte-identity.
+    # one metadata key: safetensors orders several by a randomly seeded hash map (docs/latent_store.md)
     info = json.dumps({"format": FORMAT, "shard": index, "files": files, "skipped": skipped}, sort_keys=True)
     data = safetensors.torch.save(tensors, metadata={"dit_ledger": info})
     name = shard_file(index)
@@ -323,14 +298,8 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
         path = os.path.join(folder, shard_file(index))
         header, _ = read_header(path)
         skipped += [tuple(s) for s in json.loads(header["__metadata__"]["dit_ledger"])["skipped"]]
-        shards.append(
-            {
-                "file": shard_file(index),
-                "num_images": header["labels"]["shape"][0],
-                "bytes": os.path.getsize(path),
-                "sha256": _expected_sha256(folder, index),
-            }
-        )
+        shard = {"file": shard_file(index), "num_images": header["labels"]["shape"][0]}
+        shards.append({**shard, "bytes": os.path.getsize(path), "sha256": _expected_sha256(folder, index)})
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -363,12 +332,9 @@ def write_moments_store(
     features: torch.Tensor | None = None,
     encoder: dict | None = None,
 ) -> dict:
-    """A store from moments computed elsewhere ([N, views, 2, C, H, W]); for benchmarks, tests and imports.
-
-    Its VAE fields record only ``source``, so it can never be mistaken for (or resumed as) a VAE-made store;
-    ``vae_config``, if the VAE that made the moments is known, lets a run report what encoding them cost.
-    ``features`` ([N, views, tokens, width]) are REPA's, made by ``encoder`` (``dit.data.encoder.Encoder.identity``).
-    """
+    """A store from moments computed elsewhere ([N, views, 2, C, H, W]) for benchmarks, tests and imports; its
+    VAE fields record only ``source``, so it is never taken for a VAE-made store. ``vae_config``: the cost of
+    encoding, if known; ``features`` ([N, views, tokens, width]): REPA's, made by ``encoder``."""
     n, views, _, c, h, w = moments.shape
     names = [f"{source}/{i}" for i in range(n)]
     spec = StoreSpec(
@@ -399,14 +365,10 @@ def write_moments_store(
 
 
 def verify_store(folder: str) -> dict:
-    """Hash every shard against the manifest (or, for an interrupted store, its checksum files).
-
-    Returns the manifest; raises a UserError listing every missing, truncated or corrupted shard.
-    """
+    """The manifest, once every shard hashes to its sha256 (an interrupted store's: its checksum files); else
+    a UserError listing every missing, truncated or corrupted shard."""
     manifest = read_manifest(folder)
-    problems = (
-        [] if manifest["complete"] else ["manifest.json marks the store incomplete (extraction interrupted)"]
-    )
+    problems = [] if manifest["complete"] else [f"{MANIFEST} marks the store incomplete (extraction interrupted)"]
     num_shards = math.ceil(manifest["num_sources"] / manifest["shard_size"])
     recorded = manifest["shards"] if manifest["complete"] else []
     to_hash = {}  # name -> (path, expected sha256): the files the manifest names, as the reader opens them

@@ -24,8 +24,9 @@ from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES,
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
 from dit.io.cli import run_cli
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.runtime import Runtime
 
 DEFAULT_BATCH = {"inception": 64, "mnist": 500, "dinov2": 64, "digit-judge": 500}

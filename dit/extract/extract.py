@@ -33,8 +33,9 @@ from dit.data.vae import (
     weights_sha256,
 )
 from dit.io.atomic import CannotWrite
-from dit.io.config import Face, FieldError, Section, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.io.progress import progress
 from dit.model.repa_config import RepaEncoderSection
 from dit.runtime import Runtime, default_workers

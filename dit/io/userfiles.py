@@ -131,6 +131,19 @@ def check_apart(output: str, output_flag: str, source: str, source_flag: str, ki
         )
 
 
+def check_paths(outputs: Mapping[str, str], inputs: Mapping[str, str], paths: Mapping, spell) -> None:
+    """Before any work: each of a face's ``outputs`` can be written and lies apart from each of its ``inputs``
+    (option -> ``"file"`` or ``"folder"``); ``paths``: each option's value, ``spell``: how an error names it."""
+    for name, kind in outputs.items():
+        if isinstance(paths[name], str):
+            check_output(paths[name], kind, spell(name))
+    for out in outputs:
+        for name, kind in inputs.items():
+            for source in paths[name] if isinstance(paths[name], (tuple, list)) else (paths[name],):
+                if isinstance(paths[out], str) and isinstance(source, str):
+                    check_apart(paths[out], spell(out), source, spell(name), kind)
+
+
 def _existing_ancestor(path: Path) -> Path:
     """``path`` or its nearest folder above that exists (``.`` for a relative path none of which exists)."""
     while not os.path.lexists(path) and path != path.parent:

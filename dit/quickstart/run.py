@@ -16,8 +16,9 @@ from dit.checkpoint import latest_checkpoint
 from dit.data.digits import NUM_CLASSES, DigitDataset
 from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face
 from dit.runtime import Runtime
 from dit.runtime.stop import EXIT_CODES
 from dit.sample.generate import Guidance, Sampler, generate, noise_seed

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.io.config import Face, Section, option
+from dit.io.config import Section, option
+from dit.io.face import Face
 from dit.objectives.sampling_section import FidSamplingSection, SamplingSection
 from dit.runtime import DeviceSection
 from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection

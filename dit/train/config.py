@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from dit.checkpoint import CheckpointSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
-from dit.io.config import Face, FieldError, Section, Values, option
+from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
+from dit.io.face import Face, Values
 from dit.io.launcher import launcher_precision
 from dit.model.config import DiTConfig, ModelSection
 from dit.model.repa_config import RepaEncoderSection, RepaSection

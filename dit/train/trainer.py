@@ -1,4 +1,4 @@
-"""The training loop: a ``Trainer`` builds a run from its config, then ``run`` trains it, one screen long.
+"""The training loop: ``Trainer`` is a run's parts (``dit.train.parts``) plus the step and the loop, one screen long.
 
 Everything random in a step (timesteps, noise, class dropout, augmentation) is drawn from streams keyed by
 (seed, step) and sliced by global sample position, so a run is bit-identical across resumes and equal (to
@@ -12,205 +12,25 @@ import contextlib
 import os
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
-import yaml
 
-from dit.checkpoint import Checkpointer, kept_checkpoints, remove_partial_checkpoints
-from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.io.atomic import CannotWrite, atomic_write
+from dit.checkpoint import kept_checkpoints
+from dit.io.atomic import CannotWrite
 from dit.io.errors import UserError, unwrap_worker_error
 from dit.io.progress import progress
-from dit.model.dit import DiT
-from dit.model.layers import attention_kernel
-from dit.model.projector import RepaModel
 from dit.runtime import Runtime, Stream, mix_seed
 from dit.runtime.stop import EvalStopped, StopFlag, close_workers
-from dit.train.config import TrainConfig, resume_point
-from dit.train.data import build_data, micro_batch
-from dit.train.ema import EMA
-from dit.train.hooks import EncodeImages
-from dit.train.ledger import Ledger, StepCounters
-from dit.train.parallel import parallelism
-from dit.train.repa import Repa
-from dit.train.state import TrainState
+from dit.train.config import TrainConfig
+from dit.train.parts import RunParts
 from dit.train.tokendrop import kept_tokens
 
-# A loss that turns non-finite this soon after a resume names the checkpoint as the suspect: a 6e31 weight
-# (one flipped exponent bit) kept the loss finite for 3 steps in the tests, then NaN.
-SUSPECT_STEPS = 100
+SUSPECT_STEPS = 100  # a loss that turns non-finite this soon after a resume names the checkpoint as the suspect
 
 
-class Trainer:
-    """The parts of a run (data, model, EMA, optimizer, parallelism, ledger), then the loop over them.
-
-    ``train_step`` is public: tests and the benchmark time and probe exactly the step that training runs.
-    """
-
-    def __init__(self, cfg: TrainConfig, runtime: Runtime, dataset=None):
-        self.cfg, self.runtime = cfg, runtime
-        self.out = Path(cfg.checkpoint.results_dir)
-        self.ckpt_dir = cfg.checkpoint.folder
-        notes = self._lock_run_folder()
-        try:
-            self._build(dataset, notes)
-        except BaseException:
-            if self.lock is not None:  # a run that could not start leaves the folder free
-                self.lock.release()
-            raise
-
-    def _build(self, dataset, notes: list[str]) -> None:
-        model_cfg, resume_from, ckpt = self._build_data(dataset, notes)
-        model, trained, ema = self._build_model(model_cfg, ckpt, notes)
-        line, off_line = self._build_state(model, trained, ema, resume_from, ckpt, notes)
-        self._build_ledger(model, resume_from, notes)
-        self._build_evaluation(model)
-        if self.runtime.is_main:  # built: from here the run is this branch, and what is off its line is set aside
-            for note in begin_segment(self.ckpt_dir, line, off_line):
-                self.ledger.sinks.info(note)
-
-    def _build_data(self, dataset, notes: list[str]):
-        """The data, the run's length and record, and the checkpoint it resumes from: (model config, path, payload)."""
-        cfg, runtime = self.cfg, self.runtime
-        batch = cfg.optim.global_batch_size
-        self.micro = micro_batch(batch, runtime.world, cfg.optim.grad_accum_steps)  # before any building
-        self.data = build_data(
-            cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, runtime.device,
-            features=cfg.repa_encoder.encoder is not None,
-        )  # fmt: skip
-        n = len(self.data.dataset)
-        self.total_steps = cfg.budget.steps(n, batch)
-        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
-            notes.append(
-                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
-                f"images = --max-steps {self.total_steps:,}"
-            )
-        # What the run is: config.yaml and every checkpoint. Its VAE is the data's (a data set given to train()
-        # is what it is, whatever the data section says).
-        self.record = cfg.record()
-        self.record["data"]["vae"] = self.data.vae_spec or "none"
-        model_cfg = cfg.model_config(self.data.in_channels, self.data.input_size)
-        resume_from, ckpt, changed = resume_point(cfg, model_cfg, self.record)
-        notes += [f"changed on this resume: {', '.join(changed)}"] if changed else []
-        # the step must fit the device: checkpointing chosen, or the run refused, before anything is written
-        kernel, accum, ema = cfg.parallel.attention, cfg.optim.grad_accum_steps, len(cfg.optim.ema_profiles or ())
-        self.attention = attention_kernel(kernel, runtime.device.type, runtime.precision.compute_dtype)
-        self.parallel = parallelism(cfg.parallel, runtime)
-        self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention, ema)
-        notes += [why] if why else []
-        if runtime.is_main:
-            text = yaml.safe_dump(self.record, sort_keys=False)
-            atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
-        return model_cfg, resume_from, ckpt
-
-    def _build_model(self, model_cfg, ckpt, notes: list[str]):
-        """The DiT (and REPA's projector), its EMA, placed over the processes; the step's hooks. Every rank
-        builds the same weights: (model, what the optimizer steps, EMA)."""
-        cfg, runtime, device = self.cfg, self.runtime, self.runtime.device
-        torch.manual_seed(cfg.optim.seed)
-        model = DiT.from_config(model_cfg).to(device).set_attention(cfg.parallel.attention)
-        # REPA: the projector trains with the DiT (one module to parallelize and optimize); the encoder is frozen
-        self.repa = None
-        if cfg.repa_encoder.encoder:
-            self.repa = Repa(
-                cfg.repa_encoder, cfg.repa, model_cfg, self.data.store_manifest, device, runtime.precision
-            )
-        projector = self.repa.projector(model_cfg).to(device) if self.repa else None
-        trained = RepaModel(model, projector, cfg.repa.depth) if self.repa else model
-        start = cfg.checkpoint
-        if start.init_from and ckpt is None:  # a fine-tune's first start (its resumes: from its own checkpoints)
-            from dit.train.init import init_from
-
-            report = self.out / "init_from.json" if runtime.is_main else None
-            notes.append(init_from(model, start.init_from, start.init_from_weights, report))
-        ema = EMA(model, cfg.optim.ema_decay, cfg.optim.ema_warmup, cfg.optim.ema_profiles)  # copies, never run
-        self.module = self.parallel.wrap(model, trained, ema.models, self.checkpointed)
-        # side features in the step: REPA's targets come from the image before a VAE encodes it
-        self.hooks = [self.repa] if self.repa else []
-        if self.data.vae is not None:
-            self.hooks.append(EncodeImages(self.data.vae, runtime.precision))
-        return model, trained, ema
-
-    def _build_state(self, model, trained, ema, resume_from, ckpt, notes: list[str]):
-        """The state, restored from ``ckpt`` if any; the objective, the data order from the state's step.
-        Returns the checkpoint lineage's (line, off line)."""
-        cfg, runtime, device, optim = self.cfg, self.runtime, self.runtime.device, self.cfg.optim
-        n = len(self.data.dataset)
-        self.state = TrainState(
-            model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), self.parallel.split, n,
-            max(1, n // optim.global_batch_size), trained, self.record,
-            self.data.latent_norm.record() if self.data.latent_norm else None,
-        )  # fmt: skip
-        self.checkpointer = Checkpointer(cfg.checkpoint, runtime)
-        self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
-        if ckpt is not None:
-            notes += self.checkpointer.restore(self.state, ckpt, source=str(resume_from))
-            optim.reapply(self.state.optimizer)
-            self.saved_step = self.state.step
-        line, off_line = plan_segment(self.ckpt_dir, resume_from, ckpt) if runtime.is_main else (None, [])
-        self.state.lineage = line
-        model_cfg = model.config
-        self.objective = cfg.objective.build(model_cfg)
-        self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
-        self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
-        self.rand_gen = torch.Generator(device=device)
-        self.counters = StepCounters(device, alignment=self.repa is not None)
-        return line, off_line
-
-    def _build_ledger(self, model, resume_from, notes: list[str]) -> None:
-        cfg = self.cfg
-        per_step = self.micro * cfg.optim.grad_accum_steps
-        done = self.state.step * per_step
-        dropped = cfg.token_drop.dropped_steps(model.config, self.state.step) * per_step
-        self.ledger = Ledger(
-            cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
-            out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
-            local_images_done=done, start_step=self.state.step, repa=self.repa, dropped_images_done=dropped,
-        )  # fmt: skip
-        self.ledger.report(self.micro, self.parallel.split)
-        for note in notes + self.data.notes:
-            self.ledger.sinks.info(note)
-        self.resumed_from, self.resumed_step = resume_from, self.state.step
-        if resume_from is not None:
-            self.ledger.sinks.info(f"resumed from step {self.state.step} ({resume_from})")
-
-    def _build_evaluation(self, model) -> None:
-        """Grids and evaluations decode latents; a store's VAE is loaded for them (at start-up, where it can fail)."""
-        cfg, device = self.cfg, self.runtime.device
-        self.decoder = self.data.vae
-        if self.decoder is None and self.data.vae_spec is not None and (cfg.ledger.sample_every or cfg.eval.every):
-            from dit.data.vae import load_vae
-
-            self.decoder = load_vae(self.data.vae_spec, device)
-        self.evaluation = None
-        if cfg.eval.every:
-            from dit.eval.inloop import InLoopEval
-
-            self.evaluation = InLoopEval(
-                cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
-                objective=self.objective, runtime=self.runtime, model=model, vae=self.decoder,
-                vae_spec=self.data.vae_spec, latent_norm=self.data.latent_norm,
-            )  # fmt: skip
-            self.ledger.sinks.info(self.evaluation.describe())
-
-    def _lock_run_folder(self) -> list[str]:
-        """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
-        then clears what a killed run left: the lock file's record and partial checkpoint files."""
-        rt, notes, self.lock = self.runtime, [], None
-        self.lock = rt.lock_folder(self.out, "training run", "wait for it, or pass another --results-dir")
-        if rt.is_main:
-            if self.lock.took_over:
-                held = self.lock.took_over
-                notes.append(
-                    f"took over the lock of a run that is no longer running (pid {held.get('pid')} on {held.get('host')})"
-                )
-            files, size = remove_partial_checkpoints(self.ckpt_dir)
-            if files:
-                notes.append(
-                    f"removed {files} partial checkpoint file(s), {size / 2**30:.3g} GiB, left by a killed save"
-                )
-        return notes
+class Trainer(RunParts):
+    """The parts of a run, then the loop over them. ``train_step`` is public: tests and the benchmark time and
+    probe exactly the step that training runs."""
 
     # ---- one step -------------------------------------------------------------------------------------
 
@@ -350,14 +170,7 @@ class Trainer:
                             self.sample_grid()
                     if eval_step:
                         with ledger.paused():
-                            try:
-                                scores = self.evaluation.run(
-                                    self.parallel.whole(state.ema.of(cfg.eval.sigma_rel)), stop
-                                )
-                            except EvalStopped:
-                                ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
-                            else:
-                                ledger.log_eval(state.step, scores)
+                            self._evaluate(stop)
                     # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
                     self.checkpointer.check(everyone=log_step or ckpt_step or eval_step)
                     if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
@@ -368,11 +181,19 @@ class Trainer:
         finally:
             self._report_saves()  # the final save, a stop's, or the one before an error: named in the log
             close_workers(it)
-            if self.lock is not None:
-                self.lock.release()
+            self.release()
         ledger.sinks.info(f"{status} at step {state.step}; results in {self.out}")
         ledger.close()
         return {"status": status, "signal": stopped_by, "step": state.step, "results_dir": str(self.out)}
+
+    def _evaluate(self, stop) -> None:
+        state = self.state
+        try:
+            scores = self.evaluation.run(self.parallel.whole(state.ema.of(self.cfg.eval.sigma_rel)), stop)
+        except EvalStopped:
+            self.ledger.sinks.info(f"evaluation at step {state.step} dropped: {stop.raised}")
+        else:
+            self.ledger.log_eval(state.step, scores)
 
     def _next_batches(self, it, stop) -> list | None:
         try:
@@ -406,8 +227,7 @@ class Trainer:
             in_warmup=in_warmup,
             loss_scale=float(scaler.get_scale()) if scaler is not None else None,
         )
-        if counters["longest_nonfinite_streak"] >= self.cfg.optim.max_nonfinite:  # skipped steps left the weights
-            streak = counters["longest_nonfinite_streak"]
+        if (streak := counters["longest_nonfinite_streak"]) >= self.cfg.optim.max_nonfinite:
             with self.ledger.paused():
                 self.save()  # the skipped steps left the weights as they were before the first non-finite one
             began = state.step - streak + 1
@@ -431,8 +251,7 @@ class Trainer:
             self.saved_step = self.state.step
 
     def _report_saves(self) -> None:
-        """The checkpoints saved since the last report, in one line: at each log step and at the end of ``run``
-        (``--ckpt-every 1`` printed a line per step)."""
+        """The checkpoints saved since the last report, in one line: at each log step and at the end of ``run``."""
         saves = self.checkpointer.take_saved()
         if len(saves) == 1:
             self.ledger.sinks.info(f"saved checkpoint {saves[0][1]}")
@@ -450,15 +269,9 @@ class Trainer:
         ema, mc = self.parallel.whole(self.state.ema.model, every_rank=False), self.state.model.config
         if not self.runtime.is_main:
             return
-        cfg = self.cfg
+        cfg, data = self.cfg, self.data
         sm = SamplingModel.from_objective(
-            ema,
-            "ema",
-            cfg.model.image_size,
-            self.decoder,
-            self.data.vae_spec,
-            self.objective,
-            self.data.latent_norm,
+            ema, "ema", cfg.model.image_size, self.decoder, data.vae_spec, self.objective, data.latent_norm
         )
         labels = list(range(min(mc.num_classes, 16)))
         seeds = [mix_seed(Stream.GRID, cfg.optim.seed, i) for i in range(len(labels))]

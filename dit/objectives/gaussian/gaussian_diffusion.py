@@ -1,14 +1,9 @@
 """Gaussian diffusion with the semantics DiT inherits from IDDPM/ADM.
 
-Schedules are float64 numpy arrays under the official names (``betas``, ``alphas_cumprod``,
-``posterior_variance``, ...). Unlike the original, every table is also kept as a float64 tensor on each
-device it is used on (uploaded once), so a training step makes no host-to-device copies; values are cast
-to float32 after indexing, exactly as the original does.
-
-Training options beyond the original, all off by default (docs/recipes.md): Min-SNR-gamma weighting of the
-MSE term (Hang et al. 2023), logit-normal timesteps (Esser et al. 2024, SD3) and SD3's timestep shift, through
-``sample_t``, which with the defaults is the uniform draw the official trainer makes; and LightningDiT's
-velocity-direction term on the implied velocity (``cos_loss_weight``).
+Schedules are float64 numpy arrays under the official names, also kept as tensors on each device that uses
+them (uploaded once: a step makes no host-to-device copies), cast to float32 after indexing as the original
+does. The training options beyond the original (Min-SNR, logit-normal timesteps, the timestep shift, the
+velocity-direction term) are off by default: docs/recipes.md, "Timestep options".
 """
 
 from __future__ import annotations
@@ -143,42 +138,22 @@ class GaussianDiffusion:
         self._device_tables: dict[torch.device, dict[str, torch.Tensor]] = {}
 
     def _min_snr_weight(self) -> np.ndarray:
-        """Min-SNR-gamma per timestep, for the target the model predicts (Hang et al. 2023, Sec. 3.4).
-
-        SNR_t = abar_t / (1 - abar_t); the weight min(SNR_t, gamma) on the x0 error is the same objective as
-        min(SNR_t, gamma) / SNR_t on the noise error (|x0 - x0_hat|^2 = |eps - eps_hat|^2 / SNR_t)."""
+        """Min-SNR-gamma per timestep (Hang et al. 2023): min(SNR, gamma) on an x0 target, divided by SNR on
+        a noise target (the same objective)."""
         snr = self.alphas_cumprod / (1.0 - self.alphas_cumprod)
         clipped = np.minimum(snr, self.min_snr_gamma)
         return clipped / snr if self.model_mean_type == ModelMeanType.EPSILON else clipped
 
     # ---- tables on the device ---------------------------------------------------------------------------
 
-    _TABLES = (
-        "sqrt_alphas_cumprod",
-        "sqrt_one_minus_alphas_cumprod",
-        "sqrt_recip_alphas_cumprod",
-        "sqrt_recipm1_alphas_cumprod",
-        "posterior_variance",
-        "posterior_log_variance_clipped",
-        "posterior_mean_coef1",
-        "posterior_mean_coef2",
-        "alphas_cumprod",
-        "alphas_cumprod_prev",
-        "log_betas",
-        "fixed_large_variance",
-        "fixed_large_log_variance",
-    )
-
     def tables(self, device) -> dict[str, torch.Tensor]:
-        """Every schedule table (and the timestep map) on ``device``, uploaded once and cached."""
+        """Every float64 table (and the timestep map) on ``device``, uploaded once and cached."""
         device = torch.device(device)
         if device not in self._device_tables:
-            # float64 where the device has it (the original's precision); MPS has no float64.
-            dtype = torch.float32 if device.type == "mps" else torch.float64
-            tabs = {n: torch.as_tensor(getattr(self, n), dtype=dtype, device=device) for n in self._TABLES}
+            dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+            arrays = {n: v for n, v in vars(self).items() if isinstance(v, np.ndarray) and v.dtype == np.float64}
+            tabs = {n: torch.as_tensor(v, dtype=dtype, device=device) for n, v in arrays.items()}
             tabs["timestep_map"] = torch.as_tensor(self.timestep_map, dtype=torch.long, device=device)
-            if self.mse_weight is not None:
-                tabs["mse_weight"] = torch.as_tensor(self.mse_weight, dtype=dtype, device=device)
             self._device_tables[device] = tabs
         return self._device_tables[device]
 
@@ -188,18 +163,9 @@ class GaussianDiffusion:
         return values.view(-1, *([1] * (len(broadcast_shape) - 1)))
 
     def sample_t(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-        """Training timesteps, integers in [0, num_timesteps).
-
-        "uniform" is exactly the official draw ``torch.randint(0, T, (batch,))``. "logit-normal" draws
-        u = sigmoid(N(logit_mean, logit_std)), read as the fraction of signal like the flow objective's time
-        (1 = data; so logit_mean > 0 favours low-noise steps in both), and takes step floor((1 - u) T),
-        clamped to T - 1: step i gets the probability mass of u in ((T - 1 - i) / T, (T - i) / T]. With the
-        default N(0, 1) the median step is T / 2 and the ends are rare: the first 5% of the steps get 0.16% of
-        the draws, the first 1% 2e-6 (and the same at the noisy end).
-
-        A ``time_shift`` a != 1 shifts u (``dit.objectives.times.shift_time``; uniform: u = U(0, 1)) before the
-        same floor: the continuous time is shifted, then mapped to its step.
-        """
+        """Training timesteps, integers in [0, num_timesteps): "uniform" is exactly the official
+        ``torch.randint(0, T, (batch,))``; otherwise u (1 = data, as the flow's time; logit-normal or U(0, 1)),
+        shifted by ``time_shift``, becomes step floor((1 - u) T), clamped to T - 1."""
         if self.timestep_sampling == "uniform" and self.time_shift == 1:
             return torch.randint(0, self.num_timesteps, (batch,), generator=generator, device=device)
         if self.timestep_sampling == "uniform":
@@ -332,36 +298,20 @@ class GaussianDiffusion:
                 bar.update(1)
 
     def p_sample_loop_progressive(self, model, shape, noise=None, *, device=None, progress=False, **step_kwargs):
-        """Each step's output of ``p_sample_loop`` (keywords: clip_denoised, denoised_fn, model_kwargs, noise_fn)."""
+        """Each step's output of ``p_sample_loop`` (keywords: ``p_sample``'s)."""
         return self._loop(self.p_sample, model, shape, noise, device, progress, **step_kwargs)
 
-    def p_sample_loop(
-        self, model, shape, noise=None, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, device=None,
-        progress=False, noise_fn=None,
-    ):  # fmt: skip
+    def p_sample_loop(self, model, shape, noise=None, **kwargs):
         """Ancestral sampling from x_T to x_0; DiT's scripts pass clip_denoised=False."""
-        steps = self.p_sample_loop_progressive(
-            model, shape, noise, device=device, progress=progress, clip_denoised=clip_denoised,
-            denoised_fn=denoised_fn, model_kwargs=model_kwargs, noise_fn=noise_fn,
-        )  # fmt: skip
-        return deque(steps, maxlen=1)[0]["sample"]
+        return deque(self.p_sample_loop_progressive(model, shape, noise, **kwargs), maxlen=1)[0]["sample"]
 
-    def ddim_sample_loop_progressive(
-        self, model, shape, noise=None, *, device=None, progress=False, **step_kwargs
-    ):
-        """Each step's output of ``ddim_sample_loop`` (keywords as ``ddim_sample``)."""
-        return self._loop(self.ddim_sample, model, shape, noise, device, progress, **step_kwargs)
+    def ddim_sample_loop_progressive(self, model, shape, noise=None, *, device=None, progress=False, **kwargs):
+        """Each step's output of ``ddim_sample_loop`` (keywords: ``ddim_sample``'s)."""
+        return self._loop(self.ddim_sample, model, shape, noise, device, progress, **kwargs)
 
-    def ddim_sample_loop(
-        self, model, shape, noise=None, *, clip_denoised=True, denoised_fn=None, model_kwargs=None, device=None,
-        progress=False, eta=0.0, noise_fn=None,
-    ):  # fmt: skip
+    def ddim_sample_loop(self, model, shape, noise=None, **kwargs):
         """DDIM sampling (eta = 0: deterministic); it ignores the learned variance."""
-        steps = self.ddim_sample_loop_progressive(
-            model, shape, noise, device=device, progress=progress, clip_denoised=clip_denoised,
-            denoised_fn=denoised_fn, model_kwargs=model_kwargs, eta=eta, noise_fn=noise_fn,
-        )  # fmt: skip
-        return deque(steps, maxlen=1)[0]["sample"]
+        return deque(self.ddim_sample_loop_progressive(model, shape, noise, **kwargs), maxlen=1)[0]["sample"]
 
     # ---- losses -------------------------------------------------------------------------------------------
 
