@@ -195,7 +195,7 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
                     "tflop_per_1000": c[3][0]["sampling_tflop_per_1000"],
                 }
                 for c in candidates
-            ],  # fmt: skip
+            ],
         }
     return out
 

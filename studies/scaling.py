@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
             "to_target": {
                 str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count) for t in c.targets
-            },  # fmt: skip
+            },
             "to_judge_target": {
                 str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count, score="fd_judge")
                 for t in c.judge_targets

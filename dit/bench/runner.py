@@ -183,7 +183,7 @@ def _sample(a: c.SampleBench, on_row) -> Result:
                 a.device,
                 a.peak_tflops,
                 attention,
-            )  # fmt: skip
+            )
         )
         on_row(r.rows[-1])
     r.keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "guidance_scale", "median_s",

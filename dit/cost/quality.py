@@ -87,7 +87,7 @@ def compute_to_target(run_dir: str, target_fid: float, price_per_hour: float | N
         "evaluations": [
             {"step": s, "total_model_pflops" if count == "model" else "total_pflops": p, score: f}
             for s, p, f in points
-        ],  # fmt: skip
+        ],
     }
     hit = next((i for i, (_, _, f) in enumerate(points) if f <= target_fid), None)
     if hit is None:
@@ -109,7 +109,7 @@ def compute_to_target(run_dir: str, target_fid: float, price_per_hour: float | N
             {"total_model_pflops": pflops, "total_model_flops": pflops * 1e15}
             if count == "model"
             else {"total_pflops": pflops, "total_flops": pflops * 1e15}
-        ),  # fmt: skip
+        ),
         training_seconds=seconds,
         devices=world,
         device_hours=hours,

@@ -158,7 +158,7 @@ TRAIN_FACE = Face(
         "eval_ref": "file",
         "eval_inception_weights": "file",
         "repa_encoder_weights": "file",
-    },  # fmt: skip
+    },
 )
 
 
