@@ -72,8 +72,7 @@ def recipe_options(recipe: str) -> dict:
 
 
 def flops_per_step(cfg, batch: int) -> tuple[float, float]:
-    """The DiT's and the auxiliary (REPA's) training FLOPs per step, and the upstream FLOPs paid before the run
-    (the encoder's own training)."""
+    """The DiT's and REPA's training FLOPs per step, and the upstream FLOPs (the encoder's own training)."""
     model = cfg.model_config(1, cfg.model.image_size)
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:

@@ -172,8 +172,7 @@ _DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "fl
 def measure_matmul_peak(
     precision: str = "fp32", seconds: float = 1.0, device: str | None = None, probes: int = 1
 ) -> float | list[float]:
-    """Best FLOP/s of a square matmul in each of ``probes`` bursts of ``seconds / probes``: a float for one
-    burst, else the list, so that a caller can show the spread."""
+    """Best FLOP/s of a square matmul in each of ``probes`` bursts of ``seconds / probes`` (one burst: a float)."""
     import torch
 
     if precision not in _DTYPES:
@@ -285,8 +284,7 @@ _WARNED: set[Path] = set()
 
 
 def _keep(path: Path, data: bytes) -> str | None:
-    """Write the cache file; None, or why it cannot be (then one warning per process, on rank 0: the cache is
-    only an optimisation)."""
+    """Write the cache file; None, or why it cannot be (then one warning per process, on rank 0)."""
     from dit.io.atomic import atomic_write_bytes
 
     try:

@@ -49,8 +49,7 @@ def digits_to_input(images_uint8: torch.Tensor) -> torch.Tensor:
 
 
 class DigitFeatures(FeatureNet):
-    """The digit classifier as a feature network: 64-d features for FID and P/R, its softmax for IS and
-    class accuracy (its classes are the digits a class-conditional model is asked for)."""
+    """The digit classifier as a feature network: 64-d features for FID and P/R, logits for IS and accuracy."""
 
     pool_dim, num_classes, labels_are_classes, input_size = 64, 10, True, 28
 

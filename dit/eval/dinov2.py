@@ -72,8 +72,7 @@ class DINOv2Features(FeatureNet):
 def load_dinov2(
     weights: str | None, device: str | torch.device = "cpu", arch: str = DINOV2_ARCH
 ) -> DINOv2Features:
-    """DINOv2 with the weights in ``weights`` (timm's or Meta's layout, .safetensors or .pth, read with
-    weights_only), named by the file's sha256 so statistics of other weights never meet."""
+    """DINOv2 with timm's or Meta's weights (read with weights_only), named by the file's sha256."""
     if weights is None or not os.path.isfile(weights):
         given = f" {weights}: no such file" if weights is not None else " is needed"
         raise UserError(f"--dinov2-weights{given}. FD_DINOv2 runs offline from a weights file: {DINOV2_WHERE}.")
