@@ -86,9 +86,14 @@ class Judged:
     features: np.ndarray
 
 
-def better(a: Mapping[str, Judged], b: Mapping[str, Judged],
-           references: Mapping[str, tuple[np.ndarray, np.ndarray]], resamples: int = BOOTSTRAP_RESAMPLES,
-           seed: int = 0, min_share: float = MIN_SHARE) -> Verdict:  # fmt: skip
+def better(
+    a: Mapping[str, Judged],
+    b: Mapping[str, Judged],
+    references: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    min_share: float = MIN_SHARE,
+) -> Verdict:
     """Is setting A better than B? ``a``, ``b``: per judge, scores and features; ``references``: (mu, sigma)."""
     if set(a) != set(b) or set(a) - set(references):
         raise UserError(

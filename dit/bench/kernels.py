@@ -26,10 +26,18 @@ def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device
     return out
 
 
-def bench_sample(model: str = "DiT-S/2", image_size: int = 256, precision: str = "fp32", batch_size: int = 8,
-                 num_sampling_steps: int = 10, guidance_scale: float = 4.0, repeats: int = 3,
-                 device: str | None = None, peak_tflops: float | None = None,
-                 attention: str = "auto") -> dict:  # fmt: skip
+def bench_sample(
+    model: str = "DiT-S/2",
+    image_size: int = 256,
+    precision: str = "fp32",
+    batch_size: int = 8,
+    num_sampling_steps: int = 10,
+    guidance_scale: float = 4.0,
+    repeats: int = 3,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+    attention: str = "auto",
+) -> dict:
     """Images/s and MFU of the guided DDPM sampler on random weights (speed does not depend on them)."""
     from dit.sample.generate import Guidance, Sampler, SamplingModel, sample_latents
 
@@ -78,9 +86,15 @@ def bench_sample(model: str = "DiT-S/2", image_size: int = 256, precision: str =
     }
 
 
-def bench_attention(model: str = "DiT-S/2", precision: str = "fp32", batch_size: int = 8, image_size: int = 256,
-                    backends=("flash", "math", "explicit"), repeats: int = 9,
-                    device: str | None = None) -> list[dict]:  # fmt: skip
+def bench_attention(
+    model: str = "DiT-S/2",
+    precision: str = "fp32",
+    batch_size: int = 8,
+    image_size: int = 256,
+    backends=("flash", "math", "explicit"),
+    repeats: int = 9,
+    device: str | None = None,
+) -> list[dict]:
     """Forward + backward of one block's attention per kernel, at the model's shapes (median of ``repeats``)."""
     with Runtime(device, precision) as runtime:
         dev, dtype = runtime.device, runtime.precision.compute_dtype

@@ -127,11 +127,22 @@ def _fresh_device_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def bench_train(*, model: str = "DiT-S/2", image_size: int = 256, precisions: tuple[str, ...] = ("fp32",),
-                batch_size: int = 8, activation_checkpointing: str = "none", compile: bool = False,
-                steps: int = 10, warmup: int = 3, device: str | None = None, peak_tflops: float | None = None,
-                attention: str = "auto", peak_probe_s: float = 0.0,
-                token_drops: tuple[float, ...] = (0.0,)) -> list[dict]:  # fmt: skip
+def bench_train(
+    *,
+    model: str = "DiT-S/2",
+    image_size: int = 256,
+    precisions: tuple[str, ...] = ("fp32",),
+    batch_size: int = 8,
+    activation_checkpointing: str = "none",
+    compile: bool = False,
+    steps: int = 10,
+    warmup: int = 3,
+    device: str | None = None,
+    peak_tflops: float | None = None,
+    attention: str = "auto",
+    peak_probe_s: float = 0.0,
+    token_drops: tuple[float, ...] = (0.0,),
+) -> list[dict]:
     """One row per precision and ``token_drops`` ratio, the rows taking turns step by step (paired on a drifting
     machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first."""
     runs = []
@@ -176,8 +187,13 @@ def bench_train(*, model: str = "DiT-S/2", image_size: int = 256, precisions: tu
     return rows
 
 
-def bench_accounting(model: str = "DiT-S/2", batch_size: int = 8, log_every: int = 100, precision: str = "fp32",
-                     image_size: int = 256) -> dict:  # fmt: skip
+def bench_accounting(
+    model: str = "DiT-S/2",
+    batch_size: int = 8,
+    log_every: int = 100,
+    precision: str = "fp32",
+    image_size: int = 256,
+) -> dict:
     """The cost accounting's share of a step: the meter's count, plus one log amortised over ``log_every``."""
     (step,) = bench_train(
         model=model, image_size=image_size, precisions=(precision,), batch_size=batch_size, steps=5, warmup=2
@@ -304,8 +320,13 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
     return rows
 
 
-def bench_precision_quality(steps: int = 1200, precisions=("fp32", "bf16"), seeds=(0, 1), eval_samples: int = 500,
-                            device: str | None = None) -> list[dict]:  # fmt: skip
+def bench_precision_quality(
+    steps: int = 1200,
+    precisions=("fp32", "bf16"),
+    seeds=(0, 1),
+    eval_samples: int = 500,
+    device: str | None = None,
+) -> list[dict]:
     """The quick start's recipe at each precision and seed, scored by its EMA samples' digit FID and accuracy."""
     from dit.data.digits import DigitDataset
     from dit.eval.digit_nets import load_digit_classifier

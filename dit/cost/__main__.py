@@ -105,8 +105,13 @@ def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
     return analytic.repa_flops(encoder_shape(encoder.encoder, size), cfg, repa.projector_dim), size
 
 
-def cmd_train(model: CostModelSection, hardware: HardwareSection, args: TrainArgs,
-              repa_encoder: RepaEncoderSection, repa_section: RepaSection) -> None:  # fmt: skip
+def cmd_train(
+    model: CostModelSection,
+    hardware: HardwareSection,
+    args: TrainArgs,
+    repa_encoder: RepaEncoderSection,
+    repa_section: RepaSection,
+) -> None:
     m, h, o = model, hardware, args
     cfg = m.config()
     repa, repa_size = _repa_flops(repa_encoder, repa_section, cfg) or (None, None)

@@ -137,9 +137,16 @@ def training_flops_per_image(
     return TrainFlops(forward=forward, model=3 * forward, hardware=3 * forward + recompute + flash_recompute)
 
 
-def sampling_flops_per_image(cfg: DiTConfig, num_steps: float, guidance_scale: float,
-                             vae_decode_flops: float = 0.0, *, unguided_nfe: float = 0, path_drop: bool = False,
-                             guide: DiTConfig | None = None) -> SampleFlops:  # fmt: skip
+def sampling_flops_per_image(
+    cfg: DiTConfig,
+    num_steps: float,
+    guidance_scale: float,
+    vae_decode_flops: float = 0.0,
+    *,
+    unguided_nfe: float = 0,
+    path_drop: bool = False,
+    guide: DiTConfig | None = None,
+) -> SampleFlops:
     """Network evaluations (``num_steps``) x forward at full tokens, a guided one adding the unconditional pass
     (without the sparse blocks under ``path_drop``; ``guide``'s forward under autoguidance); ``unguided_nfe``
     of them run the conditional pass alone."""

@@ -69,8 +69,14 @@ def _kept(cfg: DiTConfig, batch_size: int, ratio: float | None, device: str) -> 
     return {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)}
 
 
-def measure_flops(cfg: DiTConfig, batch_size: int = 1, train: bool = True, checkpointed_blocks: int = 0,
-                  device: str = "meta", ratio: float | None = None) -> dict:  # fmt: skip
+def measure_flops(
+    cfg: DiTConfig,
+    batch_size: int = 1,
+    train: bool = True,
+    checkpointed_blocks: int = 0,
+    device: str = "meta",
+    ratio: float | None = None,
+) -> dict:
     """Count the real DiT forward (and backward) with ``FlopCounterMode``: on "meta" the model convention, on "cpu"
     (tiny configs) the fused kernels' formulas, recompute included."""
     if device not in ("meta", "cpu"):

@@ -84,10 +84,19 @@ def _check_step(cfg: DiTConfig, batch: int, precision: str, checkpointed: int, s
         raise UserError(f"world_size must be >= 1, got {world}.")
 
 
-def estimate_training_memory(cfg: DiTConfig, batch_per_device: int, precision: str = "fp32",
-                             checkpointed_blocks: int = 0, ema: bool = True, sharding: str = "ddp",
-                             world_size: int = 1, gradient_as_bucket_view: bool = False, ema_profiles: int = 0,
-                             attention: str = "fused", ratio: float | None = None) -> MemoryEstimate:  # fmt: skip
+def estimate_training_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "fp32",
+    checkpointed_blocks: int = 0,
+    ema: bool = True,
+    sharding: str = "ddp",
+    world_size: int = 1,
+    gradient_as_bucket_view: bool = False,
+    ema_profiles: int = 0,
+    attention: str = "fused",
+    ratio: float | None = None,
+) -> MemoryEstimate:
     """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, AdamW's step."""
     _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
     counts = param_counts(cfg)
@@ -167,9 +176,13 @@ def usable_memory(capacity_bytes: int, reserve_gib: float | None = None) -> int:
     return int(capacity_bytes - reserve)
 
 
-def fit_checkpointing(cfg: DiTConfig, batch_per_device: int, budget_bytes: int,
-                      checkpointed_blocks: int | str = "auto",
-                      **estimate_kwargs) -> tuple[int, MemoryEstimate]:  # fmt: skip
+def fit_checkpointing(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    budget_bytes: int,
+    checkpointed_blocks: int | str = "auto",
+    **estimate_kwargs,
+) -> tuple[int, MemoryEstimate]:
     """The blocks to recompute and their estimate: as given, or for "auto" the fewest that fit (else all)."""
     candidates = range(cfg.depth + 1) if checkpointed_blocks == "auto" else (checkpointed_blocks,)
     for blocks in candidates:
@@ -212,9 +225,14 @@ def _peak_only_tracker():
     return PeakOnlyMemTracker()
 
 
-def trace_training_memory(cfg: DiTConfig, batch_per_device: int, precision: str = "fp32",
-                          checkpointed_blocks: int = 0, ema: bool = True,
-                          attention: str = "fused") -> MemoryTrace:  # fmt: skip
+def trace_training_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "fp32",
+    checkpointed_blocks: int = 0,
+    ema: bool = True,
+    attention: str = "fused",
+) -> MemoryTrace:
     """Peak memory of one steady-state step, traced on fake tensors (CPU autocast, AdamW ``foreach``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -12,9 +12,16 @@ class CostMeter:
     """Per-device rates since the last ``window()``: ``mfu`` (the DiT's ``.model`` FLOPs), ``hfu`` (``.hardware``),
     ``mfu_with_vae`` (an on-the-fly encode) and ``mfu_with_aux`` (REPA's networks); equal local batches assumed."""
 
-    def __init__(self, model_flops_per_image: float, hardware_flops_per_image: float, tokens_per_image: int,
-                 peak: Peak, world_size: int = 1, vae_flops_per_image: float = 0.0,
-                 aux_flops_per_image: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        model_flops_per_image: float,
+        hardware_flops_per_image: float,
+        tokens_per_image: int,
+        peak: Peak,
+        world_size: int = 1,
+        vae_flops_per_image: float = 0.0,
+        aux_flops_per_image: float = 0.0,
+    ):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.model_flops_per_image = float(model_flops_per_image)

@@ -51,9 +51,14 @@ def vae_config_for(spec: str | None) -> dict | None:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def model_for_image(model: str | None, image_size: int, vae: bool | dict | None = True,
-                    latent_size: int | None = None, in_channels: int | None = None,
-                    **overrides) -> DiTConfig:  # fmt: skip
+def model_for_image(
+    model: str | None,
+    image_size: int,
+    vae: bool | dict | None = True,
+    latent_size: int | None = None,
+    in_channels: int | None = None,
+    **overrides,
+) -> DiTConfig:
     """The DiT config for ``image_size`` pixels: the VAE's latents (``vae`` True: the SD VAE's) or the pixels."""
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
     if vae_config is not None:
@@ -179,10 +184,18 @@ def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, bu
     )  # fmt: skip
 
 
-def plan_training(cfg: DiTConfig, image_size: int, global_batch_size: int, steps: int, budget: Budget = Budget(),
-                  checkpointed_blocks: int = 0, vae_config: dict | None = SD_VAE_CONFIG,
-                  fused_attention: bool = True, repa: RepaFlops | None = None,
-                  repa_cached: bool = False) -> TrainingPlan:  # fmt: skip
+def plan_training(
+    cfg: DiTConfig,
+    image_size: int,
+    global_batch_size: int,
+    steps: int,
+    budget: Budget = Budget(),
+    checkpointed_blocks: int = 0,
+    vae_config: dict | None = SD_VAE_CONFIG,
+    fused_attention: bool = True,
+    repa: RepaFlops | None = None,
+    repa_cached: bool = False,
+) -> TrainingPlan:
     """FLOPs per image, step and run (DiT, VAE encode, REPA apart), memory, and time and cost at one MFU."""
     num_devices, precision = budget.num_devices, budget.precision
     if global_batch_size % num_devices:
@@ -219,9 +232,18 @@ def plan_training(cfg: DiTConfig, image_size: int, global_batch_size: int, steps
     )  # fmt: skip
 
 
-def plan_sampling(cfg: DiTConfig, image_size: int, num_images: int, num_sampling_steps: int, guidance_scale: float,
-                  budget: Budget = Budget(), vae_config: dict | None = SD_VAE_CONFIG, unguided_nfe: int = 0,
-                  path_drop: bool = False, guide: DiTConfig | None = None) -> SampleBudget:  # fmt: skip
+def plan_sampling(
+    cfg: DiTConfig,
+    image_size: int,
+    num_images: int,
+    num_sampling_steps: int,
+    guidance_scale: float,
+    budget: Budget = Budget(),
+    vae_config: dict | None = SD_VAE_CONFIG,
+    unguided_nfe: int = 0,
+    path_drop: bool = False,
+    guide: DiTConfig | None = None,
+) -> SampleBudget:
     """FLOPs to sample ``num_images`` (steps x forward, x2 guided, + VAE decode), and time and cost at one MFU."""
     if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
         raise UserError(
@@ -249,10 +271,19 @@ def plan_sampling(cfg: DiTConfig, image_size: int, num_images: int, num_sampling
     )  # fmt: skip
 
 
-def plan_memory(cfg: DiTConfig, batch_per_device: int, precision: str = "bf16", checkpointed_blocks: int | str = 0,
-                ema: bool = True, sharding: str = "ddp", world_size: int = 1, capacity_bytes: int | None = None,
-                reserve_gib: float | None = None, trace: bool = False,
-                ema_profiles: int = 0) -> MemoryPlan:  # fmt: skip
+def plan_memory(
+    cfg: DiTConfig,
+    batch_per_device: int,
+    precision: str = "bf16",
+    checkpointed_blocks: int | str = 0,
+    ema: bool = True,
+    sharding: str = "ddp",
+    world_size: int = 1,
+    capacity_bytes: int | None = None,
+    reserve_gib: float | None = None,
+    trace: bool = False,
+    ema_profiles: int = 0,
+) -> MemoryPlan:
     """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
     options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)

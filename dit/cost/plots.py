@@ -59,9 +59,14 @@ def plot_flops_vs_params(path: str, image_size: int = 256) -> str:
     return save_figure(fig, path)
 
 
-def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
-                         device_memory_bytes: int | None = None, batches: list[int] | None = None,
-                         traced_batches: tuple[int, ...] = ()) -> str:  # fmt: skip
+def plot_memory_vs_batch(
+    path: str,
+    cfg: DiTConfig,
+    precision: str = "bf16",
+    device_memory_bytes: int | None = None,
+    batches: list[int] | None = None,
+    traced_batches: tuple[int, ...] = (),
+) -> str:
     """Analytic peak memory per device against batch, with and without checkpointing every block;
     ``traced_batches`` adds FakeTensor traces as points, so the chart shows its own check."""
     plt = pyplot()
@@ -84,9 +89,15 @@ def plot_memory_vs_batch(path: str, cfg: DiTConfig, precision: str = "bf16",
     return save_figure(fig, path)
 
 
-def plot_quality(path: str, runs: list[str], labels: list[str] | None = None, title: str | None = None,
-                 up_to_steps: list[int] | None = None, count: str = "model",
-                 groups: list[str] | None = None) -> str:  # fmt: skip
+def plot_quality(
+    path: str,
+    runs: list[str],
+    labels: list[str] | None = None,
+    title: str | None = None,
+    up_to_steps: list[int] | None = None,
+    count: str = "model",
+    groups: list[str] | None = None,
+) -> str:
     """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run (the DiT
     paper's FID-vs-Gflops figure). ``up_to_steps`` cuts each run at a budget; ``count`` "total" adds a recipe's
     auxiliary and upstream FLOPs; ``groups`` (a name per run) colours a group's runs alike (one legend entry)."""

@@ -69,9 +69,14 @@ def _world(train: list[dict]) -> int:
     return max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
 
 
-def compute_to_target(run_dir: str, target_fid: float, price_per_hour: float | None = None,
-                      up_to_step: int | None = None, count: str = "model",
-                      score: str = "fid") -> dict:  # fmt: skip
+def compute_to_target(
+    run_dir: str,
+    target_fid: float,
+    price_per_hour: float | None = None,
+    up_to_step: int | None = None,
+    count: str = "model",
+    score: str = "fid",
+) -> dict:
     """The compute, time and cost at which a run's ``score`` first reached ``target_fid`` (interpolated)."""
     train, evals = read_run(run_dir, up_to_step)
     points = [(e["step"], pflops_of(e, count), e[score]) for e in evals if e.get(score) is not None]

@@ -69,8 +69,14 @@ class LatentStoreDataset(Dataset):
     """((latent - shift) x scale, or per-channel normalised, float32 CxHxW, label) from a finished store, each
     access a fresh posterior sample and flip; ``features`` adds the view's REPA features."""
 
-    def __init__(self, path: str, flip: bool = True, sample_posterior: bool = True, features: bool = False,
-                 latent_norm: str = "scalar"):  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        flip: bool = True,
+        sample_posterior: bool = True,
+        features: bool = False,
+        latent_norm: str = "scalar",
+    ):
         manifest = read_manifest(path)
         if not manifest["complete"]:
             raise UserError(

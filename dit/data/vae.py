@@ -106,8 +106,14 @@ def encode_moments(vae: AutoencoderKL, images: torch.Tensor) -> tuple[torch.Tens
     return posterior.mean, posterior.std
 
 
-def sample_posterior(mean: torch.Tensor, std: torch.Tensor, scale: float, generator: torch.Generator | None = None,
-                     shift: float = 0.0, eps: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def sample_posterior(
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    scale: float,
+    generator: torch.Generator | None = None,
+    shift: float = 0.0,
+    eps: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(mean + std * eps - shift) * scale in float32, in place on the noise (``eps`` drawn here unless given)."""
     if eps is None:
         eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
@@ -116,8 +122,12 @@ def sample_posterior(mean: torch.Tensor, std: torch.Tensor, scale: float, genera
     return eps.mul_(std).add_(mean).sub_(shift).mul_(scale)
 
 
-def encode(vae: AutoencoderKL, images: torch.Tensor, generator: torch.Generator | None = None,
-           eps: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def encode(
+    vae: AutoencoderKL,
+    images: torch.Tensor,
+    generator: torch.Generator | None = None,
+    eps: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Images in [-1, 1] to scaled latents, as DiT trains on them (a posterior sample, not the mean)."""
     return sample_posterior(*encode_moments(vae, images), scaling_factor(vae), generator, shift_factor(vae), eps)
 

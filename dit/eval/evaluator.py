@@ -175,10 +175,18 @@ def _check_dimensions(net: FeatureNet, ref: ReferenceStats) -> None:
 class Evaluator:
     """Scores image sets against one reference with its feature network, its judges and bootstrap intervals."""
 
-    def __init__(self, feature_net: FeatureNet, reference: ReferenceStats, metrics: Iterable[str] | None = None,
-                 batch_size: int = 64, pr_batch_size: int = PR_BATCH_SIZE, runtime: Runtime | None = None,
-                 pr_distances: str = "float32", judges: Iterable[Judge] = (),
-                 bootstrap: int = BOOTSTRAP_RESAMPLES):  # fmt: skip
+    def __init__(
+        self,
+        feature_net: FeatureNet,
+        reference: ReferenceStats,
+        metrics: Iterable[str] | None = None,
+        batch_size: int = 64,
+        pr_batch_size: int = PR_BATCH_SIZE,
+        runtime: Runtime | None = None,
+        pr_distances: str = "float32",
+        judges: Iterable[Judge] = (),
+        bootstrap: int = BOOTSTRAP_RESAMPLES,
+    ):
         self.judges = list(judges)
         for net, ref in ((feature_net, reference), *((j.net, j.reference) for j in self.judges)):
             if ref.feature_network != net.name:

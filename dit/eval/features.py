@@ -20,8 +20,12 @@ def judge_key(network: str) -> str | None:
     return next((key for prefix, key in JUDGE_PREFIXES.items() if network.startswith(prefix)), None)
 
 
-def load_feature_net(kind: str, inception_weights: str | None = None, device: str | torch.device = "cpu",
-                     dinov2_weights: str | None = None) -> FeatureNet:  # fmt: skip
+def load_feature_net(
+    kind: str,
+    inception_weights: str | None = None,
+    device: str | torch.device = "cpu",
+    dinov2_weights: str | None = None,
+) -> FeatureNet:
     if kind == "inception":
         return load_inception(inception_weights, device)
     if kind == "mnist":

@@ -70,9 +70,20 @@ _SAMPLING_FLAG = re.compile(
 
 
 class InLoopEval:
-    def __init__(self, section: EvalSection, sampling: EvalSamplingSection, *, seed: int, image_size: int,
-                 objective: Objective, runtime: Runtime, model: DiT, vae, vae_spec: str | None,
-                 latent_norm=None):  # fmt: skip
+    def __init__(
+        self,
+        section: EvalSection,
+        sampling: EvalSamplingSection,
+        *,
+        seed: int,
+        image_size: int,
+        objective: Objective,
+        runtime: Runtime,
+        model: DiT,
+        vae,
+        vae_spec: str | None,
+        latent_norm=None,
+    ):
         """Everything that can fail (reference, weights, image count, guidance) fails here, at start-up."""
         self.section, self.sampling, self.runtime = section, sampling, runtime
         self.vae, self.vae_spec = vae, vae_spec

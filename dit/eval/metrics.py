@@ -126,9 +126,14 @@ def knn_radii(
     return torch.cat(radii)
 
 
-def precision_recall(ref: torch.Tensor, ref_radii: torch.Tensor, samples: torch.Tensor, sample_radii: torch.Tensor,
-                     batch_size: int = PR_BATCH_SIZE,
-                     distances: str = "float32") -> tuple[float, float]:  # fmt: skip
+def precision_recall(
+    ref: torch.Tensor,
+    ref_radii: torch.Tensor,
+    samples: torch.Tensor,
+    sample_radii: torch.Tensor,
+    batch_size: int = PR_BATCH_SIZE,
+    distances: str = "float32",
+) -> tuple[float, float]:
     """Precision: samples inside a reference ball; recall: reference points inside a sample ball (k-NN radii)."""
     sample_in = torch.zeros(len(samples), dtype=torch.bool, device=samples.device)
     ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)
@@ -217,9 +222,15 @@ def bootstrap_interval(value: float, values: np.ndarray, level: float = BOOTSTRA
     return Interval(max(float(low), 0.0), float(high))  # a distance is not negative
 
 
-def fd_interval(value: float, features: torch.Tensor | np.ndarray, mu: np.ndarray, sigma: np.ndarray,
-                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
-                level: float = BOOTSTRAP_LEVEL) -> Interval:  # fmt: skip
+def fd_interval(
+    value: float,
+    features: torch.Tensor | np.ndarray,
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    level: float = BOOTSTRAP_LEVEL,
+) -> Interval:
     """Bootstrap interval of a sample set's FD against fixed reference statistics (not resampled)."""
     x = torch.as_tensor(features)
     reference = FrechetToReference(mu, sigma, x.device)
@@ -233,9 +244,14 @@ class Paired:
     b: np.ndarray
 
 
-def paired_bootstrap(features_a: torch.Tensor | np.ndarray, features_b: torch.Tensor | np.ndarray, mu: np.ndarray,
-                     sigma: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = 0) -> Paired:  # fmt: skip
+def paired_bootstrap(
+    features_a: torch.Tensor | np.ndarray,
+    features_b: torch.Tensor | np.ndarray,
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Paired:
     """Two aligned sets against one reference on the same resamples, so that their shared noise cancels."""
     a, b = torch.as_tensor(features_a), torch.as_tensor(features_b)
     if a.shape != b.shape:

@@ -148,9 +148,16 @@ class DiT(nn.Module):
         x = x.reshape(x.shape[0], h, w, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(x.shape[0], c, h * p, w * p)
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
-                force_drop_ids: torch.Tensor | None = None, return_hidden_at: int | None = None,
-                kept: torch.Tensor | None = None, path_drop: bool = False):  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        force_drop_ids: torch.Tensor | None = None,
+        return_hidden_at: int | None = None,
+        kept: torch.Tensor | None = None,
+        path_drop: bool = False,
+    ):
         """x (N, C, H, W), t (N,) timesteps, y (N,) labels; ``force_drop_ids`` (1: null label) replaces class
         dropout; ``return_hidden_at=k`` also returns block k's tokens; ``kept``, ``path_drop``: token drop."""
         self._check_input(x)
@@ -200,8 +207,15 @@ class DiT(nn.Module):
             raise ValueError("path drop needs the sprint layout (MaskDiT has no dense path to keep)")
         return middle if kept is None else self.token_drop.pad(middle, kept, dense.shape[1], fill=self.pos_embed)
 
-    def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
-                         cfg_channels: int | str = 3, path_drop: bool = False) -> torch.Tensor:  # fmt: skip
+    def forward_with_cfg(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        cfg_scale: float,
+        cfg_channels: int | str = 3,
+        path_drop: bool = False,
+    ) -> torch.Tensor:
         """Classifier-free guidance on [cond; uncond] sharing the first half's noise, on ``cfg_channels`` (3: the
         official), never the variance; ``path_drop``: the second half skips the sparse blocks."""
         guided = self.guided_channels(cfg_channels)

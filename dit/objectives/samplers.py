@@ -127,10 +127,18 @@ def settings_record(kind: str, method: str | None, diffusion_form: str, last_ste
     }
 
 
-def sampling_plan(sampler: str, num_steps: int, *, method: str | None = None, last_step: str = "mean",
-                  guidance_scale: float = 1.0, interval: Sequence[float] | None = None,
-                  flow_interval: tuple[float, float] = (0.0, 1.0), diffusion_steps: int = DIFFUSION_STEPS,
-                  time_shift: float = 1.0) -> SamplingPlan:  # fmt: skip
+def sampling_plan(
+    sampler: str,
+    num_steps: int,
+    *,
+    method: str | None = None,
+    last_step: str = "mean",
+    guidance_scale: float = 1.0,
+    interval: Sequence[float] | None = None,
+    flow_interval: tuple[float, float] = (0.0, 1.0),
+    diffusion_steps: int = DIFFUSION_STEPS,
+    time_shift: float = 1.0,
+) -> SamplingPlan:
     """The plan of ``sampler`` with ``num_steps`` steps: diffusion, one evaluation per respaced step (diffusers'
     Heun: 2N - 1); flow, ``flow_grid`` over the transport's ``flow_interval``. ``time_shift`` is a number ("auto"
     resolved). The sampling section checks ``sampler``, ``num_steps`` and ``interval``; here, the samplers' own."""

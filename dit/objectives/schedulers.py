@@ -30,9 +30,17 @@ def make_scheduler(name: str, diffusion: SpacedDiffusion, **overrides):
     )
 
 
-def scheduler_sample(scheduler, diffusion: SpacedDiffusion, plan: SamplingPlan, model: Callable, x: torch.Tensor,
-                     *, model_kwargs: dict, noise_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                     progress: bool = False) -> torch.Tensor:  # fmt: skip
+def scheduler_sample(
+    scheduler,
+    diffusion: SpacedDiffusion,
+    plan: SamplingPlan,
+    model: Callable,
+    x: torch.Tensor,
+    *,
+    model_kwargs: dict,
+    noise_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
     """Denoise ``x`` with ``scheduler``, one model call per timestep, as ``plan`` counted (checked first)."""
     scheduler.set_timesteps(diffusion.num_timesteps, device=x.device)
     steps = [int(k) for k in scheduler.timesteps.tolist()]

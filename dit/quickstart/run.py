@@ -27,8 +27,15 @@ from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
 
 
-def sample_grid(ckpt: Path, out: Path, per_class: int, sample_steps: int, guidance_scale: float,
-                device: str | None, seed: int = 0) -> str:  # fmt: skip
+def sample_grid(
+    ckpt: Path,
+    out: Path,
+    per_class: int,
+    sample_steps: int,
+    guidance_scale: float,
+    device: str | None,
+    seed: int = 0,
+) -> str:
     """One row per class from the checkpoint's EMA weights, written to ``out``; returns which weights were used."""
     with Runtime(device, "fp32") as runtime:
         sm = load_sampling_model(ckpt, vae="none", use_ema=True, device=runtime.device)

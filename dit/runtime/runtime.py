@@ -105,8 +105,13 @@ class Runtime:
     def of(cls, section: DeviceSection, **kw) -> Runtime:
         return cls(section.device, section.precision, **kw)
 
-    def __init__(self, device: str | None = None, precision: str = "fp32", deterministic: bool = False,
-                 timeout: timedelta | None = None):  # fmt: skip
+    def __init__(
+        self,
+        device: str | None = None,
+        precision: str = "fp32",
+        deterministic: bool = False,
+        timeout: timedelta | None = None,
+    ):
         script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "train.py"
         self.env = process_env(script)
         self.world, self.rank, self.local_rank = self.env.world, self.env.rank, self.env.local_rank

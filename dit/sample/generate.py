@@ -56,8 +56,16 @@ class SamplingModel:
                                              self.config.learn_sigma, self.time_shift)  # fmt: skip
 
     @classmethod
-    def from_objective(cls, model: DiT, weights: str, image_size: int, vae, vae_spec: str | None,
-                       objective: Objective, latent_norm: ChannelNorm | None = None) -> SamplingModel:  # fmt: skip
+    def from_objective(
+        cls,
+        model: DiT,
+        weights: str,
+        image_size: int,
+        vae,
+        vae_spec: str | None,
+        objective: Objective,
+        latent_norm: ChannelNorm | None = None,
+    ) -> SamplingModel:
         """``model`` sampled as ``objective`` says; ``latent_norm`` None: the VAE's scaling rule."""
         return cls(
             model, weights, image_size, vae, vae_spec, **objective.sampling_fields(), latent_norm=latent_norm
@@ -266,8 +274,15 @@ class Sampler:
         return self.mean_guided_nfe + self.mean_unguided_nfe
 
 
-def sample_latents(sm: SamplingModel, sampler: Sampler, labels: Sequence[int], seeds: Sequence[int], *,
-                   precision: Precision | None = None, progress: bool = False) -> torch.Tensor:  # fmt: skip
+def sample_latents(
+    sm: SamplingModel,
+    sampler: Sampler,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    precision: Precision | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
     """The DiT's part: denoised samples (latents, or pixels for pixel-space models), one per (label, seed)."""
     cfg, device = sm.config, next(sm.model.parameters()).device
     noise = PerImageNoise(seeds, (cfg.in_channels, cfg.input_size, cfg.input_size), device)
@@ -287,8 +302,15 @@ def to_images(sm: SamplingModel, samples: torch.Tensor, precision: Precision | N
     return images.float().cpu()
 
 
-def generate(sm: SamplingModel, sampler: Sampler, labels: Sequence[int], seeds: Sequence[int], *,
-             precision: Precision | None = None, progress: bool = False) -> torch.Tensor:  # fmt: skip
+def generate(
+    sm: SamplingModel,
+    sampler: Sampler,
+    labels: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    precision: Precision | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
     """Images in [-1, 1], (N, 3, H, W) float32 on the CPU, one per (label, seed)."""
     samples = sample_latents(sm, sampler, labels, seeds, precision=precision, progress=progress)
     return to_images(sm, samples, precision)

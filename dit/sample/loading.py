@@ -81,11 +81,19 @@ def _agree(flag: str, given, recorded):
     return given if given is not None else recorded
 
 
-def load_sampling_model(ckpt_path: str | os.PathLike | None, *, model: str | None = None,
-                        image_size: int | None = None, num_classes: int | None = None,
-                        num_heads: int | None = None, vae: str | None = None, use_ema: bool = True,
-                        device: str | torch.device = "cpu", sd_decoder: str = "mse",
-                        objective: str | None = None) -> SamplingModel:  # fmt: skip
+def load_sampling_model(
+    ckpt_path: str | os.PathLike | None,
+    *,
+    model: str | None = None,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    num_heads: int | None = None,
+    vae: str | None = None,
+    use_ema: bool = True,
+    device: str | torch.device = "cpu",
+    sd_decoder: str = "mse",
+    objective: str | None = None,
+) -> SamplingModel:
     """The DiT a checkpoint holds (a bare release read from its shapes) and the VAE to decode its samples."""
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
     net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
@@ -98,9 +106,16 @@ def load_sampling_model(ckpt_path: str | os.PathLike | None, *, model: str | Non
     return SamplingModel.from_objective(net, which, image_size, vae_module, vae_spec, objective, latent_norm)
 
 
-def read_model(ckpt_path: str | os.PathLike, *, model: str | None = None, num_classes: int | None = None,
-               num_heads: int | None = None, use_ema: bool = True, device: str | torch.device = "cpu",
-               objective: str | None = None) -> tuple[DiT, str, dict, ChannelNorm | None]:  # fmt: skip
+def read_model(
+    ckpt_path: str | os.PathLike,
+    *,
+    model: str | None = None,
+    num_classes: int | None = None,
+    num_heads: int | None = None,
+    use_ema: bool = True,
+    device: str | torch.device = "cpu",
+    objective: str | None = None,
+) -> tuple[DiT, str, dict, ChannelNorm | None]:
     """``load_sampling_model`` without the VAE: (DiT, which weights, flat record, latent statistics)."""
     ckpt = load_checkpoint(ckpt_path)
     run = sit_run_config(recorded_run_config(ckpt))

@@ -153,8 +153,14 @@ class TrainData:
         return order, loader
 
 
-def build_data(data: DataSection, image_size: int, num_classes: int, dataset: Dataset | None, device: torch.device,
-               features: bool = False) -> TrainData:  # fmt: skip
+def build_data(
+    data: DataSection,
+    image_size: int,
+    num_classes: int,
+    dataset: Dataset | None,
+    device: torch.device,
+    features: bool = False,
+) -> TrainData:
     """The configured source (``dataset``, a latent store, or a folder), checked against the model."""
     if data.latent_norm == "channel" and (dataset is not None or not data.feature_path):  # pixels: the section's
         raise UserError(

@@ -111,10 +111,24 @@ def device_memory(device: torch.device) -> dict:
 
 
 class Ledger:
-    def __init__(self, section: LedgerSection, device: DeviceSection, *, model: DiT, attention: str,
-                 data: TrainData, runtime: Runtime, out: Path, record: dict, image_size: int, total_steps: int,
-                 local_images_done: int = 0, start_step: int = 0, repa=None,
-                 dropped_images_done: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        section: LedgerSection,
+        device: DeviceSection,
+        *,
+        model: DiT,
+        attention: str,
+        data: TrainData,
+        runtime: Runtime,
+        out: Path,
+        record: dict,
+        image_size: int,
+        total_steps: int,
+        local_images_done: int = 0,
+        start_step: int = 0,
+        repa=None,
+        dropped_images_done: int = 0,
+    ):
         """``local_images_done`` (``dropped_images_done`` with dropped tokens): images before a resume."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps

@@ -42,9 +42,17 @@ class Preset:
 PRESETS = {"default": Preset(steps=1200), "long": Preset(steps=3600)}
 
 
-def digits_train_config(p: Preset, steps: int, run_dir: Path, device: str | None, eval_ref: str | None = None,
-                        eval_every: int = 0, eval_samples: int | None = None, sample_steps: int | None = None,
-                        resume: bool = False) -> TrainConfig:  # fmt: skip
+def digits_train_config(
+    p: Preset,
+    steps: int,
+    run_dir: Path,
+    device: str | None,
+    eval_ref: str | None = None,
+    eval_every: int = 0,
+    eval_samples: int | None = None,
+    sample_steps: int | None = None,
+    resume: bool = False,
+) -> TrainConfig:
     """The trainer's config for preset ``p``; ``eval_ref``: its EMA samples scored with the preset's sampler."""
     evaluation = {}
     if eval_ref is not None:

@@ -14,8 +14,15 @@ from dit.train.hooks import StepHook
 
 
 class Repa(StepHook):
-    def __init__(self, encoder: RepaEncoderSection, repa: RepaSection, model_cfg: DiTConfig,
-                 store_manifest: dict | None, device: torch.device, precision):  # fmt: skip
+    def __init__(
+        self,
+        encoder: RepaEncoderSection,
+        repa: RepaSection,
+        model_cfg: DiTConfig,
+        store_manifest: dict | None,
+        device: torch.device,
+        precision,
+    ):
         from dit.data.encoder import Encoder, encoder_shape, resolve_input_size, upstream_flops
 
         if not 1 <= repa.depth <= model_cfg.depth:

@@ -15,9 +15,19 @@ from dit.train.parallel import load_model_state, load_optimizer_state, model_sta
 
 
 class TrainState:
-    def __init__(self, model: DiT, ema: EMA, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-                 sharded: bool, dataset_len: int, steps_per_epoch: int, trained: nn.Module | None = None,
-                 record: dict | None = None, latent_norm: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: DiT,
+        ema: EMA,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        sharded: bool,
+        dataset_len: int,
+        steps_per_epoch: int,
+        trained: nn.Module | None = None,
+        record: dict | None = None,
+        latent_norm: dict | None = None,
+    ):
         """``trained``: what the optimizer steps; ``latent_norm``: ``ChannelNorm.record()``; ``lineage``: later."""
         self.model, self.ema, self.optimizer, self.scaler = model, ema, optimizer, scaler
         self.sharded, self.dataset_len, self.steps_per_epoch = sharded, dataset_len, steps_per_epoch

@@ -5,9 +5,19 @@ from dit.objectives.gaussian.respace import SpacedDiffusion, space_timesteps
 from dit.objectives.respacing import shift_timesteps
 
 
-def create_diffusion(timestep_respacing, noise_schedule="linear", use_kl=False, sigma_small=False,
-                     predict_xstart=False, learn_sigma=True, rescale_learned_sigmas=False, diffusion_steps=1000, *,
-                     time_shift=1.0, **recipe) -> SpacedDiffusion:  # fmt: skip
+def create_diffusion(
+    timestep_respacing,
+    noise_schedule="linear",
+    use_kl=False,
+    sigma_small=False,
+    predict_xstart=False,
+    learn_sigma=True,
+    rescale_learned_sigmas=False,
+    diffusion_steps=1000,
+    *,
+    time_shift=1.0,
+    **recipe,
+) -> SpacedDiffusion:
     """The DiT diffusion (linear betas, 1000 steps, epsilon, learned range), respaced by ``timestep_respacing``."""
     betas = gd.get_named_beta_schedule(noise_schedule, diffusion_steps)
     if use_kl:

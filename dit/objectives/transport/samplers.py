@@ -64,9 +64,18 @@ def diffusion_coefficient(transport: Transport, form: str, t: float, norm: float
     return norm * math.sin(math.pi * t) ** 2  # increasing-decreasing
 
 
-def sde_sample(field: FlowField, x: torch.Tensor, grid: Sequence[float],
-               noise: Callable[[torch.Tensor], torch.Tensor], *, method: str = "euler", form: str = "sigma",
-               norm: float = 1.0, last_step: str = "mean", progress=None):  # fmt: skip
+def sde_sample(
+    field: FlowField,
+    x: torch.Tensor,
+    grid: Sequence[float],
+    noise: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    method: str = "euler",
+    form: str = "sigma",
+    norm: float = 1.0,
+    last_step: str = "mean",
+    progress=None,
+):
     """Euler-Maruyama (or Heun) steps over the grid, then the last deterministic step to t = 1."""
 
     def drift(y, t):
