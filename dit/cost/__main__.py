@@ -142,13 +142,8 @@ def cmd_sample(
         guide=guide,
     )  # fmt: skip
     interval = list(sampling.guidance_interval) if sampling.guidance_interval else None
-    show(
-        replace(
-            result, num_sampling_steps=sampling.num_sampling_steps,
-            evaluations=Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided),
-        ),
-        o.json,
-    )  # fmt: skip
+    evals = Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided)
+    show(replace(result, num_sampling_steps=sampling.num_sampling_steps, evaluations=evals), o.json)
 
 
 def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
@@ -181,10 +176,7 @@ def cmd_peaks(args: PeaksArgs) -> None:
         with Precision(o.precision, "cuda").flags():
             peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
         result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
-        if peak.detail:
-            result["detail"] = peak.detail
-        if peak.measured_on:
-            result["measured_on"] = peak.measured_on
+        result.update({k: v for k in ("detail", "measured_on") if (v := getattr(peak, k))})
         print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
         return
     rows = [
@@ -210,16 +202,12 @@ def cmd_plot(model: CostModelSection, args: PlotArgs) -> None:
 
     if o.chart == "flops":
         print(plots.plot_flops_vs_params(o.out, m.image_size))
-        return
-    if o.chart == "quality":
+    elif o.chart == "quality":
         print(plots.plot_quality(o.out, o.runs, o.labels))
-        return
-    traced = tuple(int(b) for b in o.traced_batches.split(",")) if o.traced_batches else ()
-    print(
-        plots.plot_memory_vs_batch(
-            o.out, m.config(), o.precision, _device_memory(o.gpu, o.memory_gib), traced_batches=traced
-        )
-    )
+    else:
+        traced = tuple(int(b) for b in o.traced_batches.split(",")) if o.traced_batches else ()
+        capacity = _device_memory(o.gpu, o.memory_gib)
+        print(plots.plot_memory_vs_batch(o.out, m.config(), o.precision, capacity, traced_batches=traced))
 
 
 def _money(amount: float) -> str:

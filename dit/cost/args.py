@@ -67,15 +67,8 @@ class HardwareSection(Section):
     price_per_hour: float | None = option(None, "price of one device-hour, for the cost line", gt=0)
 
     def budget(self) -> plan.Budget:
-        return plan.Budget(
-            self.num_gpus,
-            self.gpu,
-            self.precision,
-            self.mfu,
-            self.calibration,
-            self.price_per_hour,
-            self.peak_tflops,
-        )
+        h = self
+        return plan.Budget(h.num_gpus, h.gpu, h.precision, h.mfu, h.calibration, h.price_per_hour, h.peak_tflops)
 
 
 @dataclass(frozen=True)

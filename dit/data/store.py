@@ -263,22 +263,18 @@ def write_shard(
 ) -> None:
     """Write shard ``index`` (moments [n, views, 2, C, H, W]; REPA's features [n, views, tokens, width] when the
     spec has them) atomically, then its checksum file."""
-    dtype = STORAGE_DTYPES[spec.storage_dtype]
-    stored = moments.to(dtype).contiguous()
-    if not torch.isfinite(stored).all():
-        raise UserError(
-            f"shard {index}: posterior moments are not finite in {spec.storage_dtype}. "
-            "Use --storage-dtype bf16 or fp32 (wider range), or check the VAE."
-        )
     if (features is None) != (spec.features is None):
         raise ValueError(f"shard {index}: the spec {'has' if spec.features else 'has no'} encoder features")
-    tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
+    dtype = STORAGE_DTYPES[spec.storage_dtype]
+    tensors = {"moments": moments.to(dtype).contiguous(), "labels": labels.to(torch.int64).contiguous()}
     if features is not None:
         tensors["features"] = features.to(dtype).contiguous()
-        if not torch.isfinite(tensors["features"]).all():
+    for key, what in (("moments", "posterior moments"), ("features", "the encoder's features")):
+        if key in tensors and not torch.isfinite(tensors[key]).all():
+            more = ", or check the VAE" if key == "moments" else ""
             raise UserError(
-                f"shard {index}: the encoder's features are not finite in {spec.storage_dtype}. Use --storage-dtype "
-                "bf16 or fp32 (wider range)."
+                f"shard {index}: {what} are not finite in {spec.storage_dtype}. Use --storage-dtype bf16 or fp32 "
+                f"(wider range){more}."
             )
     # one metadata key: safetensors orders several by a randomly seeded hash map (docs/latent_store.md)
     info = json.dumps({"format": FORMAT, "shard": index, "files": files, "skipped": skipped}, sort_keys=True)

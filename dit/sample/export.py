@@ -70,14 +70,9 @@ def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
 def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
     """Our (the official) keys onto diffusers': per-block embedders, qkv split, ``pos_embed`` dropped."""
     sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
-    out = {
-        "pos_embed.proj.weight": sd["x_embedder.proj.weight"],
-        "pos_embed.proj.bias": sd["x_embedder.proj.bias"],
-        "proj_out_1.weight": sd["final_layer.adaLN_modulation.1.weight"],
-        "proj_out_1.bias": sd["final_layer.adaLN_modulation.1.bias"],
-        "proj_out_2.weight": sd["final_layer.linear.weight"],
-        "proj_out_2.bias": sd["final_layer.linear.bias"],
-    }
+    renamed = {"pos_embed.proj": "x_embedder.proj", "proj_out_1": "final_layer.adaLN_modulation.1",
+               "proj_out_2": "final_layer.linear"}  # fmt: skip
+    out = {f"{t}.{kind}": sd[f"{o}.{kind}"] for t, o in renamed.items() for kind in ("weight", "bias")}
     labels = exported_label_table(sd["y_embedder.embedding_table.weight"], cfg)
     for i in range(cfg.depth):
         ours, theirs = f"blocks.{i}.", f"transformer_blocks.{i}."
@@ -237,11 +232,8 @@ def read_id2label(path: str | os.PathLike) -> dict[int, str]:
     """Class names from a text file (one per line, line i = class i) or a JSON list or {id: name} object."""
     path, fix = Path(path), "pass a text file with one class name per line, or a JSON list or {id: name} object"
     if path.suffix != ".json":
-        return {
-            i: line.strip()
-            for i, line in enumerate(read_text(path, "labels file", fix).splitlines())
-            if line.strip()
-        }
+        lines = read_text(path, "labels file", fix).splitlines()
+        return {i: line.strip() for i, line in enumerate(lines) if line.strip()}
     data = read_json(path, "labels file", fix)
     items = enumerate(data) if isinstance(data, list) else data.items() if isinstance(data, dict) else None
     try:
