@@ -84,13 +84,8 @@ def _unfit(
         return None
     device_type = "cuda" if a.device != "cpu" and torch.cuda.is_available() else "cpu"
     kernel = attention_kernel(attention, device_type, Precision(precision, "cuda").compute_dtype)
-    estimate = estimate_training_memory(
-        cfg,
-        batch,
-        precision,
-        checkpointed_blocks=blocks,
-        attention="explicit" if kernel in ("explicit", "math") else "fused",
-    ).total
+    kind = "explicit" if kernel in ("explicit", "math") else "fused"
+    estimate = estimate_training_memory(cfg, batch, precision, blocks, attention=kind).total
     budget = usable_memory(capacity)
     if estimate <= budget:
         return None
@@ -171,20 +166,8 @@ def _train(a: c.TrainBench, on_row) -> Result:
 def _sample(a: c.SampleBench, on_row) -> Result:
     r = Result()
     for model, precision, batch, attention in itertools.product(a.model, a.precision, a.batch_size, a.attention):
-        r.rows.append(
-            bench_sample(
-                model,
-                a.image_size,
-                precision,
-                batch,
-                a.num_sampling_steps,
-                a.guidance_scale,
-                a.repeats,
-                a.device,
-                a.peak_tflops,
-                attention,
-            )  # fmt: skip
-        )
+        r.rows.append(bench_sample(model, a.image_size, precision, batch, a.num_sampling_steps, a.guidance_scale,
+                                   a.repeats, a.device, a.peak_tflops, attention))  # fmt: skip
         on_row(r.rows[-1])
     r.keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "guidance_scale", "median_s",
               "images_per_sec", "model_tflops", "mfu", "peak_source"]  # fmt: skip

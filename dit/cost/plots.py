@@ -66,17 +66,13 @@ def plot_memory_vs_batch(
     batches: list[int] | None = None,
     traced_batches: tuple[int, ...] = (),
 ) -> str:
-    """Analytic peak memory per device against batch, with and without checkpointing every block.
-
-    ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check.
-    """
+    """Analytic peak memory per device against batch, with and without checkpointing every block;
+    ``traced_batches`` adds FakeTensor traces as points (seconds each), so the chart shows its own check."""
     plt = _pyplot()
     batches = batches or [1, 2, 4, 8, 16, 32, 64, 128, 256]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for blocks, label, colour in (
-        (0, "no checkpointing", "tab:blue"),
-        (cfg.depth, "checkpoint every block", "tab:green"),
-    ):
+    for blocks, colour in ((0, "tab:blue"), (cfg.depth, "tab:green")):
+        label = "checkpoint every block" if blocks else "no checkpointing"
         gib = [estimate_training_memory(cfg, b, precision, blocks).total / 2**30 for b in batches]
         ax.plot(batches, gib, marker=".", color=colour, label=f"{label} (analytic)")
         if traced_batches:
@@ -101,11 +97,9 @@ def plot_quality(
     count: str = "model",
     groups: list[str] | None = None,
 ) -> str:
-    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run:
-    the DiT paper's FID-vs-Gflops figure for your own runs. ``up_to_steps`` cuts each run at a budget;
-    ``count`` "total" adds a recipe's auxiliary and upstream FLOPs (``dit.cost.quality.pflops_of``).
-    ``groups`` (one name per run, e.g. its recipe) colours the runs of a group alike and gives the legend
-    one entry per group: 14 runs of 6 recipes were unreadable with a colour and an entry each."""
+    """FID (and precision/recall, where recorded) against cumulative training FLOPs, one line per run (the DiT
+    paper's FID-vs-Gflops figure); ``up_to_steps`` cuts each run at a budget; ``count`` "total" adds auxiliary and
+    upstream FLOPs; ``groups`` (a name per run) colours a group's runs alike, with one legend entry per group."""
     from matplotlib.lines import Line2D
 
     from dit.cost.quality import pflops_of, read_run
@@ -133,11 +127,8 @@ def plot_quality(
             ax.plot(x, [e.get("precision") for e in evals], marker="o", label=f"{pr_name} precision", **style)
             ax.plot(x, [e.get("recall") for e in evals], marker="s", ls="--", label=f"{pr_name} recall", **style)
     network = series[0][-1].get("feature_network", "")
-    xlabel = (
-        "training FLOPs (model, cumulative)"
-        if count == "model"
-        else "training FLOPs (total: DiT + auxiliary + upstream, cumulative)"
-    )
+    what = "model" if count == "model" else "total: DiT + auxiliary + upstream"
+    xlabel = f"training FLOPs ({what}, cumulative)"
     axes[0][0].set(xscale="log", yscale="log", ylabel=f"FID ({network})", xlabel=xlabel)
     axes[0][0].set_title(title or "Quality against training compute")
     if has_pr:
@@ -146,9 +137,6 @@ def plot_quality(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     if has_pr and groups:  # the marker says which metric; the colours are the left panel's
-        axes[0][1].legend(
-            [Line2D([], [], color="grey", marker="o"), Line2D([], [], color="grey", marker="s", ls="--")],
-            ["precision", "recall"],
-            fontsize=8,
-        )
+        markers = [Line2D([], [], color="grey", marker="o"), Line2D([], [], color="grey", marker="s", ls="--")]
+        axes[0][1].legend(markers, ["precision", "recall"], fontsize=8)
     return _save(fig, path)
