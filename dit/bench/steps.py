@@ -179,17 +179,9 @@ def bench_accounting(
         per_log = (time.perf_counter() - start) / logs
         ledger.close()
     overhead = per_step + per_log / log_every
-    return {
-        "mode": "accounting",
-        "model": model,
-        "batch": batch_size,
-        "log_every": log_every,
-        "meter_step_us": per_step * 1e6,
-        "log_ms": per_log * 1e3,
-        "step_median_s": step["median_s"],
-        "overhead_per_step_us": overhead * 1e6,
-        "overhead_frac": overhead / step["median_s"],
-    }
+    return {"mode": "accounting", "model": model, "batch": batch_size, "log_every": log_every,
+            "meter_step_us": per_step * 1e6, "log_ms": per_log * 1e3, "step_median_s": step["median_s"],
+            "overhead_per_step_us": overhead * 1e6, "overhead_frac": overhead / step["median_s"]}  # fmt: skip
 
 
 def profile_train_step(
@@ -230,17 +222,11 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     (ref_name, ref), *others = curves.items()
     gaps = {name: tail_mean(curve) / tail_mean(ref) - 1 for name, curve in others}
     seed_gaps = [abs(gap) for name, gap in gaps.items() if name.startswith(runs[0][0] + " ")]
-    return {
-        "mode": "loss",
-        "reference": ref_name,
-        "steps": base.budget.max_steps,
-        "log_every": base.ledger.log_every,
-        "tail_fraction": tail,
-        "tail_mean_loss": {name: tail_mean(curve) for name, curve in curves.items()},
-        "tail_gap_to_reference": gaps,
-        "seed_noise": max(seed_gaps) if seed_gaps else None,
-        "curves": curves,
-    }
+    means = {name: tail_mean(curve) for name, curve in curves.items()}
+    return {"mode": "loss", "reference": ref_name, "steps": base.budget.max_steps,
+            "log_every": base.ledger.log_every, "tail_fraction": tail, "tail_mean_loss": means,
+            "tail_gap_to_reference": gaps, "seed_noise": max(seed_gaps) if seed_gaps else None,
+            "curves": curves}  # fmt: skip
 
 
 def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:

@@ -132,34 +132,16 @@ TRAIN_FACE = Face(
     "Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain "
     "python).\n\nExit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGTERM, 130 SIGINT, "
     "129 SIGHUP, 138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.",
-    sections={
-        "model": ModelSection,
-        "objective": ObjectiveSection,
-        "data": DataSection,
-        "optim": OptimSection,
-        "budget": BudgetSection,
-        "runtime": TrainDeviceSection,
-        "parallel": ParallelSection,
-        "checkpoint": CheckpointSection,
-        "ledger": LedgerSection,
-        "eval": (EvalSection, "eval_"),
-        "eval_sampling": (EvalSamplingSection, "eval_"),
-        "repa_encoder": (RepaEncoderSection, "repa_"),
-        "repa": (RepaSection, "repa_"),
-        "token_drop": TokenDropSection,
-    },
+    sections={"model": ModelSection, "objective": ObjectiveSection, "data": DataSection, "optim": OptimSection,
+              "budget": BudgetSection, "runtime": TrainDeviceSection, "parallel": ParallelSection,
+              "checkpoint": CheckpointSection, "ledger": LedgerSection, "eval": (EvalSection, "eval_"),
+              "eval_sampling": (EvalSamplingSection, "eval_"), "repa_encoder": (RepaEncoderSection, "repa_"),
+              "repa": (RepaSection, "repa_"), "token_drop": TokenDropSection},
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
     outputs={"results_dir": "folder"},
-    inputs={
-        "data_path": "folder",
-        "feature_path": "folder",
-        "vae": "file",
-        "init_from": "file",
-        "eval_ref": "file",
-        "eval_inception_weights": "file",
-        "repa_encoder_weights": "file",
-    },  # fmt: skip
-)
+    inputs={"data_path": "folder", "feature_path": "folder", "vae": "file", "init_from": "file",
+            "eval_ref": "file", "eval_inception_weights": "file", "repa_encoder_weights": "file"},
+)  # fmt: skip
 
 
 def run_record(ckpt: dict) -> dict:

@@ -55,12 +55,9 @@ class TrainState:
             "optimizer": optimizer_state(self.trained, self.optimizer, self.sharded),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {str(r): s for r, s in enumerate(rng)},
-            "data_position": {
-                "step": self.step,
-                "epoch": self.epoch,
-                "dataset_len": self.dataset_len,
-                "changes": self.data_changes,
-            },
+            "data_position": dict(
+                step=self.step, epoch=self.epoch, dataset_len=self.dataset_len, changes=self.data_changes
+            ),
             "config": self.record,
             "model_config": self.model.config.to_dict(),
             "lineage": self.lineage,
