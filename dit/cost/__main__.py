@@ -22,6 +22,7 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
+from dit.cost.devices import DEVICES, PRECISIONS, device_memory_bytes
 from dit.cost.report import EmaSnapshots, Evaluations, RepaUse, num, print_pairs, print_table, show
 from dit.io.cli import run_cli
 from dit.io.errors import UserError
@@ -151,7 +152,7 @@ def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
         return int(memory_gib * 2**30)
     if gpu is None:
         return None
-    capacity = peaks.device_memory_bytes(gpu)
+    capacity = device_memory_bytes(gpu)
     if capacity is None:
         raise UserError(f"memory of {gpu!r} is not known from its name: pass --memory-gib.")
     return capacity
@@ -180,15 +181,14 @@ def cmd_peaks(args: PeaksArgs) -> None:
         print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
         return
     rows = [
-        {"device": d.name, **{p: getattr(d, p) for p in peaks.PRECISIONS}, "memory_gib": d.memory_gib}
-        for d in peaks.DEVICES
+        {"device": d.name, **{p: getattr(d, p) for p in PRECISIONS}, "memory_gib": d.memory_gib} for d in DEVICES
     ]
     if o.json:
         print(json.dumps(rows, indent=2))
         return
     print_table(
-        [[r["device"], *("-" if r[k] is None else r[k] for k in (*peaks.PRECISIONS, "memory_gib"))] for r in rows],
-        ["device", *(f"{p} TF" for p in peaks.PRECISIONS), "GiB"],
+        [[r["device"], *("-" if r[k] is None else r[k] for k in (*PRECISIONS, "memory_gib"))] for r in rows],
+        ["device", *(f"{p} TF" for p in PRECISIONS), "GiB"],
     )
     print(
         f"\nDense TFLOP/s per device (MI250X/MI250 per GCD, TPUs per chip); '-' = no such rate. Unknown devices "
