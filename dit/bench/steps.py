@@ -122,11 +122,11 @@ def bench_train(
 ) -> list[dict]:
     """One row per precision and ``token_drops`` ratio, the rows taking turns step by step (paired on a drifting
     machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first; ``options``:
-    train.py's activation_checkpointing, attention, device and peak_tflops."""
+    train.py's activation_checkpointing (default none), attention, device and peak_tflops."""
     runs, device = [], options.get("device")
     if compile:
         torch._dynamo.reset()
-    options.update(max_steps=steps + warmup, compile=compile)
+    options = {"activation_checkpointing": "none", **options, "max_steps": steps + warmup, "compile": compile}
     with tempfile.TemporaryDirectory() as out:
         for precision, drop in ((p, r) for p in precisions for r in token_drops):
             run = dict(options, precision=precision, token_drop=drop)
