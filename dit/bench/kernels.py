@@ -59,8 +59,10 @@ def bench_sample(
         peak = peak_for_device(dev, precision, peak_tflops)
         memory = {}
         if dev.type == "cuda":
-            memory = {"max_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
-                      "max_memory_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30}  # fmt: skip
+            memory = {
+                "max_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+                "max_memory_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30,
+            }
     timing = spread(times)
     flops = sampling_flops_per_image(net.config, num_sampling_steps, guidance_scale).model
     rate = batch_size / timing["median_s"]

@@ -64,8 +64,11 @@ def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
 def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
     """Our (the official) keys onto diffusers': per-block embedders, qkv split, ``pos_embed`` dropped."""
     sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
-    renamed = {"pos_embed.proj": "x_embedder.proj", "proj_out_1": "final_layer.adaLN_modulation.1",
-               "proj_out_2": "final_layer.linear"}  # fmt: skip
+    renamed = {
+        "pos_embed.proj": "x_embedder.proj",
+        "proj_out_1": "final_layer.adaLN_modulation.1",
+        "proj_out_2": "final_layer.linear",
+    }
     out = {f"{t}.{kind}": sd[f"{o}.{kind}"] for t, o in renamed.items() for kind in ("weight", "bias")}
     labels = exported_label_table(sd["y_embedder.embedding_table.weight"], cfg)
     for i in range(cfg.depth):
