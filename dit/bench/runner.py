@@ -84,13 +84,8 @@ def _unfit(
         return None
     device_type = "cuda" if a.device != "cpu" and torch.cuda.is_available() else "cpu"
     kernel = attention_kernel(attention, device_type, Precision(precision, "cuda").compute_dtype)
-    estimate = estimate_training_memory(
-        cfg,
-        batch,
-        precision,
-        checkpointed_blocks=blocks,
-        attention="explicit" if kernel in ("explicit", "math") else "fused",
-    ).total
+    kind = "explicit" if kernel in ("explicit", "math") else "fused"
+    estimate = estimate_training_memory(cfg, batch, precision, blocks, attention=kind).total
     budget = usable_memory(capacity)
     if estimate <= budget:
         return None

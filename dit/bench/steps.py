@@ -56,16 +56,9 @@ def bench_trainer(
         cfg = digits_train_config(PRESETS["default"], 1, Path(results_dir), None)
         cfg = cfg.replace(global_batch_size=batch_size, progress=False, **options)
         data = SyntheticLatents(n, 1, cfg.model.image_size, NUM_CLASSES)
-    else:
-        cfg = TrainConfig.of(
-            model=model,
-            image_size=image_size,
-            vae="none",  # the synthetic data are latents already
-            global_batch_size=batch_size,
-            num_workers=0,
-            results_dir=results_dir,
-            **options,
-        )
+    else:  # vae none: the synthetic data are latents already
+        options.update(vae="none", num_workers=0, global_batch_size=batch_size, results_dir=results_dir)
+        cfg = TrainConfig.of(model=model, image_size=image_size, **options)
         data = SyntheticLatents(n, 4, image_size // 8)
     runtime = Runtime.of(cfg.runtime)
     trainer = Trainer(cfg, runtime, data)
@@ -91,28 +84,15 @@ def _train_row(trainer: Trainer, model: str, compile: bool, times, losses) -> di
     batch = trainer.cfg.optim.global_batch_size
     rate = batch / timing["median_s"]
     flops, peak = trainer.ledger.flops, trainer.ledger.peak
-    row = {
-        "mode": "train",
-        "model": model,
-        "image_size": trainer.cfg.model.image_size,
-        "precision": trainer.cfg.runtime.precision,
-        "batch_per_device": batch,
-        "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
-        "token_drop": trainer.state.model.config.token_drop,
-        "compile": compile,
-        "attention": trainer.attention,
-        "device": device_name(trainer.runtime.device),
-        **timing,
-        "model_flops_per_step": flops.model * batch,
-        "images_per_sec": rate,
-        "model_tflops": rate * flops.model / 1e12,
-        "hardware_tflops": rate * flops.hardware / 1e12,
-        "peak_tflops": peak.flops / 1e12,
-        "peak_source": peak.source,
-        "mfu": rate * flops.model / peak.flops,
-        "hfu": rate * flops.hardware / peak.flops,
-        "losses": losses,
-    }
+    model_cfg = trainer.state.model.config
+    row = {"mode": "train", "model": model, "image_size": trainer.cfg.model.image_size,
+           "precision": trainer.cfg.runtime.precision, "batch_per_device": batch,
+           "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks, "token_drop": model_cfg.token_drop,
+           "compile": compile, "attention": trainer.attention, "device": device_name(trainer.runtime.device),
+           **timing, "model_flops_per_step": flops.model * batch, "images_per_sec": rate,
+           "model_tflops": rate * flops.model / 1e12, "hardware_tflops": rate * flops.hardware / 1e12,
+           "peak_tflops": peak.flops / 1e12, "peak_source": peak.source, "mfu": rate * flops.model / peak.flops,
+           "hfu": rate * flops.hardware / peak.flops, "losses": losses}  # fmt: skip
     if trainer.runtime.device.type == "cuda":  # since bench_train's reset: this row's steps (and its pairing's)
         row["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.runtime.device) / 2**30
         row["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved(trainer.runtime.device) / 2**30
@@ -133,37 +113,24 @@ def bench_train(
     image_size: int = 256,
     precisions: tuple[str, ...] = ("fp32",),
     batch_size: int = 8,
-    activation_checkpointing: str = "none",
     compile: bool = False,
     steps: int = 10,
     warmup: int = 3,
-    device: str | None = None,
-    peak_tflops: float | None = None,
-    attention: str = "auto",
     peak_probe_s: float = 0.0,
     token_drops: tuple[float, ...] = (0.0,),
+    **options,
 ) -> list[dict]:
     """One row per precision and ``token_drops`` ratio, the rows taking turns step by step (paired on a drifting
-    machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first."""
-    runs = []
+    machine); ``peak_probe_s`` times the matmul ceilings each round; ``compile`` resets Dynamo first; ``options``:
+    train.py's activation_checkpointing (default none), attention, device and peak_tflops."""
+    runs, device = [], options.get("device")
     if compile:
         torch._dynamo.reset()
+    options = {"activation_checkpointing": "none", **options, "max_steps": steps + warmup, "compile": compile}
     with tempfile.TemporaryDirectory() as out:
-        for precision, token_drop in ((p, r) for p in precisions for r in token_drops):
-            trainer, batches = bench_trainer(
-                model,
-                image_size,
-                batch_size,
-                f"{out}/{precision}-{token_drop}",
-                token_drop=token_drop,
-                max_steps=steps + warmup,
-                precision=precision,
-                activation_checkpointing=activation_checkpointing,
-                compile=compile,
-                attention=attention,
-                device=device,
-                peak_tflops=peak_tflops,
-            )
+        for precision, drop in ((p, r) for p in precisions for r in token_drops):
+            run = dict(options, precision=precision, token_drop=drop)
+            trainer, batches = bench_trainer(model, image_size, batch_size, f"{out}/{precision}-{drop}", **run)
             runs.append((trainer, batches, [], []))
         _fresh_device_memory(runs[0][0].runtime.device)
         probes = {"fp32": [], "bf16": []}
@@ -206,30 +173,15 @@ def bench_accounting(
             ledger.count(batch_size, data_wait_s=1e-4)
         per_step = (time.perf_counter() - start) / n
         logs = 200
-        start = time.perf_counter()
+        start, counters = time.perf_counter(), {"loss": 0.1, "nonfinite_steps": 0}
         for i in range(logs):
-            ledger.log(
-                step=i,
-                epoch=0,
-                counters={"loss": 0.1, "nonfinite_steps": 0},
-                grad_norm=None,
-                lr=1e-4,
-                in_warmup=False,
-            )
+            ledger.log(step=i, epoch=0, counters=counters, grad_norm=None, lr=1e-4, in_warmup=False)
         per_log = (time.perf_counter() - start) / logs
         ledger.close()
     overhead = per_step + per_log / log_every
-    return {
-        "mode": "accounting",
-        "model": model,
-        "batch": batch_size,
-        "log_every": log_every,
-        "meter_step_us": per_step * 1e6,
-        "log_ms": per_log * 1e3,
-        "step_median_s": step["median_s"],
-        "overhead_per_step_us": overhead * 1e6,
-        "overhead_frac": overhead / step["median_s"],
-    }
+    return {"mode": "accounting", "model": model, "batch": batch_size, "log_every": log_every,
+            "meter_step_us": per_step * 1e6, "log_ms": per_log * 1e3, "step_median_s": step["median_s"],
+            "overhead_per_step_us": overhead * 1e6, "overhead_frac": overhead / step["median_s"]}  # fmt: skip
 
 
 def profile_train_step(
@@ -253,16 +205,10 @@ def profile_train_step(
 
 def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0), ("fp32", 1)), tail=0.25) -> dict:
     """Whether a precision moves the loss curve more than a seed does: each run's tail loss against the first's."""
-    curves = {}
+    curves, never = {}, 10 * base.budget.max_steps  # a checkpoint step the runs never reach
     for precision, seed in runs:
         with tempfile.TemporaryDirectory() as out:
-            cfg = base.replace(
-                precision=precision,
-                seed=seed,
-                results_dir=out,
-                ckpt_every=10 * base.budget.max_steps,
-                progress=False,
-            )
+            cfg = base.replace(precision=precision, seed=seed, results_dir=out, ckpt_every=never, progress=False)
             train(cfg, dataset)
             lines = (json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines())
             curves[f"{precision} seed {seed}"] = [
@@ -276,17 +222,11 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     (ref_name, ref), *others = curves.items()
     gaps = {name: tail_mean(curve) / tail_mean(ref) - 1 for name, curve in others}
     seed_gaps = [abs(gap) for name, gap in gaps.items() if name.startswith(runs[0][0] + " ")]
-    return {
-        "mode": "loss",
-        "reference": ref_name,
-        "steps": base.budget.max_steps,
-        "log_every": base.ledger.log_every,
-        "tail_fraction": tail,
-        "tail_mean_loss": {name: tail_mean(curve) for name, curve in curves.items()},
-        "tail_gap_to_reference": gaps,
-        "seed_noise": max(seed_gaps) if seed_gaps else None,
-        "curves": curves,
-    }
+    means = {name: tail_mean(curve) for name, curve in curves.items()}
+    return {"mode": "loss", "reference": ref_name, "steps": base.budget.max_steps,
+            "log_every": base.ledger.log_every, "tail_fraction": tail, "tail_mean_loss": means,
+            "tail_gap_to_reference": gaps, "seed_noise": max(seed_gaps) if seed_gaps else None,
+            "curves": curves}  # fmt: skip
 
 
 def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:
@@ -305,18 +245,11 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
                 raise RuntimeError(f"quick start run {i} failed:\n{done.stderr[-2000:]}")
             records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
             timed = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
-            rows.append(
-                {
-                    "mode": "repeat",
-                    "run": i,
-                    "steps": steps,
-                    "mfu": statistics.fmean(r["mfu"] for r in timed),
-                    "steps_per_sec": statistics.fmean(r["steps_per_sec"] for r in timed),
-                    "peak_tflops": timed[-1]["peak_tflops"],
-                    "fresh_peak": fresh_peak,
-                    "evaluations": sum(r.get("kind") == "eval" for r in records),
-                }
-            )
+            mean = {k: statistics.fmean(r[k] for r in timed) for k in ("mfu", "steps_per_sec")}
+            evaluations = sum(r.get("kind") == "eval" for r in records)
+            rows.append({"mode": "repeat", "run": i, "steps": steps, **mean,
+                         "peak_tflops": timed[-1]["peak_tflops"], "fresh_peak": fresh_peak,
+                         "evaluations": evaluations})  # fmt: skip
     return rows
 
 
@@ -346,17 +279,8 @@ def bench_precision_quality(
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]
-                rows.append(
-                    {
-                        "mode": "precision",
-                        "precision": precision,
-                        "seed": seed,
-                        "steps": steps,
-                        "fid": final["fid"],
-                        "class_accuracy": final["class_accuracy"],
-                        "precision_metric": final["precision"],
-                        "recall": final["recall"],
-                        "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
-                    }
-                )
+                rows.append({"mode": "precision", "precision": precision, "seed": seed, "steps": steps,
+                             "fid": final["fid"], "class_accuracy": final["class_accuracy"],
+                             "precision_metric": final["precision"], "recall": final["recall"],
+                             "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :])})  # fmt: skip
     return rows

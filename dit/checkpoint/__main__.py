@@ -53,23 +53,11 @@ class EmaConfig(Section):
 FACE = Face(
     "python -m dit.checkpoint",
     __doc__,
-    commands={
-        "export": Face(
-            "python -m dit.checkpoint export",
-            ExportConfig.__doc__,
-            sections={"export": ExportConfig},
-            inputs={"folder": "folder"},
-            outputs={"out": "file"},
-        ),
-        "ema": Face(
-            "python -m dit.checkpoint ema",
-            EmaConfig.__doc__,
-            sections={"ema": EmaConfig},
-            inputs={"run_folder": "file"},
-            outputs={"out": "file"},
-        ),
-    },
-)
+    commands={name: Face(f"python -m dit.checkpoint {name}", cls.__doc__, sections={name: cls}, inputs=inputs,
+                         outputs={"out": "file"})
+              for name, cls, inputs in (("export", ExportConfig, {"folder": "folder"}),
+                                        ("ema", EmaConfig, {"run_folder": "file"}))},
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from dit.cost.args import (
     plan_of,
     planned_guidance,
 )
+from dit.cost.devices import DEVICES, PRECISIONS, device_memory_bytes
 from dit.cost.report import EmaSnapshots, Evaluations, RepaUse, num, print_pairs, print_table, show
 from dit.io.cli import run_cli
 from dit.io.errors import UserError
@@ -142,13 +143,8 @@ def cmd_sample(
         guide=guide,
     )  # fmt: skip
     interval = list(sampling.guidance_interval) if sampling.guidance_interval else None
-    show(
-        replace(
-            result, num_sampling_steps=sampling.num_sampling_steps,
-            evaluations=Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided),
-        ),
-        o.json,
-    )  # fmt: skip
+    evals = Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided)
+    show(replace(result, num_sampling_steps=sampling.num_sampling_steps, evaluations=evals), o.json)
 
 
 def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
@@ -156,7 +152,7 @@ def _device_memory(gpu: str | None, memory_gib: float | None) -> int | None:
         return int(memory_gib * 2**30)
     if gpu is None:
         return None
-    capacity = peaks.device_memory_bytes(gpu)
+    capacity = device_memory_bytes(gpu)
     if capacity is None:
         raise UserError(f"memory of {gpu!r} is not known from its name: pass --memory-gib.")
     return capacity
@@ -181,22 +177,18 @@ def cmd_peaks(args: PeaksArgs) -> None:
         with Precision(o.precision, "cuda").flags():
             peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
         result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
-        if peak.detail:
-            result["detail"] = peak.detail
-        if peak.measured_on:
-            result["measured_on"] = peak.measured_on
+        result.update({k: v for k in ("detail", "measured_on") if (v := getattr(peak, k))})
         print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
         return
     rows = [
-        {"device": d.name, **{p: getattr(d, p) for p in peaks.PRECISIONS}, "memory_gib": d.memory_gib}
-        for d in peaks.DEVICES
+        {"device": d.name, **{p: getattr(d, p) for p in PRECISIONS}, "memory_gib": d.memory_gib} for d in DEVICES
     ]
     if o.json:
         print(json.dumps(rows, indent=2))
         return
     print_table(
-        [[r["device"], *("-" if r[k] is None else r[k] for k in (*peaks.PRECISIONS, "memory_gib"))] for r in rows],
-        ["device", *(f"{p} TF" for p in peaks.PRECISIONS), "GiB"],
+        [[r["device"], *("-" if r[k] is None else r[k] for k in (*PRECISIONS, "memory_gib"))] for r in rows],
+        ["device", *(f"{p} TF" for p in PRECISIONS), "GiB"],
     )
     print(
         f"\nDense TFLOP/s per device (MI250X/MI250 per GCD, TPUs per chip); '-' = no such rate. Unknown devices "
@@ -210,16 +202,12 @@ def cmd_plot(model: CostModelSection, args: PlotArgs) -> None:
 
     if o.chart == "flops":
         print(plots.plot_flops_vs_params(o.out, m.image_size))
-        return
-    if o.chart == "quality":
+    elif o.chart == "quality":
         print(plots.plot_quality(o.out, o.runs, o.labels))
-        return
-    traced = tuple(int(b) for b in o.traced_batches.split(",")) if o.traced_batches else ()
-    print(
-        plots.plot_memory_vs_batch(
-            o.out, m.config(), o.precision, _device_memory(o.gpu, o.memory_gib), traced_batches=traced
-        )
-    )
+    else:
+        traced = tuple(int(b) for b in o.traced_batches.split(",")) if o.traced_batches else ()
+        capacity = _device_memory(o.gpu, o.memory_gib)
+        print(plots.plot_memory_vs_batch(o.out, m.config(), o.precision, capacity, traced_batches=traced))
 
 
 def _money(amount: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dit.cost import memory, peaks, plan
+from dit.cost import devices, memory, plan
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
@@ -59,7 +59,7 @@ class HardwareSection(Section):
 
     gpu: str | None = option(None, "device name or alias (H100-SXM, A100, 'NVIDIA L40S'); see `dit-cost peaks`")
     num_gpus: int = option(1, "devices", ge=1)
-    precision: str = option("bf16", "the precision the peak is read for", choices=peaks.PRECISIONS)
+    precision: str = option("bf16", "the precision the peak is read for", choices=devices.PRECISIONS)
     mfu: float | None = option(None, "model FLOPs utilisation in (0, 1], e.g. 0.4 (with --gpu: time and cost)",
                                gt=0, le=1)  # fmt: skip
     calibration: str | None = option(None, "calibration JSON from a benchmark (schema: docs/cost_model.md)")
@@ -67,15 +67,8 @@ class HardwareSection(Section):
     price_per_hour: float | None = option(None, "price of one device-hour, for the cost line", gt=0)
 
     def budget(self) -> plan.Budget:
-        return plan.Budget(
-            self.num_gpus,
-            self.gpu,
-            self.precision,
-            self.mfu,
-            self.calibration,
-            self.price_per_hour,
-            self.peak_tflops,
-        )
+        h = self
+        return plan.Budget(h.num_gpus, h.gpu, h.precision, h.mfu, h.calibration, h.price_per_hour, h.peak_tflops)
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ class SampleHardwareSection(HardwareSection):
     """The hardware section with sampling's default precision, tf32 (sample.py's and sample_ddp.py's)."""
 
     precision: str = option("tf32", "the precision the peak is read for (the sampling faces' default: tf32)",
-                            choices=peaks.PRECISIONS)  # fmt: skip
+                            choices=devices.PRECISIONS)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -226,7 +219,7 @@ class PeaksArgs(Section):
     gpu: str | None = option(None, "a device name to resolve, e.g. 'NVIDIA H100 80GB HBM3' or cpu",
                              aliases=("--device",))  # fmt: skip
     device_name: str | None = option(None, "the device name as an argument, as --gpu takes it", positional=True)
-    precision: str = option("bf16", "precision", choices=peaks.PRECISIONS)
+    precision: str = option("bf16", "precision", choices=devices.PRECISIONS)
     peak_tflops: float | None = option(None, "override the table", gt=0)
     json: bool = option(False, "print JSON")
 
@@ -272,7 +265,7 @@ class QualityArgs(Section):
     price_per_hour: float | None = option(None, "price of one device-hour, for the cost", gt=0)
     gpu: str | None = option(None, "also: the time on this device (with --mfu and --num-gpus)")
     num_gpus: int = option(1, "devices, with --gpu", ge=1)
-    precision: str = option("bf16", "the precision the peak is read for, with --gpu", choices=peaks.PRECISIONS)
+    precision: str = option("bf16", "the precision the peak is read for, with --gpu", choices=devices.PRECISIONS)
     mfu: float | None = option(None, "MFU on --gpu, in (0, 1]", gt=0, le=1)
     json: bool = option(False, "print JSON")
 

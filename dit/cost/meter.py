@@ -49,9 +49,7 @@ class CostMeter:
 
     def step(self, local_images: int, data_wait_s: float = 0.0, flops: tuple[float, float] | None = None) -> None:
         """Count one step of ``local_images`` images; ``flops``: its (model, hardware) FLOPs per image."""
-        model, hardware = (
-            flops if flops is not None else (self.model_flops_per_image, self.hardware_flops_per_image)
-        )
+        model, hardware = flops or (self.model_flops_per_image, self.hardware_flops_per_image)
         self._model_flops += local_images * model
         self._hardware_flops += local_images * hardware
         self.total_model_flops += local_images * model

@@ -14,6 +14,7 @@ from dit.cost.analytic import (
     training_flops_per_image,
     vae_flops,
 )
+from dit.cost.devices import device_memory_bytes, find_device
 from dit.cost.memory import (
     MEMORY_PRECISIONS,
     estimate_training_memory,
@@ -22,7 +23,7 @@ from dit.cost.memory import (
     trace_training_memory,
     usable_memory,
 )
-from dit.cost.peaks import device_memory_bytes, find_device, resolve_peak, table_peak
+from dit.cost.peaks import resolve_peak, table_peak
 from dit.cost.report import Fit, GuideCost, MemoryPlan, SampleBudget, Timing, Traced, TrainingPlan, TrainMemory
 from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
@@ -103,13 +104,8 @@ def load_calibration(path: str) -> Calibration:
         raise UserError(
             f"calibration file {path} lacks {', '.join(missing)}; see docs/cost_model.md for the schema."
         )
-    cal = Calibration(
-        model=str(data["model"]),
-        image_size=int(data["image_size"]),
-        precision=str(data["precision"]),
-        device=str(data["device"]),
-        mfu=float(data["mfu"]),
-    )
+    cal = Calibration(str(data["model"]), int(data["image_size"]), str(data["precision"]), str(data["device"]),
+                      float(data["mfu"]))  # fmt: skip
     if not 0 < cal.mfu <= 1:
         raise UserError(f"calibration file {path} has mfu {cal.mfu}; it must be in (0, 1].")
     return cal

@@ -128,11 +128,8 @@ def plot_quality(
             ax.plot(x, [e.get("precision") for e in evals], marker="o", label=f"{pr_name} precision", **style)
             ax.plot(x, [e.get("recall") for e in evals], marker="s", ls="--", label=f"{pr_name} recall", **style)
     network = series[0][-1].get("feature_network", "")
-    xlabel = (
-        "training FLOPs (model, cumulative)"
-        if count == "model"
-        else "training FLOPs (total: DiT + auxiliary + upstream, cumulative)"
-    )
+    what = "model" if count == "model" else "total: DiT + auxiliary + upstream"
+    xlabel = f"training FLOPs ({what}, cumulative)"
     axes[0][0].set(xscale="log", yscale="log", ylabel=f"FID ({network})", xlabel=xlabel)
     axes[0][0].set_title(title or "Quality against training compute")
     if has_pr:

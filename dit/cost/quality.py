@@ -82,6 +82,7 @@ def compute_to_target(
     points = [(e["step"], pflops_of(e, count), e[score]) for e in evals if e.get(score) is not None]
     if not points:
         raise UserError(f"{run_dir}'s evaluations have no {score} (its reference or sample count left it out).")
+    key = "total_model" if count == "model" else "total"
     result = {
         "run": str(run_dir),
         "score": score,
@@ -89,10 +90,7 @@ def compute_to_target(
         "reached": False,
         "best_fid": min(f for _, _, f in points),
         "count": count,
-        "evaluations": [
-            {"step": s, "total_model_pflops" if count == "model" else "total_pflops": p, score: f}
-            for s, p, f in points
-        ],
+        "evaluations": [{"step": s, f"{key}_pflops": p, score: f} for s, p, f in points],
     }
     hit = next((i for i, (_, _, f) in enumerate(points) if f <= target_fid), None)
     if hit is None:
@@ -110,11 +108,7 @@ def compute_to_target(
         reached=True,
         upper_bound=hit == 0,
         step=step,
-        **(
-            {"total_model_pflops": pflops, "total_model_flops": pflops * 1e15}
-            if count == "model"
-            else {"total_pflops": pflops, "total_flops": pflops * 1e15}
-        ),
+        **{f"{key}_pflops": pflops, f"{key}_flops": pflops * 1e15},
         training_seconds=seconds,
         devices=world,
         device_hours=hours,

@@ -22,15 +22,11 @@ SD_VAE_CONFIG = {
 # VA-VAE (LightningDiT's vavae_f16d32.yaml) as an AutoencoderKL of its layers: priced by name, LDM-format release
 VAVAE_ID = "hustvl/vavae-imagenet256-f16d32-dinov2"
 VAVAE_CONFIG = {
-    "in_channels": 3,
-    "out_channels": 3,
+    **SD_VAE_CONFIG,
     "latent_channels": 32,
     "block_out_channels": [128, 128, 256, 256, 512],
-    "layers_per_block": 2,
     "down_block_types": ["DownEncoderBlock2D"] * 4 + ["AttnDownEncoderBlock2D"],
     "up_block_types": ["AttnUpDecoderBlock2D"] + ["UpDecoderBlock2D"] * 4,
-    "norm_num_groups": 32,
-    "act_fn": "silu",
 }
 
 # diffusers' own AutoencoderKL defaults, for keys a config leaves out.

@@ -79,12 +79,9 @@ def create_encoder_model(
         kwargs["img_size"] = input_size
     overlay = pretrained if isinstance(pretrained, dict) else None
     with torch.device(device):
+        architecture = local.architecture if local else name
         model = timm.create_model(
-            local.architecture if local else name,
-            pretrained=bool(pretrained),
-            pretrained_cfg_overlay=overlay,
-            num_classes=0,
-            **kwargs,
+            architecture, pretrained=bool(pretrained), pretrained_cfg_overlay=overlay, num_classes=0, **kwargs
         )
     from timm.models.vision_transformer import VisionTransformer
 
@@ -105,17 +102,12 @@ def vit_shape(model: nn.Module) -> ViTShape:
         raise UserError(
             f"{type(mlp).__name__} is neither a two-matrix MLP nor a gated one: its FLOPs are not modelled."
         )
-    size = model.patch_embed.img_size
+    size, embed = model.patch_embed.img_size, model.patch_embed
     return ViTShape(
-        depth=len(model.blocks),
-        width=model.embed_dim,
-        mlp_hidden=hidden,
-        patch_size=model.patch_embed.patch_size[0],
-        in_channels=model.patch_embed.proj.in_channels,
-        input_size=size[0] if isinstance(size, (tuple, list)) else int(size),
-        prefix_tokens=model.num_prefix_tokens,
-        gated=macs == 3 * model.embed_dim * hidden,
-    )
+        depth=len(model.blocks), width=model.embed_dim, mlp_hidden=hidden, patch_size=embed.patch_size[0],
+        in_channels=embed.proj.in_channels, input_size=size[0] if isinstance(size, (tuple, list)) else int(size),
+        prefix_tokens=model.num_prefix_tokens, gated=macs == 3 * model.embed_dim * hidden,
+    )  # fmt: skip
 
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
@@ -194,13 +186,8 @@ class Encoder:
 
     def identity(self) -> dict:
         """What a latent store records of the encoder its features came from, and a run checks."""
-        return {
-            "encoder": self.name,
-            "input_size": self.input_size,
-            "weights": self.weights_id,
-            "tokens": self.grid**2,
-            "dim": self.dim,
-        }
+        return {"encoder": self.name, "input_size": self.input_size, "weights": self.weights_id,
+                "tokens": self.grid**2, "dim": self.dim}  # fmt: skip
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:

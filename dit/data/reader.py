@@ -40,11 +40,8 @@ def _map_shard(file: str) -> dict[str, np.ndarray]:
             if name == "features" and name not in header:
                 continue
             begin, end = header[name]["data_offsets"]
-            views[name] = (
-                raw[start + begin : start + end]
-                .view(NUMPY_DTYPES[header[name]["dtype"]])
-                .reshape(header[name]["shape"])
-            )
+            flat = raw[start + begin : start + end].view(NUMPY_DTYPES[header[name]["dtype"]])
+            views[name] = flat.reshape(header[name]["shape"])
     except (ValueError, KeyError, TypeError, RuntimeError) as e:  # a damaged header: before any checksum
         raise UserError(f"{file} is damaged (its header cannot be read: {e}). {REPAIR}.") from None
     return views
@@ -209,12 +206,12 @@ class LatentStoreDataset(Dataset):
             moments[row] = tensors["moments"][j, v]
             if self.features:
                 features[row] = tensors["features"][j, v]  # the same view as the latent
-        moments = torch.from_numpy(moments).view(STORAGE_DTYPES[self.manifest["storage_dtype"]])
+        storage = STORAGE_DTYPES[self.manifest["storage_dtype"]]
+        moments = torch.from_numpy(moments).view(storage)
         mean, std = moments[:, 0], moments[:, 1]
         if self.channel is not None:  # the unscaled draw (x 1 - 0: exact), normalised per channel
-            latents = self.channel.normalize(
-                draw_posterior(mean, std, 1.0) if self.sample_posterior else mean.float()
-            )
+            unscaled = draw_posterior(mean, std, 1.0) if self.sample_posterior else mean.float()
+            latents = self.channel.normalize(unscaled)
         elif self.sample_posterior:
             latents = draw_posterior(mean, std, self.scale, shift=self.shift)
         else:
@@ -224,7 +221,5 @@ class LatentStoreDataset(Dataset):
             latents[mirror] = latents[mirror].flip(-1)
         items = [latents.unbind(0), self.labels[index].tolist()]
         if self.features:
-            items.append(
-                torch.from_numpy(features).view(STORAGE_DTYPES[self.manifest["storage_dtype"]]).float().unbind(0)
-            )
+            items.append(torch.from_numpy(features).view(storage).float().unbind(0))
         return list(zip(*items))

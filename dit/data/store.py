@@ -263,22 +263,18 @@ def write_shard(
 ) -> None:
     """Write shard ``index`` (moments [n, views, 2, C, H, W]; REPA's features [n, views, tokens, width] when the
     spec has them) atomically, then its checksum file."""
-    dtype = STORAGE_DTYPES[spec.storage_dtype]
-    stored = moments.to(dtype).contiguous()
-    if not torch.isfinite(stored).all():
-        raise UserError(
-            f"shard {index}: posterior moments are not finite in {spec.storage_dtype}. "
-            "Use --storage-dtype bf16 or fp32 (wider range), or check the VAE."
-        )
     if (features is None) != (spec.features is None):
         raise ValueError(f"shard {index}: the spec {'has' if spec.features else 'has no'} encoder features")
-    tensors = {"moments": stored, "labels": labels.to(torch.int64).contiguous()}
+    dtype = STORAGE_DTYPES[spec.storage_dtype]
+    tensors = {"moments": moments.to(dtype).contiguous(), "labels": labels.to(torch.int64).contiguous()}
     if features is not None:
         tensors["features"] = features.to(dtype).contiguous()
-        if not torch.isfinite(tensors["features"]).all():
+    for key, what in (("moments", "posterior moments"), ("features", "the encoder's features")):
+        if key in tensors and not torch.isfinite(tensors[key]).all():
+            more = ", or check the VAE" if key == "moments" else ""
             raise UserError(
-                f"shard {index}: the encoder's features are not finite in {spec.storage_dtype}. Use --storage-dtype "
-                "bf16 or fp32 (wider range)."
+                f"shard {index}: {what} are not finite in {spec.storage_dtype}. Use --storage-dtype bf16 or fp32 "
+                f"(wider range){more}."
             )
     # one metadata key: safetensors orders several by a randomly seeded hash map (docs/latent_store.md)
     info = json.dumps({"format": FORMAT, "shard": index, "files": files, "skipped": skipped}, sort_keys=True)
@@ -337,24 +333,14 @@ def write_moments_store(
     encoding, if known; ``features`` ([N, views, tokens, width]): REPA's, made by ``encoder``."""
     n, views, _, c, h, w = moments.shape
     names = [f"{source}/{i}" for i in range(n)]
+    digest = hashlib.sha256(source.encode()).hexdigest()
     spec = StoreSpec(
-        vae_id=source,
-        vae_config_sha256=hashlib.sha256(source.encode()).hexdigest(),
-        vae_weights_sha256=hashlib.sha256(source.encode()).hexdigest(),
-        scaling_factor=scale,
-        image_size=8 * h,
-        latent_shape=[c, h, w],
-        encode_precision="n/a",
-        storage_dtype=storage_dtype,
-        flips_stored=views == 2,
-        shard_size=shard_size,
-        class_to_index={str(i): i for i in range(num_classes)},
-        sources_sha256=sources_sha256(list(zip(names, labels.tolist()))),
-        num_sources=n,
-        crop="n/a",
-        vae_config=vae_config,
-        features=encoder if features is not None else None,
-    )
+        vae_id=source, vae_config_sha256=digest, vae_weights_sha256=digest, scaling_factor=scale, image_size=8 * h,
+        latent_shape=[c, h, w], encode_precision="n/a", storage_dtype=storage_dtype, flips_stored=views == 2,
+        shard_size=shard_size, class_to_index={str(i): i for i in range(num_classes)},
+        sources_sha256=sources_sha256(list(zip(names, labels.tolist()))), num_sources=n, crop="n/a",
+        vae_config=vae_config, features=encoder if features is not None else None,
+    )  # fmt: skip
     check_existing_store(folder, spec)
     begin_store(folder, spec)
     for k in range(spec.num_shards):

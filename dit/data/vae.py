@@ -152,11 +152,8 @@ class ChannelNorm:
         means, stds = (", ".join(f"{v:.4g}" for v in values) for values in (self.mean, self.std))
         return f"latents normalised per channel (--latent-norm channel): means {means}; stds {stds}"
 
-    def _stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, std = (
-            torch.tensor(v, dtype=torch.float32, device=z.device).view(-1, 1, 1) for v in (self.mean, self.std)
-        )
-        return mean, std
+    def _stats(self, z: torch.Tensor) -> list[torch.Tensor]:
+        return [z.new_tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (self.mean, self.std)]
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
         """Unscaled latents ``[..., C, H, W]`` to the model's, float32."""
@@ -172,9 +169,6 @@ class ChannelNorm:
 @torch.no_grad()
 def decode(vae: AutoencoderKL, latents: torch.Tensor, channel: ChannelNorm | None = None) -> torch.Tensor:
     """Scaled latents (per channel with ``channel``) back to float32 images in [-1, 1]."""
-    if channel is not None:
-        z = channel.undo(latents)
-    else:
-        z = latents / scaling_factor(vae) + shift_factor(vae)
+    z = channel.undo(latents) if channel is not None else latents / scaling_factor(vae) + shift_factor(vae)
     images = vae.decode(z.to(dtype=vae.dtype)).sample
     return images.float().clamp_(-1.0, 1.0)

@@ -166,29 +166,21 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
         encoder = Encoder(repa.encoder, repa.encoder_weights, size, device)
         features = {**encoder.identity(), "forward_flops": 2 * vit_forward_macs(encoder.shape)}
     spec = StoreSpec(
-        vae_id=vae_id,
-        vae_config_sha256=config_sha,
-        vae_weights_sha256=weights_sha256(vae),
-        scaling_factor=scaling_factor(vae),
-        shift_factor=shift_factor(vae),
-        image_size=cfg.image_size,
-        latent_shape=[vae.config.latent_channels, latent, latent],
-        encode_precision=cfg.precision,
-        storage_dtype=cfg.storage_dtype,
-        flips_stored=cfg.flip,
-        shard_size=cfg.shard_size,
+        vae_id=vae_id, vae_config_sha256=config_sha, vae_weights_sha256=weights_sha256(vae),
+        scaling_factor=scaling_factor(vae), shift_factor=shift_factor(vae), image_size=cfg.image_size,
+        latent_shape=[vae.config.latent_channels, latent, latent], encode_precision=cfg.precision,
+        storage_dtype=cfg.storage_dtype, flips_stored=cfg.flip, shard_size=cfg.shard_size,
         class_to_index={name: i for i, name in enumerate(images.classes)},
-        sources_sha256=sources_sha256(images.samples),
-        num_sources=len(images.samples),
+        sources_sha256=sources_sha256(images.samples), num_sources=len(images.samples),
         vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
         features=features if encoder is not None else None,
-    )
-    if world > 1:  # a folder still being copied into could give ranks different source lists
-        if len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
-            raise UserError(
-                f"the ranks found different files under {cfg.data_path}. Is it still being written? "
-                "Wait until it is complete, then rerun."
-            )
+    )  # fmt: skip
+    # a folder still being copied into could give ranks different source lists
+    if world > 1 and len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
+        raise UserError(
+            f"the ranks found different files under {cfg.data_path}. Is it still being written? "
+            "Wait until it is complete, then rerun."
+        )
     out = cfg.feature_path
     # One extraction per store: begin_store clears temp files that another run's writes would still own.
     lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --feature-path")
@@ -302,17 +294,10 @@ def _summary(cfg, runtime: Runtime, spec: StoreSpec, reused: int, encoded: int, 
     """The store's numbers and this run's (printed on rank 0)."""
     out = cfg.feature_path
     manifest = read_manifest(out)
-    summary = {
-        "num_images": manifest["num_images"],
-        "num_skipped": manifest["num_skipped"],
-        "num_shards": spec.num_shards,
-        "reused_shards": reused,
-        "written_shards": spec.num_shards - reused,
-        "encoded_images": encoded,
-        "seconds": seconds,
-        "encode_seconds": encode_seconds,
-        "total_bytes": manifest["total_bytes"],
-    }
+    summary = {"num_images": manifest["num_images"], "num_skipped": manifest["num_skipped"],
+               "num_shards": spec.num_shards, "reused_shards": reused, "written_shards": spec.num_shards - reused,
+               "encoded_images": encoded, "seconds": seconds, "encode_seconds": encode_seconds,
+               "total_bytes": manifest["total_bytes"]}  # fmt: skip
     if runtime.rank == 0:
         print(
             f"latent store {out}: {summary['num_images']} images in {spec.num_shards} shards "

@@ -123,9 +123,7 @@ class FolderLock:
                 f"{self.path.parent} is in use by another {self.purpose} (pid {holder.get('pid', '?')} on "
                 f"{holder.get('host', '?')}, since {holder.get('since', '?')}): {self.fix}."
             ) from None
-        previous = _read_holder(fd)
-        if previous:
-            self.took_over = previous
+        self.took_over = _read_holder(fd) or None
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now()})
         try:
             os.ftruncate(fd, 0)

@@ -10,11 +10,8 @@ WRITER_KEY = "dit_ledger_version"
 
 # What to do about a path the OS refuses (a full disk, a read-only folder, a name too long), for every writer
 REFUSED = {
-    errno.ENOSPC: "free space on that disk or write elsewhere",
-    errno.EDQUOT: "free space on that disk or write elsewhere",
-    errno.EACCES: "make the folder writable or write elsewhere",
-    errno.EPERM: "make the folder writable or write elsewhere",
-    errno.EROFS: "make the folder writable or write elsewhere",
+    **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "free space on that disk or write elsewhere"),
+    **dict.fromkeys((errno.EACCES, errno.EPERM, errno.EROFS), "make the folder writable or write elsewhere"),
     errno.ENAMETOOLONG: "pass a shorter name",
 }
 

@@ -149,10 +149,7 @@ class Face:
                 continue
             flags = self.options(flat)
             kw = {"dest": flat, "help": help_text}
-            if default is _REQUIRED:
-                kw["required"] = True
-            else:
-                kw["default"] = default
+            kw.update({"required": True} if default is _REQUIRED else {"default": default})
             if hint is bool:
                 parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
                 continue

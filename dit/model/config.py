@@ -282,10 +282,7 @@ def model_config_from_shapes(shapes: dict[str, tuple[int, ...]], num_heads: int 
     table = shapes.get("y_embedder.embedding_table.weight")
     qk_norm = shapes.get("blocks.0.attn.q_norm.weight")
     registry = {(d, h): heads for d, h, heads in _SIZES.values()}
-    if qk_norm:
-        heads = hidden // qk_norm[0]
-    else:
-        heads = num_heads or registry.get((depth, hidden))
+    heads = hidden // qk_norm[0] if qk_norm else num_heads or registry.get((depth, hidden))
     if heads is None:
         raise UserError(
             f"the weights are a DiT of depth {depth} and width {hidden}, which no registry size has, and a state "

@@ -24,14 +24,6 @@ from dit.model.options import SWITCHES
 from dit.model.tokendrop import TokenDrop, gather_tokens, kept_rope
 
 
-def _registry_entry(name: str):
-    def build(**kwargs) -> DiT:
-        return DiT(model_config(name, **kwargs))
-
-    build.__name__ = name.replace("-", "_").replace("/", "_")
-    return build
-
-
 def extrapolate(strong: torch.Tensor, weak: torch.Tensor, scale: float, channels: int) -> torch.Tensor:
     """``weak + scale (strong - weak)`` on the first ``channels`` channels, the rest ``strong``'s."""
     weak_part = weak[:, :channels]
@@ -86,10 +78,8 @@ class DiT(nn.Module):
             nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        for layer in [b.adaLN_modulation[-1] for b in self.blocks] + [
-            self.final_layer.adaLN_modulation[-1],
-            self.final_layer.linear,
-        ]:
+        final = self.final_layer
+        for layer in [*(b.adaLN_modulation[-1] for b in (*self.blocks, final)), final.linear]:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
         if self.token_drop is not None:
@@ -265,7 +255,12 @@ class _Registry(Mapping):
     def __getitem__(self, name: str):
         if name not in model_names():
             raise KeyError(name)
-        return _registry_entry(name)
+
+        def build(**kwargs) -> DiT:
+            return DiT(model_config(name, **kwargs))
+
+        build.__name__ = name.replace("-", "_").replace("/", "_")
+        return build
 
     def __iter__(self):
         return iter(model_names())

@@ -54,9 +54,8 @@ def scheduler_sample(
     x = x * scheduler.init_noise_sigma
     with progress_bar(len(scheduler.timesteps), plan.sampler, unit="step", enabled=progress) as bar:
         for i, k in enumerate(scheduler.timesteps):
-            model_in = scheduler.scale_model_input(
-                x, k
-            )  # sigma-space schedulers: back to the variance-preserving x_t
+            # sigma-space schedulers: back to the variance-preserving x_t
+            model_in = scheduler.scale_model_input(x, k)
             out = model(model_in, model_t[i].expand(len(x)), **model_kwargs)[:, :channels]
             extra = {"variance_noise": noise_fn(x)} if stochastic else {}
             x = scheduler.step(out, k, x, **extra).prev_sample

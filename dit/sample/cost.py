@@ -83,12 +83,8 @@ class SamplingCost:
                 f"; with the VAE decode ({self.vae_flops_per_image / 1e12:.6g} TFLOP/image, {self.decode_s:.6g} s): "
                 f"{self.flops_per_image / 1e12:.6g} TFLOP/image in {self.wall_s:.6g} s, MFU {pct(self.mfu_with_vae)}"
             )
-        line += f"; {self.images_per_s:.4g} images/s"
-        if self.peak is not None:
-            line += f"; peak {self.peak.describe()}"
-        else:
-            line += f"; no peak ({self.peak_note})"
-        return line
+        peak = f"peak {self.peak.describe()}" if self.peak is not None else f"no peak ({self.peak_note})"
+        return f"{line}; {self.images_per_s:.4g} images/s; {peak}"
 
 
 def flops_per_image(

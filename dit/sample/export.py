@@ -41,20 +41,14 @@ def diffusers_transformer_config(cfg: DiTConfig) -> dict:
             f"diffusers' DiT has none of the block options; this model has {', '.join(cfg.block_options)}, "
             "so it cannot be exported."
         )
+    # norm_eps: DiT's LayerNorms' 1e-6; diffusers' default 1e-5 would change the MLP norm
     return dict(
-        num_attention_heads=cfg.num_heads,
-        attention_head_dim=cfg.hidden_size // cfg.num_heads,
-        in_channels=cfg.in_channels,
-        out_channels=cfg.out_channels,
-        num_layers=cfg.depth,
-        sample_size=cfg.input_size,
-        patch_size=cfg.patch_size,
-        activation_fn="gelu-approximate",
-        num_embeds_ada_norm=max(cfg.num_classes, PIPELINE_NULL_CLASS),
-        norm_type="ada_norm_zero",
-        norm_elementwise_affine=False,
-        norm_eps=1e-6,  # DiT's LayerNorms; diffusers' default 1e-5 would change the MLP norm
-    )
+        num_attention_heads=cfg.num_heads, attention_head_dim=cfg.hidden_size // cfg.num_heads,
+        in_channels=cfg.in_channels, out_channels=cfg.out_channels, num_layers=cfg.depth,
+        sample_size=cfg.input_size, patch_size=cfg.patch_size, activation_fn="gelu-approximate",
+        num_embeds_ada_norm=max(cfg.num_classes, PIPELINE_NULL_CLASS), norm_type="ada_norm_zero",
+        norm_elementwise_affine=False, norm_eps=1e-6,
+    )  # fmt: skip
 
 
 def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
@@ -70,14 +64,12 @@ def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
 def to_diffusers_state_dict(state_dict: dict, cfg: DiTConfig) -> dict:
     """Our (the official) keys onto diffusers': per-block embedders, qkv split, ``pos_embed`` dropped."""
     sd = {k: v.detach().float().cpu() for k, v in state_dict.items()}
-    out = {
-        "pos_embed.proj.weight": sd["x_embedder.proj.weight"],
-        "pos_embed.proj.bias": sd["x_embedder.proj.bias"],
-        "proj_out_1.weight": sd["final_layer.adaLN_modulation.1.weight"],
-        "proj_out_1.bias": sd["final_layer.adaLN_modulation.1.bias"],
-        "proj_out_2.weight": sd["final_layer.linear.weight"],
-        "proj_out_2.bias": sd["final_layer.linear.bias"],
+    renamed = {
+        "pos_embed.proj": "x_embedder.proj",
+        "proj_out_1": "final_layer.adaLN_modulation.1",
+        "proj_out_2": "final_layer.linear",
     }
+    out = {f"{t}.{kind}": sd[f"{o}.{kind}"] for t, o in renamed.items() for kind in ("weight", "bias")}
     labels = exported_label_table(sd["y_embedder.embedding_table.weight"], cfg)
     for i in range(cfg.depth):
         ours, theirs = f"blocks.{i}.", f"transformer_blocks.{i}."
@@ -112,13 +104,9 @@ def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
     if noise_schedule not in ("linear", "squaredcos_cap_v2"):
         raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
     return _diffusers().DDIMScheduler(
-        num_train_timesteps=1000,
-        beta_start=1e-4,
-        beta_end=0.02,
-        beta_schedule=noise_schedule,
-        prediction_type="epsilon",
-        clip_sample=False,
-    )
+        num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02, beta_schedule=noise_schedule,
+        prediction_type="epsilon", clip_sample=False,
+    )  # fmt: skip
 
 
 def use_dit_timestep_frequencies(transformer: DiTTransformer2DModel) -> DiTTransformer2DModel:
@@ -237,11 +225,8 @@ def read_id2label(path: str | os.PathLike) -> dict[int, str]:
     """Class names from a text file (one per line, line i = class i) or a JSON list or {id: name} object."""
     path, fix = Path(path), "pass a text file with one class name per line, or a JSON list or {id: name} object"
     if path.suffix != ".json":
-        return {
-            i: line.strip()
-            for i, line in enumerate(read_text(path, "labels file", fix).splitlines())
-            if line.strip()
-        }
+        lines = read_text(path, "labels file", fix).splitlines()
+        return {i: line.strip() for i, line in enumerate(lines) if line.strip()}
     data = read_json(path, "labels file", fix)
     items = enumerate(data) if isinstance(data, list) else data.items() if isinstance(data, dict) else None
     try:
@@ -276,11 +261,5 @@ def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:
         notes.append("DiTPipeline guides against class 1000, a real class of this model: use guidance_scale=1.")
     if sm.config.class_dropout_prob <= 0:
         notes.append("the model has no unconditional class: use guidance_scale=1.")
-    return {
-        "out": path,
-        "weights": sm.weights,
-        "vae": sm.vae_spec,
-        "as_exported": as_exported,
-        "with_dit_frequencies": with_dit_frequencies,
-        "notes": notes,
-    }
+    return {"out": path, "weights": sm.weights, "vae": sm.vae_spec, "as_exported": as_exported,
+            "with_dit_frequencies": with_dit_frequencies, "notes": notes}  # fmt: skip

@@ -64,18 +64,12 @@ def _set_identity(
     c: FidConfig, sm: SamplingModel, ckpt_sha256: str, sampler: Sampler, labels: str, guide_sha256: str | None
 ) -> dict:
     """Everything that decides the set (weights by content, model, sampler, N, batch, labels), not the world."""
-    s, f, interval = (
-        c.sampling,
-        c.fid,
-        sampler.guidance.interval,
-    )  # keys as before the sections: old sets stay valid
+    # keys as before the sections: old sets stay valid
+    s, f, interval = c.sampling, c.fid, sampler.guidance.interval
+    guide = {"ckpt_sha256": guide_sha256, "weights": "ema" if c.guide.ema else "model"}
     return {
         **({"guidance_interval": list(interval)} if interval is not None else {}),  # only when set
-        **(
-            {"guide": {"ckpt_sha256": guide_sha256, "weights": "ema" if c.guide.ema else "model"}}
-            if guide_sha256
-            else {}
-        ),
+        **({"guide": guide} if guide_sha256 else {}),
         **({"time_shift": sampler.time_shift} if sampler.time_shift != 1 else {}),
         "ckpt_sha256": ckpt_sha256,
         "num_fid_samples": f.num_fid_samples,
@@ -203,13 +197,8 @@ def _write_set(
     mine = batches(f.num_fid_samples, f.batch_size, rank, world)
     todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
     done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
-    bar = progress(
-        sum(len(b) for b in mine),
-        f"sampling (rank 0 of {world})",
-        initial=done_images,
-        unit="img",
-        enabled=rank == 0 and f.progress,
-    )
+    total, enabled = sum(len(b) for b in mine), rank == 0 and f.progress
+    bar = progress(total, f"sampling (rank 0 of {world})", initial=done_images, unit="img", enabled=enabled)
     generated, dit_s, decode_s = 0, 0.0, 0.0
     classes, mode = sm.config.num_classes, identity["labels"]
     every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
@@ -228,9 +217,7 @@ def _write_set(
         generated += len(batch)
         bar.update(len(batch))
     bar.close()
-    cost = None
-    if rank == 0 and generated:
-        cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak)
+    cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak) if rank == 0 and generated else None
     runtime.barrier()
     npz = None
     if rank == 0:

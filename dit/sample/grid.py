@@ -12,14 +12,7 @@ from dit.io.atomic import atomic_write
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
 from dit.sample.cost import SamplingCost, device_peak, measure_cost
-from dit.sample.generate import (
-    Sampler,
-    check_labels,
-    default_class_labels,
-    noise_seed,
-    sample_latents,
-    to_images,
-)
+from dit.sample.generate import Sampler, check_labels, default_class_labels, noise_seed, sample_latents, to_images
 from dit.sample.guide import load_guide
 from dit.sample.loading import load_weights
 
@@ -48,9 +41,8 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     denoised = time.perf_counter()
     images = to_images(sm, samples)
     decode_s = time.perf_counter() - denoised
-    out = Path(g.out)
-    atomic_write(
-        out, lambda f: save_image(images, f, format="png", nrow=g.nrow, normalize=True, value_range=(-1, 1))
+    out = atomic_write(
+        g.out, lambda f: save_image(images, f, "png", nrow=g.nrow, normalize=True, value_range=(-1, 1))
     )
     cost = measure_cost(sm, sampler, len(labels), denoised - start, decode_s, peak)
     return SampleReport(out, labels, sm.weights, cost)

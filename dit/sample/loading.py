@@ -84,20 +84,16 @@ def _agree(flag: str, given, recorded):
 def load_sampling_model(
     ckpt_path: str | os.PathLike | None,
     *,
-    model: str | None = None,
     image_size: int | None = None,
-    num_classes: int | None = None,
-    num_heads: int | None = None,
     vae: str | None = None,
-    use_ema: bool = True,
     device: str | torch.device = "cpu",
     sd_decoder: str = "mse",
-    objective: str | None = None,
+    **read,
 ) -> SamplingModel:
-    """The DiT a checkpoint holds (a bare release read from its shapes) and the VAE to decode its samples."""
+    """The DiT a checkpoint holds (a bare release read from its shapes) and the VAE to decode its samples;
+    ``read``: ``read_model``'s model, num_classes, num_heads, use_ema and objective."""
     ckpt_path = ckpt_path or official_release(image_size)  # as the official sample.py; downloaded if missing
-    net, which, run, latent_norm = read_model(ckpt_path, model=model, num_classes=num_classes, num_heads=num_heads,
-                                 use_ema=use_ema, device=device, objective=objective)  # fmt: skip
+    net, which, run, latent_norm = read_model(ckpt_path, device=device, **read)
     vae_spec, vae_module = _decoder(run, vae, sd_decoder, device)
     factor = 1 if vae_module is None else latent_downsample(vae_module)
     image_size = _agree("--image-size", image_size, run.get("image_size")) or net.config.input_size * factor

@@ -133,14 +133,9 @@ class TrainData:
         """This rank's micro-batches from ``start_step`` on, in the order of ``optim``'s batch and seed."""
         if hasattr(self.dataset, "verify_once"):  # a latent store: hashed once per node, before workers start
             self.dataset.verify_once(runtime)
+        o, rt = optim, runtime
         order = StepOrder(
-            len(self.dataset),
-            optim.global_batch_size,
-            runtime.world,
-            runtime.rank,
-            optim.grad_accum_steps,
-            optim.seed,
-            start_step,
+            len(self.dataset), o.global_batch_size, rt.world, rt.rank, o.grad_accum_steps, o.seed, start_step
         )
         loader = DataLoader(
             SeededItems(self.dataset, optim.seed),

@@ -43,14 +43,9 @@ class Average:
 
     def _dense_weights(self, dst: list[torch.Tensor], apply: torch.Tensor, weight: float) -> list[torch.Tensor]:
         """``apply * weight`` as dense views of one buffer: CUDA's fused foreach takes only dense tensors."""
-        largest = max(d.numel() for d in dst)
-        buffer = self._weights
-        if (
-            buffer is None
-            or buffer.numel() < largest
-            or (buffer.dtype, buffer.device) != (dst[0].dtype, dst[0].device)
-        ):
-            buffer = self._weights = torch.empty(largest, dtype=dst[0].dtype, device=dst[0].device)
+        largest, buffer, t0 = max(d.numel() for d in dst), self._weights, dst[0]
+        if buffer is None or buffer.numel() < largest or (buffer.dtype, buffer.device) != (t0.dtype, t0.device):
+            buffer = self._weights = torch.empty(largest, dtype=t0.dtype, device=t0.device)
         torch.mul(apply.to(buffer.dtype).expand_as(buffer), weight, out=buffer)
         return [buffer[: d.numel()].view_as(d) for d in dst]
 

@@ -83,10 +83,9 @@ class StepCounters:
         stats = [self.loss_sum, self.loss_count, self.nonfinite_total, self.nonfinite_streak, self.longest_streak]
         stats += [self.align_sum] if self.align_sum is not None else []
         total, count, nonfinite, streak, longest, *align = runtime.all_reduce(torch.stack(stats).float()).tolist()
-        self.loss_sum.zero_()
-        if self.align_sum is not None:
-            self.align_sum.zero_()
-        self.loss_count.zero_()
+        for window_sum in (self.loss_sum, self.align_sum, self.loss_count):
+            if window_sum is not None:
+                window_sum.zero_()
         self.longest_streak.copy_(self.nonfinite_streak)  # a streak still running carries into the next window
         world = runtime.world  # every rank counts the same skipped steps (the skip is all-reduced)
         repa = {"repa_loss": align[0] / count if count else float("nan")} if align else {}  # as the loss
@@ -147,15 +146,10 @@ class Ledger:
         self.vae = vae_flops(vae_config, image_size) if vae_config is not None else None
         on_the_fly = data.vae is not None and self.vae is not None
         self.peak = peak_for_device(runtime.device, device.precision, device.peak_tflops)
-        self.meter = CostMeter(
-            self.flops.model,
-            self.flops.hardware,
-            mc.tokens,
-            self.peak,
-            world_size=runtime.world,
-            vae_flops_per_image=self.vae.encode if on_the_fly else 0.0,
-            aux_flops_per_image=repa.flops.per_step_image(repa.cached) if repa is not None else 0.0,
-        )
+        vae = self.vae.encode if on_the_fly else 0.0
+        aux = repa.flops.per_step_image(repa.cached) if repa is not None else 0.0
+        flops = self.flops
+        self.meter = CostMeter(flops.model, flops.hardware, mc.tokens, self.peak, runtime.world, vae, aux)
         self.meter.total_images = local_images_done
         full_done = local_images_done - dropped_images_done
         self.meter.total_model_flops = dropped_images_done * self.flops.model + full_done * self.full_flops.model
@@ -168,17 +162,11 @@ class Ledger:
         # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
         comparable = training_flops_per_image(mc, self.checkpointed, fused_attention=False).hardware
         gap = self.measured_flops_per_image / comparable - 1
-        mem = estimate_training_memory(
-            mc,
-            batch_per_device,
-            precision,
-            checkpointed_blocks=self.checkpointed,
-            ema=True,
-            sharding="fsdp" if sharded else "ddp",
-            world_size=self.runtime.world,
-            gradient_as_bucket_view=True,
-            attention="fused" if self.fused_attention else "explicit",
+        sharding, attention = "fsdp" if sharded else "ddp", "fused" if self.fused_attention else "explicit"
+        layout = dict(
+            sharding=sharding, world_size=self.runtime.world, gradient_as_bucket_view=True, attention=attention
         )
+        mem = estimate_training_memory(mc, batch_per_device, precision, self.checkpointed, **layout)
         self.memory_estimate = mem.total
         fwd = 2 * forward_macs(mc).total
         s.info(

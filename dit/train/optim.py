@@ -74,11 +74,8 @@ class OptimSection(Section):
 
     def _group(self) -> dict:
         """AdamW's settings a param group holds (and a checkpoint keeps), the lr aside: set every step."""
-        return {
-            "weight_decay": self.weight_decay,
-            "betas": (self.adam_beta1, self.adam_beta2),
-            "eps": self.adam_eps,
-        }
+        betas = (self.adam_beta1, self.adam_beta2)
+        return {"weight_decay": self.weight_decay, "betas": betas, "eps": self.adam_eps}
 
     def reapply(self, optimizer: torch.optim.Optimizer) -> None:
         """Put this run's weight decay, betas and eps back into a resumed optimizer (lr is set every step)."""

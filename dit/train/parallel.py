@@ -104,21 +104,12 @@ def _trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def optimizer_state_by_name(model: nn.Module, state: dict) -> dict:
-    """``optimizer.state_dict()`` (integer ids) re-keyed by parameter name, as FSDP's full state dict is."""
-    names = _trainable_names(model)
+def _rekeyed(state: dict, key) -> dict:
+    """An optimizer state with each parameter's key mapped by ``key`` (id to name, as FSDP's full state dict is
+    keyed, or back)."""
     return {
-        "state": {names[i]: s for i, s in state["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
-    }
-
-
-def optimizer_state_by_id(model: nn.Module, state: dict) -> dict:
-    """The inverse of ``optimizer_state_by_name``, for ``optimizer.load_state_dict``."""
-    index = {n: i for i, n in enumerate(_trainable_names(model))}
-    return {
-        "state": {index[n]: s for n, s in state["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]],
+        "state": {key[k]: s for k, s in state["state"].items()},
+        "param_groups": [{**g, "params": [key[k] for k in g["params"]]} for g in state["param_groups"]],
     }
 
 
@@ -146,7 +137,7 @@ def load_model_state(model: nn.Module, state: dict, sharded: bool, source: str =
 
 def optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:
     if not sharded:
-        return optimizer_state_by_name(model, optimizer.state_dict())
+        return _rekeyed(optimizer.state_dict(), _trainable_names(model))
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, optimizer)
@@ -154,7 +145,7 @@ def optimizer_state(model: nn.Module, optimizer, sharded: bool) -> dict:
 
 def load_optimizer_state(model: nn.Module, optimizer, state: dict, sharded: bool):
     if not sharded:
-        optimizer.load_state_dict(optimizer_state_by_id(model, state))
+        optimizer.load_state_dict(_rekeyed(state, {n: i for i, n in enumerate(_trainable_names(model))}))
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

@@ -84,9 +84,7 @@ class Repa(StepHook):
         return x
 
     def output(self, out):
-        out, self.projected = (
-            out  # ``dit.model.projector.RepaModel``: (the DiT's output, block ``depth``'s projected tokens)
-        )
+        out, self.projected = out  # RepaModel's: (the DiT's output, block ``depth``'s projected tokens)
         return out
 
     def loss(self, scale):

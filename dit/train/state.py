@@ -43,12 +43,8 @@ class TrainState:
 
     def state_dict(self, runtime: Runtime) -> dict | None:
         """The whole payload on rank 0 (None elsewhere), or under FSDP every rank's shards; collective."""
-        rng = runtime.gather_objects(
-            {
-                "cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            }
-        )
+        cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+        rng = runtime.gather_objects({"cpu": torch.get_rng_state(), "cuda": cuda})
         if not (self.sharded or runtime.is_main):
             return None
         state = {
@@ -59,12 +55,9 @@ class TrainState:
             "optimizer": optimizer_state(self.trained, self.optimizer, self.sharded),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {str(r): s for r, s in enumerate(rng)},
-            "data_position": {
-                "step": self.step,
-                "epoch": self.epoch,
-                "dataset_len": self.dataset_len,
-                "changes": self.data_changes,
-            },
+            "data_position": dict(
+                step=self.step, epoch=self.epoch, dataset_len=self.dataset_len, changes=self.data_changes
+            ),
             "config": self.record,
             "model_config": self.model.config.to_dict(),
             "lineage": self.lineage,
@@ -113,7 +106,10 @@ class TrainState:
         load_model_state(self.model, state["model"], self.sharded, source)
         load_model_state(self.ema.model, state["ema"], self.sharded, f"{source} (EMA)")
         self.ema.num_updates = int(state["ema_updates"])
-        self._load_profiles(state.get(PROFILES) or {}, source)
+        profiles = state.get(PROFILES) or {}  # a profile an --allow-changes resume no longer tracks is dropped
+        for key, profile in self.ema.profiles.items():
+            load_model_state(profile.model, profiles[key], self.sharded, f"{source} (EMA profile {key})")
+            profile.num_updates = self.ema.num_updates
         if self.projector is not None:
             if "repa_projector" not in state:
                 raise UserError(f"{source} holds no REPA projector: resume it without --repa-encoder.")
@@ -128,9 +124,3 @@ class TrainState:
             if rng.get("cuda") is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
         return notes
-
-    def _load_profiles(self, saved: dict, source: str) -> None:
-        """The post-hoc EMA profiles this run tracks; one an --allow-changes resume no longer tracks is dropped."""
-        for key, profile in self.ema.profiles.items():
-            load_model_state(profile.model, saved[key], self.sharded, f"{source} (EMA profile {key})")
-            profile.num_updates = self.ema.num_updates

@@ -278,20 +278,16 @@ class Trainer(RunParts):
         guidance = 4.0 if mc.class_dropout_prob > 0 else 1.0  # no null label without class dropout
         sampler = Sampler(sm, 50, sm.objective.fast_sampler, guidance=Guidance(guidance))
         images = generate(sm, sampler, labels, seeds, precision=self.runtime.precision)
-        self.ledger.sinks.image(
-            "samples/ema", make_grid((images + 1) / 2, nrow=min(len(labels), 8)), self.state.step
-        )
+        grid = make_grid((images + 1) / 2, nrow=min(len(labels), 8))
+        self.ledger.sinks.image("samples/ema", grid, self.state.step)
 
 
 def train(cfg: TrainConfig, dataset=None) -> dict:
     """Train with ``cfg``; ``dataset`` (items (image CHW in [-1, 1], label)) replaces the configured data."""
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
     timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
-    try:
-        with (
-            Runtime.of(cfg.runtime, timeout=timeout) as runtime,
-            runtime.stop_flag() as stop,
-        ):  # a stop in set-up: at the first step asked
+    try:  # a stop in set-up: at the first step asked
+        with Runtime.of(cfg.runtime, timeout=timeout) as runtime, runtime.stop_flag() as stop:
             return Trainer(cfg, runtime, dataset).run(stop)
     except CannotWrite as e:  # any write of the run (a checkpoint, a sink, a record): its line says what is kept
         raise e.keeping(kept_checkpoints(cfg.checkpoint.folder)) from None

@@ -67,11 +67,8 @@ def betas_for_alpha_bar(num_diffusion_timesteps: int, alpha_bar, max_beta: float
 
 
 class GaussianDiffusion:
-    """Forward process, losses and samplers for a model that outputs (N, C or 2C, H, W).
-
-    ``timestep_map`` (set by respacing) gives, for each of this diffusion's steps, the original integer
-    timestep that the model is conditioned on.
-    """
+    """Forward process, losses and samplers for a model that outputs (N, C or 2C, H, W); ``timestep_map`` (set by
+    respacing) gives each step's original integer timestep, the one the model is conditioned on."""
 
     def __init__(
         self,
@@ -327,12 +324,9 @@ class GaussianDiffusion:
         return {"output": torch.where(t == 0, decoder_nll, kl), "pred_xstart": out["pred_xstart"]}
 
     def training_losses(self, model, x_start, t, model_kwargs=None, noise=None):
-        """Per-sample losses: a dict with ``loss`` and, for MSE losses, ``mse`` (and ``vb`` if learned).
-
-        With a learned variance the VB term sees the mean's prediction detached, so it trains the variance
-        channels only (the IDDPM hybrid objective). With Min-SNR weighting ``loss`` = w_t mse + vb: the VB
-        term stays unweighted and ``mse`` is the raw error.
-        """
+        """Per-sample ``loss`` and, for MSE losses, ``mse`` (and ``vb`` if learned). A learned variance's VB term
+        sees the mean's prediction detached, so it trains the variance channels only (IDDPM's hybrid objective);
+        Min-SNR weighting makes ``loss`` = w_t mse + vb, the VB term unweighted and ``mse`` the raw error."""
         model_kwargs = model_kwargs or {}
         if noise is None:
             noise = torch.randn_like(x_start)

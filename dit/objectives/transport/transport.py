@@ -95,20 +95,9 @@ class Transport:
     def _mse(self, path: Path, t, out, x0, x1, ut) -> dict:
         """{"loss": (N,)}: SiT's MSE of the prediction, weighted for score and noise predictions."""
         if self.prediction == "velocity":
-            loss = ((out - ut) ** 2).mean(dim=tuple(range(1, x1.dim())))
-            return {"loss": loss}
+            return {"loss": ((out - ut) ** 2).mean(dim=tuple(range(1, x1.dim())))}
         _, _, sigma, _ = path.alpha_sigma(t)
         d = path.drift_var(t)
-        weight = {"none": torch.ones_like(t), "velocity": (d / sigma) ** 2, "likelihood": d / sigma**2}[
-            self.loss_weight
-        ]
-        if self.prediction == "noise":
-            err = out - x0
-        else:
-            err = _expand(sigma, x1) * out + x0
-        return {"loss": weight * (err**2).mean(dim=tuple(range(1, x1.dim())))}
-
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
+        weights = {"none": torch.ones_like(t), "velocity": (d / sigma) ** 2, "likelihood": d / sigma**2}
+        err = out - x0 if self.prediction == "noise" else _expand(sigma, x1) * out + x0
+        return {"loss": weights[self.loss_weight] * (err**2).mean(dim=tuple(range(1, x1.dim())))}
