@@ -67,11 +67,24 @@ def bench_sample(
     flops = sampling_flops_per_image(net.config, num_sampling_steps, guidance_scale).model
     rate = batch_size / timing["median_s"]
     kernel = attention_kernel(attention, dev.type, runtime.precision.compute_dtype)
-    return {"mode": "sample", "model": model, "image_size": image_size, "precision": precision,
-            "batch": batch_size, "num_sampling_steps": num_sampling_steps, "guidance_scale": guidance_scale,
-            "attention": kernel, "device": device_name(dev), **timing, "images_per_sec": rate,
-            "model_tflops": rate * flops / 1e12, "peak_tflops": peak.flops / 1e12, "peak_source": peak.source,
-            "mfu": rate * flops / peak.flops, **memory}  # fmt: skip
+    return {
+        "mode": "sample",
+        "model": model,
+        "image_size": image_size,
+        "precision": precision,
+        "batch": batch_size,
+        "num_sampling_steps": num_sampling_steps,
+        "guidance_scale": guidance_scale,
+        "attention": kernel,
+        "device": device_name(dev),
+        **timing,
+        "images_per_sec": rate,
+        "model_tflops": rate * flops / 1e12,
+        "peak_tflops": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": rate * flops / peak.flops,
+        **memory,
+    }
 
 
 def bench_attention(
@@ -102,8 +115,17 @@ def bench_attention(
                 if i:
                     times.append(time.perf_counter() - start)
             kernel = attention_kernel(backend, dev.type, dtype)
-            out.append({"mode": "attention", "model": model, "precision": precision, "batch": batch_size,
-                        "attention": kernel, "device": device_name(dev), **spread(times)})  # fmt: skip
+            out.append(
+                {
+                    "mode": "attention",
+                    "model": model,
+                    "precision": precision,
+                    "batch": batch_size,
+                    "attention": kernel,
+                    "device": device_name(dev),
+                    **spread(times),
+                }
+            )
     return out
 
 
@@ -136,6 +158,14 @@ def bench_reader(store: str, batch_size: int = 256, seconds: float = 3.0, repeat
 
     rate(1.0)  # page cache and allocator warm-up
     rates = sorted(rate(seconds) for _ in range(repeats))
-    return {"mode": "reader", "store": store, "items": len(ds), "latent_shape": list(ds.latent_shape),
-            "storage_dtype": ds.manifest["storage_dtype"], "batch": batch_size, "best_samples_per_sec": rates[-1],
-            "median_samples_per_sec": statistics.median(rates), "threads": torch.get_num_threads()}  # fmt: skip
+    return {
+        "mode": "reader",
+        "store": store,
+        "items": len(ds),
+        "latent_shape": list(ds.latent_shape),
+        "storage_dtype": ds.manifest["storage_dtype"],
+        "batch": batch_size,
+        "best_samples_per_sec": rates[-1],
+        "median_samples_per_sec": statistics.median(rates),
+        "threads": torch.get_num_threads(),
+    }

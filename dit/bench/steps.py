@@ -85,14 +85,28 @@ def _train_row(trainer: Trainer, model: str, compile: bool, times, losses) -> di
     rate = batch / timing["median_s"]
     flops, peak = trainer.ledger.flops, trainer.ledger.peak
     model_cfg = trainer.state.model.config
-    row = {"mode": "train", "model": model, "image_size": trainer.cfg.model.image_size,
-           "precision": trainer.cfg.runtime.precision, "batch_per_device": batch,
-           "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks, "token_drop": model_cfg.token_drop,
-           "compile": compile, "attention": trainer.attention, "device": device_name(trainer.runtime.device),
-           **timing, "model_flops_per_step": flops.model * batch, "images_per_sec": rate,
-           "model_tflops": rate * flops.model / 1e12, "hardware_tflops": rate * flops.hardware / 1e12,
-           "peak_tflops": peak.flops / 1e12, "peak_source": peak.source, "mfu": rate * flops.model / peak.flops,
-           "hfu": rate * flops.hardware / peak.flops, "losses": losses}  # fmt: skip
+    row = {
+        "mode": "train",
+        "model": model,
+        "image_size": trainer.cfg.model.image_size,
+        "precision": trainer.cfg.runtime.precision,
+        "batch_per_device": batch,
+        "checkpointed_blocks": trainer.state.model.num_checkpointed_blocks,
+        "token_drop": model_cfg.token_drop,
+        "compile": compile,
+        "attention": trainer.attention,
+        "device": device_name(trainer.runtime.device),
+        **timing,
+        "model_flops_per_step": flops.model * batch,
+        "images_per_sec": rate,
+        "model_tflops": rate * flops.model / 1e12,
+        "hardware_tflops": rate * flops.hardware / 1e12,
+        "peak_tflops": peak.flops / 1e12,
+        "peak_source": peak.source,
+        "mfu": rate * flops.model / peak.flops,
+        "hfu": rate * flops.hardware / peak.flops,
+        "losses": losses,
+    }
     if trainer.runtime.device.type == "cuda":  # since bench_train's reset: this row's steps (and its pairing's)
         row["max_memory_gib"] = torch.cuda.max_memory_allocated(trainer.runtime.device) / 2**30
         row["max_memory_reserved_gib"] = torch.cuda.max_memory_reserved(trainer.runtime.device) / 2**30
@@ -179,9 +193,17 @@ def bench_accounting(
         per_log = (time.perf_counter() - start) / logs
         ledger.close()
     overhead = per_step + per_log / log_every
-    return {"mode": "accounting", "model": model, "batch": batch_size, "log_every": log_every,
-            "meter_step_us": per_step * 1e6, "log_ms": per_log * 1e3, "step_median_s": step["median_s"],
-            "overhead_per_step_us": overhead * 1e6, "overhead_frac": overhead / step["median_s"]}  # fmt: skip
+    return {
+        "mode": "accounting",
+        "model": model,
+        "batch": batch_size,
+        "log_every": log_every,
+        "meter_step_us": per_step * 1e6,
+        "log_ms": per_log * 1e3,
+        "step_median_s": step["median_s"],
+        "overhead_per_step_us": overhead * 1e6,
+        "overhead_frac": overhead / step["median_s"],
+    }
 
 
 def profile_train_step(
@@ -223,10 +245,17 @@ def bench_loss_curves(base: TrainConfig, dataset, runs=(("fp32", 0), ("bf16", 0)
     gaps = {name: tail_mean(curve) / tail_mean(ref) - 1 for name, curve in others}
     seed_gaps = [abs(gap) for name, gap in gaps.items() if name.startswith(runs[0][0] + " ")]
     means = {name: tail_mean(curve) for name, curve in curves.items()}
-    return {"mode": "loss", "reference": ref_name, "steps": base.budget.max_steps,
-            "log_every": base.ledger.log_every, "tail_fraction": tail, "tail_mean_loss": means,
-            "tail_gap_to_reference": gaps, "seed_noise": max(seed_gaps) if seed_gaps else None,
-            "curves": curves}  # fmt: skip
+    return {
+        "mode": "loss",
+        "reference": ref_name,
+        "steps": base.budget.max_steps,
+        "log_every": base.ledger.log_every,
+        "tail_fraction": tail,
+        "tail_mean_loss": means,
+        "tail_gap_to_reference": gaps,
+        "seed_noise": max(seed_gaps) if seed_gaps else None,
+        "curves": curves,
+    }
 
 
 def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_every: int = 0) -> list[dict]:
@@ -247,9 +276,17 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
             timed = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
             mean = {k: statistics.fmean(r[k] for r in timed) for k in ("mfu", "steps_per_sec")}
             evaluations = sum(r.get("kind") == "eval" for r in records)
-            rows.append({"mode": "repeat", "run": i, "steps": steps, **mean,
-                         "peak_tflops": timed[-1]["peak_tflops"], "fresh_peak": fresh_peak,
-                         "evaluations": evaluations})  # fmt: skip
+            rows.append(
+                {
+                    "mode": "repeat",
+                    "run": i,
+                    "steps": steps,
+                    **mean,
+                    "peak_tflops": timed[-1]["peak_tflops"],
+                    "fresh_peak": fresh_peak,
+                    "evaluations": evaluations,
+                }
+            )
     return rows
 
 
@@ -279,8 +316,17 @@ def bench_precision_quality(
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]
-                rows.append({"mode": "precision", "precision": precision, "seed": seed, "steps": steps,
-                             "fid": final["fid"], "class_accuracy": final["class_accuracy"],
-                             "precision_metric": final["precision"], "recall": final["recall"],
-                             "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :])})  # fmt: skip
+                rows.append(
+                    {
+                        "mode": "precision",
+                        "precision": precision,
+                        "seed": seed,
+                        "steps": steps,
+                        "fid": final["fid"],
+                        "class_accuracy": final["class_accuracy"],
+                        "precision_metric": final["precision"],
+                        "recall": final["recall"],
+                        "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
+                    }
+                )
     return rows

@@ -53,11 +53,20 @@ class EmaConfig(Section):
 FACE = Face(
     "python -m dit.checkpoint",
     __doc__,
-    commands={name: Face(f"python -m dit.checkpoint {name}", cls.__doc__, sections={name: cls}, inputs=inputs,
-                         outputs={"out": "file"})
-              for name, cls, inputs in (("export", ExportConfig, {"folder": "folder"}),
-                                        ("ema", EmaConfig, {"run_folder": "file"}))},
-)  # fmt: skip
+    commands={
+        name: Face(
+            f"python -m dit.checkpoint {name}",
+            cls.__doc__,
+            sections={name: cls},
+            inputs=inputs,
+            outputs={"out": "file"},
+        )
+        for name, cls, inputs in (
+            ("export", ExportConfig, {"folder": "folder"}),
+            ("ema", EmaConfig, {"run_folder": "file"}),
+        )
+    },
+)
 
 
 def main(argv: list[str] | None = None) -> int:

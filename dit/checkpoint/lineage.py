@@ -118,9 +118,13 @@ def plan_segment(folder: Path, resume_from: Path | None, ckpt: dict | None) -> t
         forks = dict(parent_lineage["forks"]) if parent_lineage else {}
         line = {"branch": secrets.token_hex(4), "forks": {**forks, branch_of(parent_lineage): step}}
     sums = checksum_path(resume_from)
-    line["parent"] = {"file": resume_from.name, "path": os.path.relpath(resume_from, folder), "step": step,
-                      "sha256": sums.read_text().split()[0] if sums.is_file() else None,
-                      "branch": branch_of(parent_lineage)}  # fmt: skip
+    line["parent"] = {
+        "file": resume_from.name,
+        "path": os.path.relpath(resume_from, folder),
+        "step": step,
+        "sha256": sums.read_text().split()[0] if sums.is_file() else None,
+        "branch": branch_of(parent_lineage),
+    }
     off = []
     for s, path in list_checkpoints(folder):
         branch = branch_of(read_lineage(path))

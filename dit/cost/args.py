@@ -106,8 +106,11 @@ class TrainArgs(Section):
 class SampleHardwareSection(HardwareSection):
     """The hardware section with sampling's default precision, tf32 (sample.py's and sample_ddp.py's)."""
 
-    precision: str = option("tf32", "the precision the peak is read for (the sampling faces' default: tf32)",
-                            choices=devices.PRECISIONS)  # fmt: skip
+    precision: str = option(
+        "tf32",
+        "the precision the peak is read for (the sampling faces' default: tf32)",
+        choices=devices.PRECISIONS,
+    )
 
 
 @dataclass(frozen=True)

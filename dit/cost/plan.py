@@ -104,8 +104,13 @@ def load_calibration(path: str) -> Calibration:
         raise UserError(
             f"calibration file {path} lacks {', '.join(missing)}; see docs/cost_model.md for the schema."
         )
-    cal = Calibration(str(data["model"]), int(data["image_size"]), str(data["precision"]), str(data["device"]),
-                      float(data["mfu"]))  # fmt: skip
+    cal = Calibration(
+        str(data["model"]),
+        int(data["image_size"]),
+        str(data["precision"]),
+        str(data["device"]),
+        float(data["mfu"]),
+    )
     if not 0 < cal.mfu <= 1:
         raise UserError(f"calibration file {path} has mfu {cal.mfu}; it must be in (0, 1].")
     return cal

@@ -104,10 +104,15 @@ def vit_shape(model: nn.Module) -> ViTShape:
         )
     size, embed = model.patch_embed.img_size, model.patch_embed
     return ViTShape(
-        depth=len(model.blocks), width=model.embed_dim, mlp_hidden=hidden, patch_size=embed.patch_size[0],
-        in_channels=embed.proj.in_channels, input_size=size[0] if isinstance(size, (tuple, list)) else int(size),
-        prefix_tokens=model.num_prefix_tokens, gated=macs == 3 * model.embed_dim * hidden,
-    )  # fmt: skip
+        depth=len(model.blocks),
+        width=model.embed_dim,
+        mlp_hidden=hidden,
+        patch_size=embed.patch_size[0],
+        in_channels=embed.proj.in_channels,
+        input_size=size[0] if isinstance(size, (tuple, list)) else int(size),
+        prefix_tokens=model.num_prefix_tokens,
+        gated=macs == 3 * model.embed_dim * hidden,
+    )
 
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
@@ -186,8 +191,13 @@ class Encoder:
 
     def identity(self) -> dict:
         """What a latent store records of the encoder its features came from, and a run checks."""
-        return {"encoder": self.name, "input_size": self.input_size, "weights": self.weights_id,
-                "tokens": self.grid**2, "dim": self.dim}  # fmt: skip
+        return {
+            "encoder": self.name,
+            "input_size": self.input_size,
+            "weights": self.weights_id,
+            "tokens": self.grid**2,
+            "dim": self.dim,
+        }
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:

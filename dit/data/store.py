@@ -335,12 +335,23 @@ def write_moments_store(
     names = [f"{source}/{i}" for i in range(n)]
     digest = hashlib.sha256(source.encode()).hexdigest()
     spec = StoreSpec(
-        vae_id=source, vae_config_sha256=digest, vae_weights_sha256=digest, scaling_factor=scale, image_size=8 * h,
-        latent_shape=[c, h, w], encode_precision="n/a", storage_dtype=storage_dtype, flips_stored=views == 2,
-        shard_size=shard_size, class_to_index={str(i): i for i in range(num_classes)},
-        sources_sha256=sources_sha256(list(zip(names, labels.tolist()))), num_sources=n, crop="n/a",
-        vae_config=vae_config, features=encoder if features is not None else None,
-    )  # fmt: skip
+        vae_id=source,
+        vae_config_sha256=digest,
+        vae_weights_sha256=digest,
+        scaling_factor=scale,
+        image_size=8 * h,
+        latent_shape=[c, h, w],
+        encode_precision="n/a",
+        storage_dtype=storage_dtype,
+        flips_stored=views == 2,
+        shard_size=shard_size,
+        class_to_index={str(i): i for i in range(num_classes)},
+        sources_sha256=sources_sha256(list(zip(names, labels.tolist()))),
+        num_sources=n,
+        crop="n/a",
+        vae_config=vae_config,
+        features=encoder if features is not None else None,
+    )
     check_existing_store(folder, spec)
     begin_store(folder, spec)
     for k in range(spec.num_shards):

@@ -56,9 +56,10 @@ class ExtractConfig(Section):
         32, "images per encoder call on each process", ge=1, aliases=("--per-proc-batch-size",)
     )
     precision: str = option(
-        "fp32", "encoder arithmetic; fp32 by default: the latents are encoded once and read by every run",
+        "fp32",
+        "encoder arithmetic; fp32 by default: the latents are encoded once and read by every run",
         choices=("fp32", "bf16"),
-    )  # fmt: skip
+    )
     storage_dtype: str = option("fp16", "dtype of the stored moments", choices=tuple(STORAGE_DTYPES))
     flip: bool = option(True, "also store the moments of mirrored images (--no-flip: do not)")
     shard_size: int = option(2048, "source images per shard", ge=1)
@@ -68,9 +69,10 @@ class ExtractConfig(Section):
     strict: bool = option(False, "fail on corrupt/non-image files and empty classes")
     verify: bool = option(False, "only check every shard's sha256 and exit")
     stats: bool = option(
-        False, "only write each latent channel's mean and std (for train.py --latent-norm channel) into the "
+        False,
+        "only write each latent channel's mean and std (for train.py --latent-norm channel) into the "
         "manifest of a store made without them, after checking every shard's sha256, and exit",
-    )  # fmt: skip
+    )
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when available)")
     progress: bool = option(True, "show the progress on rank 0 (plain lines when not on a terminal)")
 
@@ -166,15 +168,23 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
         encoder = Encoder(repa.encoder, repa.encoder_weights, size, device)
         features = {**encoder.identity(), "forward_flops": 2 * vit_forward_macs(encoder.shape)}
     spec = StoreSpec(
-        vae_id=vae_id, vae_config_sha256=config_sha, vae_weights_sha256=weights_sha256(vae),
-        scaling_factor=scaling_factor(vae), shift_factor=shift_factor(vae), image_size=cfg.image_size,
-        latent_shape=[vae.config.latent_channels, latent, latent], encode_precision=cfg.precision,
-        storage_dtype=cfg.storage_dtype, flips_stored=cfg.flip, shard_size=cfg.shard_size,
+        vae_id=vae_id,
+        vae_config_sha256=config_sha,
+        vae_weights_sha256=weights_sha256(vae),
+        scaling_factor=scaling_factor(vae),
+        shift_factor=shift_factor(vae),
+        image_size=cfg.image_size,
+        latent_shape=[vae.config.latent_channels, latent, latent],
+        encode_precision=cfg.precision,
+        storage_dtype=cfg.storage_dtype,
+        flips_stored=cfg.flip,
+        shard_size=cfg.shard_size,
         class_to_index={name: i for i, name in enumerate(images.classes)},
-        sources_sha256=sources_sha256(images.samples), num_sources=len(images.samples),
+        sources_sha256=sources_sha256(images.samples),
+        num_sources=len(images.samples),
         vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
         features=features if encoder is not None else None,
-    )  # fmt: skip
+    )
     # a folder still being copied into could give ranks different source lists
     if world > 1 and len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
         raise UserError(
@@ -294,10 +304,17 @@ def _summary(cfg, runtime: Runtime, spec: StoreSpec, reused: int, encoded: int, 
     """The store's numbers and this run's (printed on rank 0)."""
     out = cfg.feature_path
     manifest = read_manifest(out)
-    summary = {"num_images": manifest["num_images"], "num_skipped": manifest["num_skipped"],
-               "num_shards": spec.num_shards, "reused_shards": reused, "written_shards": spec.num_shards - reused,
-               "encoded_images": encoded, "seconds": seconds, "encode_seconds": encode_seconds,
-               "total_bytes": manifest["total_bytes"]}  # fmt: skip
+    summary = {
+        "num_images": manifest["num_images"],
+        "num_skipped": manifest["num_skipped"],
+        "num_shards": spec.num_shards,
+        "reused_shards": reused,
+        "written_shards": spec.num_shards - reused,
+        "encoded_images": encoded,
+        "seconds": seconds,
+        "encode_seconds": encode_seconds,
+        "total_bytes": manifest["total_bytes"],
+    }
     if runtime.rank == 0:
         print(
             f"latent store {out}: {summary['num_images']} images in {spec.num_shards} shards "

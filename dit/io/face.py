@@ -76,9 +76,16 @@ class Face:
     latent store: nothing may be written inside it) or ``"file"`` for a path read by name (a checkpoint, a
     model folder: it must not be written over). See ``check_apart``."""
 
-    def __init__(self, prog: str, description: str = "", sections: dict | None = None,
-                 commands: dict[str, Face] | None = None, renamed: dict[str, str] | None = None,
-                 outputs: Mapping[str, str] | None = None, inputs: Mapping[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        prog: str,
+        description: str = "",
+        sections: dict | None = None,
+        commands: dict[str, Face] | None = None,
+        renamed: dict[str, str] | None = None,
+        outputs: Mapping[str, str] | None = None,
+        inputs: Mapping[str, str] | None = None,
+    ):
         self.prog, self.description, self.commands = prog, description, commands or {}
         self.renamed = renamed or {}  # old record/preset keys -> flat names (records written before a rename)
         self.outputs = dict(outputs or {})  # flat name -> "file" or "folder": what this command writes there
@@ -126,8 +133,9 @@ class Face:
         if self.commands:
             sub = parser.add_subparsers(dest="command", required=True)
             for name, face in self.commands.items():
-                p = sub.add_parser(name, help=face.description, description=face.description,
-                                   formatter_class=HelpFormatter)  # fmt: skip
+                p = sub.add_parser(
+                    name, help=face.description, description=face.description, formatter_class=HelpFormatter
+                )
                 face._add_arguments(p)
             return parser
         parser.add_argument("--config", help="YAML preset whose values replace the defaults; flags override it")
@@ -156,8 +164,13 @@ class Face:
             if typing.get_origin(hint) is tuple:
                 hint, kw["nargs"] = typing.get_args(hint)[0], "+"
             choices = None if number_or_word(hint) else meta.get("choices")  # number or word: the section checks
-            parser.add_argument(*flags, type=hint if hint in (int, float, str) else str, metavar=flat.upper(),
-                                choices=choices, **kw)  # fmt: skip
+            parser.add_argument(
+                *flags,
+                type=hint if hint in (int, float, str) else str,
+                metavar=flat.upper(),
+                choices=choices,
+                **kw,
+            )
 
     def record(self, sections: Mapping) -> dict:
         """The sections as plain data, nested by section with flat option names (what config.yaml and every

@@ -43,12 +43,19 @@ def diffusers_transformer_config(cfg: DiTConfig) -> dict:
         )
     # norm_eps: DiT's LayerNorms' 1e-6; diffusers' default 1e-5 would change the MLP norm
     return dict(
-        num_attention_heads=cfg.num_heads, attention_head_dim=cfg.hidden_size // cfg.num_heads,
-        in_channels=cfg.in_channels, out_channels=cfg.out_channels, num_layers=cfg.depth,
-        sample_size=cfg.input_size, patch_size=cfg.patch_size, activation_fn="gelu-approximate",
-        num_embeds_ada_norm=max(cfg.num_classes, PIPELINE_NULL_CLASS), norm_type="ada_norm_zero",
-        norm_elementwise_affine=False, norm_eps=1e-6,
-    )  # fmt: skip
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=cfg.hidden_size // cfg.num_heads,
+        in_channels=cfg.in_channels,
+        out_channels=cfg.out_channels,
+        num_layers=cfg.depth,
+        sample_size=cfg.input_size,
+        patch_size=cfg.patch_size,
+        activation_fn="gelu-approximate",
+        num_embeds_ada_norm=max(cfg.num_classes, PIPELINE_NULL_CLASS),
+        norm_type="ada_norm_zero",
+        norm_elementwise_affine=False,
+        norm_eps=1e-6,
+    )
 
 
 def exported_label_table(table: torch.Tensor, cfg: DiTConfig) -> torch.Tensor:
@@ -104,9 +111,13 @@ def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
     if noise_schedule not in ("linear", "squaredcos_cap_v2"):
         raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
     return _diffusers().DDIMScheduler(
-        num_train_timesteps=1000, beta_start=1e-4, beta_end=0.02, beta_schedule=noise_schedule,
-        prediction_type="epsilon", clip_sample=False,
-    )  # fmt: skip
+        num_train_timesteps=1000,
+        beta_start=1e-4,
+        beta_end=0.02,
+        beta_schedule=noise_schedule,
+        prediction_type="epsilon",
+        clip_sample=False,
+    )
 
 
 def use_dit_timestep_frequencies(transformer: DiTTransformer2DModel) -> DiTTransformer2DModel:
@@ -261,5 +272,11 @@ def export_checkpoint(weights, out: str, labels: str | None = None) -> dict:
         notes.append("DiTPipeline guides against class 1000, a real class of this model: use guidance_scale=1.")
     if sm.config.class_dropout_prob <= 0:
         notes.append("the model has no unconditional class: use guidance_scale=1.")
-    return {"out": path, "weights": sm.weights, "vae": sm.vae_spec, "as_exported": as_exported,
-            "with_dit_frequencies": with_dit_frequencies, "notes": notes}  # fmt: skip
+    return {
+        "out": path,
+        "weights": sm.weights,
+        "vae": sm.vae_spec,
+        "as_exported": as_exported,
+        "with_dit_frequencies": with_dit_frequencies,
+        "notes": notes,
+    }

@@ -49,9 +49,14 @@ def labels_record(mode: str, seed: int, num_samples: int, num_classes: int) -> d
     """What a set's record says about its labels: the mode and, for a balanced set, how N splits over C."""
     if mode != "balanced" or not num_classes:
         return {"labels": mode}
-    counts = {"num_samples": num_samples, "num_classes": num_classes, "per_class": num_samples // num_classes,
-              "remainder": num_samples % num_classes, "remainder_rule": REMAINDER_RULE,
-              "extra_classes": extra_classes(seed, num_samples, num_classes)}  # fmt: skip
+    counts = {
+        "num_samples": num_samples,
+        "num_classes": num_classes,
+        "per_class": num_samples // num_classes,
+        "remainder": num_samples % num_classes,
+        "remainder_rule": REMAINDER_RULE,
+        "extra_classes": extra_classes(seed, num_samples, num_classes),
+    }
     return {"labels": mode, "label_counts": counts}
 
 

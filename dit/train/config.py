@@ -25,9 +25,15 @@ from dit.train.tokendrop import TokenDropSection
 
 # What a resumed run must share with its checkpoint: the data order and the model's math (every model flag).
 IDENTITY_FIELDS = (
-    "seed", "global_batch_size", *ModelSection.names(), *ObjectiveSection.identity(), "repa_encoder",
-    "repa_input_size", "repa_depth", "repa_projector_dim",
-)  # fmt: skip
+    "seed",
+    "global_batch_size",
+    *ModelSection.names(),
+    *ObjectiveSection.identity(),
+    "repa_encoder",
+    "repa_input_size",
+    "repa_depth",
+    "repa_projector_dim",
+)
 # What a resume may change only when --allow-changes names it: the optimizer's and objective's recipes, scaling.
 RECIPE_FIELDS = (*OPTIM_RECIPE, *ObjectiveSection.RECIPE, *DataSection.RECIPE)
 # What --allow-changes may name: the recipe, and the token-drop ratio and stages (the same tensors while above 0).

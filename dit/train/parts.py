@@ -75,9 +75,13 @@ class RunParts:
         batch = cfg.optim.global_batch_size
         self.micro = micro_batch(batch, runtime.world, cfg.optim.grad_accum_steps)  # before any building
         self.data = build_data(
-            cfg.data, cfg.model.image_size, cfg.model.num_classes, dataset, runtime.device,
+            cfg.data,
+            cfg.model.image_size,
+            cfg.model.num_classes,
+            dataset,
+            runtime.device,
             features=cfg.repa_encoder.encoder is not None,
-        )  # fmt: skip
+        )
         n = len(self.data.dataset)
         self.total_steps = cfg.budget.steps(n, batch)
         if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
@@ -137,10 +141,17 @@ class RunParts:
         cfg, runtime, device, optim = self.cfg, self.runtime, self.runtime.device, self.cfg.optim
         n = len(self.data.dataset)
         self.state = TrainState(
-            model, ema, optim.optimizer(trained), runtime.precision.grad_scaler(), self.parallel.split, n,
-            max(1, n // optim.global_batch_size), trained, self.record,
+            model,
+            ema,
+            optim.optimizer(trained),
+            runtime.precision.grad_scaler(),
+            self.parallel.split,
+            n,
+            max(1, n // optim.global_batch_size),
+            trained,
+            self.record,
             self.data.latent_norm.record() if self.data.latent_norm else None,
-        )  # fmt: skip
+        )
         self.checkpointer = Checkpointer(cfg.checkpoint, runtime)
         self.saved_step = None  # the step of the newest checkpoint on disk, so that none is written twice
         if ckpt is not None:
@@ -162,10 +173,21 @@ class RunParts:
         done = self.state.step * per_step
         dropped = cfg.token_drop.dropped_steps(model.config, self.state.step) * per_step
         self.ledger = Ledger(
-            cfg.ledger, cfg.runtime, model=model, attention=self.attention, data=self.data, runtime=self.runtime,
-            out=self.out, record=self.record, image_size=cfg.model.image_size, total_steps=self.total_steps,
-            local_images_done=done, start_step=self.state.step, repa=self.repa, dropped_images_done=dropped,
-        )  # fmt: skip
+            cfg.ledger,
+            cfg.runtime,
+            model=model,
+            attention=self.attention,
+            data=self.data,
+            runtime=self.runtime,
+            out=self.out,
+            record=self.record,
+            image_size=cfg.model.image_size,
+            total_steps=self.total_steps,
+            local_images_done=done,
+            start_step=self.state.step,
+            repa=self.repa,
+            dropped_images_done=dropped,
+        )
         self.ledger.report(self.micro, self.parallel.split)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
@@ -186,8 +208,15 @@ class RunParts:
             from dit.eval.inloop import InLoopEval
 
             self.evaluation = InLoopEval(
-                cfg.eval, cfg.eval_sampling, seed=cfg.optim.seed, image_size=cfg.model.image_size,
-                objective=self.objective, runtime=self.runtime, model=model, vae=self.decoder,
-                vae_spec=self.data.vae_spec, latent_norm=self.data.latent_norm,
-            )  # fmt: skip
+                cfg.eval,
+                cfg.eval_sampling,
+                seed=cfg.optim.seed,
+                image_size=cfg.model.image_size,
+                objective=self.objective,
+                runtime=self.runtime,
+                model=model,
+                vae=self.decoder,
+                vae_spec=self.data.vae_spec,
+                latent_norm=self.data.latent_norm,
+            )
             self.ledger.sinks.info(self.evaluation.describe())

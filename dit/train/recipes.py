@@ -57,17 +57,41 @@ def digits_train_config(
     evaluation = {}
     if eval_ref is not None:
         evaluation = dict(
-            eval_every=eval_every or steps, eval_ref=eval_ref, eval_num_samples=eval_samples or p.eval_samples,
-            eval_num_sampling_steps=sample_steps or p.eval_steps, eval_guidance_scale=p.eval_guidance_scale,
-            eval_guidance_interval=p.eval_guidance_interval, eval_sampler=p.eval_sampler, eval_batch_size=100,
-        )  # fmt: skip
+            eval_every=eval_every or steps,
+            eval_ref=eval_ref,
+            eval_num_samples=eval_samples or p.eval_samples,
+            eval_num_sampling_steps=sample_steps or p.eval_steps,
+            eval_guidance_scale=p.eval_guidance_scale,
+            eval_guidance_interval=p.eval_guidance_interval,
+            eval_sampler=p.eval_sampler,
+            eval_batch_size=100,
+        )
     # EMA warm-up: a fixed 0.999 from step 0 would still hold a third of the untrained weights; fp32: bf16
     # autocast is slower at hidden size 128 on CPU; no workers: the images are already in memory.
     return TrainConfig.of(
-        model=f"DiT-S/{p.patch_size}", depth=p.depth, hidden_size=p.hidden_size, num_heads=p.num_heads,
-        image_size=p.image_size, num_classes=NUM_CLASSES, vae="none", noise_schedule="squaredcos_cap_v2",
-        predict_xstart=True, learn_sigma=False, global_batch_size=p.batch_size, max_steps=steps, lr=p.lr,
-        ema_decay=0.999, ema_warmup=True, precision="fp32", num_workers=0, device=device, results_dir=str(run_dir),
-        resume="auto" if resume else None, log_every=max(1, min(50, steps // 10)), ckpt_every=max(steps // 2, 1),
-        keep_last=1, progress=True, **evaluation,
-    )  # fmt: skip
+        model=f"DiT-S/{p.patch_size}",
+        depth=p.depth,
+        hidden_size=p.hidden_size,
+        num_heads=p.num_heads,
+        image_size=p.image_size,
+        num_classes=NUM_CLASSES,
+        vae="none",
+        noise_schedule="squaredcos_cap_v2",
+        predict_xstart=True,
+        learn_sigma=False,
+        global_batch_size=p.batch_size,
+        max_steps=steps,
+        lr=p.lr,
+        ema_decay=0.999,
+        ema_warmup=True,
+        precision="fp32",
+        num_workers=0,
+        device=device,
+        results_dir=str(run_dir),
+        resume="auto" if resume else None,
+        log_every=max(1, min(50, steps // 10)),
+        ckpt_every=max(steps // 2, 1),
+        keep_last=1,
+        progress=True,
+        **evaluation,
+    )
