@@ -73,11 +73,13 @@ def describe_skipped(skipped: list[tuple[str, str]], root: str) -> str | None:
     return f"skipped {len(skipped)} unusable entries under {root}: {listing}{more}"
 
 
-def read_image(path: str, image_size: int) -> torch.Tensor:
-    """Decode, convert to RGB and centre-crop one file to a uint8 CHW tensor; UserError if it cannot be decoded."""
+def read_image(path: str, image_size: int | None) -> torch.Tensor:
+    """Decode, convert to RGB and centre-crop (``image_size`` None: keep the size) one file to a uint8 CHW tensor;
+    UserError if it cannot be decoded."""
     try:
         with Image.open(path) as image:
-            image = center_crop_arr(to_rgb(image, path), image_size)
+            image = to_rgb(image, path)
+            image = center_crop_arr(image, image_size) if image_size else image
     except DECODE_ERRORS as e:
         raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)

@@ -217,19 +217,13 @@ def export_pipeline(
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        refused = _os_error(e)
-        if refused is not None:  # a full disk: the line, not safetensors' traceback
+        # a full disk: the line, not the traceback; safetensors (Rust) reports one as ``... (os error 28)``
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        if isinstance(e, OSError) or found:
+            refused = e if isinstance(e, OSError) else OSError(int(found[1]), os.strerror(int(found[1])))
             raise CannotWrite(out_dir, refused) from None
         raise
     return out_dir
-
-
-def _os_error(e: BaseException) -> OSError | None:
-    """The OS error under a writer's exception: safetensors (Rust) reports one as ``... (os error 28)``."""
-    if isinstance(e, OSError):
-        return e
-    found = re.search(r"\(os error (\d+)\)", str(e))
-    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
 
 
 def read_id2label(path: str | os.PathLike) -> dict[int, str]:

@@ -72,15 +72,6 @@ class SamplingModel:
         )
 
 
-def check_guidance(guidance_scale: float, cfg: DiTConfig | None) -> None:
-    """The null class that classifier-free guidance guides against (``cfg``: None under autoguidance)."""
-    if guidance_scale > 1.0 and cfg is not None and cfg.class_dropout_prob <= 0:
-        raise UserError(
-            "this model was trained without class dropout, so it has no unconditional label to guide against: "
-            "pass --guidance-scale 1."
-        )
-
-
 def check_labels(labels: Sequence[int], num_classes: int) -> list[int]:
     labels = [int(y) for y in labels]
     if num_classes == 0:  # unconditional: one image per entry, the label itself unused
@@ -197,7 +188,11 @@ class Sampler:
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
-        check_guidance(guidance.scale, sm.config if guidance.guide is None and guidance.scale > 1 else None)
+        if guidance.scale > 1 and guidance.guide is None and sm.config.class_dropout_prob <= 0:  # no null class
+            raise UserError(
+                "this model was trained without class dropout, so it has no unconditional label to guide against: "
+                "pass --guidance-scale 1."
+            )
         # None: the run's shift; "auto": RAE's for this model's latent
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
