@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dit.bench import config as c
-from dit.bench.kernels import bench_attention, bench_matmul_peaks, bench_reader, bench_sample, synthetic_store
+from dit.bench.kernels import bench_attention, bench_reader, bench_sample, synthetic_store
 from dit.bench.steps import (
     DIGITS,
     bench_accounting,
     bench_loss_curves,
+    bench_matmul_peaks,
     bench_precision_quality,
     bench_repeat,
     bench_train,

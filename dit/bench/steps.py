@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from dit.cost.peaks import device_name, measure_matmul_peak
 from dit.runtime import Precision, Runtime
+from dit.sample.cost import timed
 from dit.train import TrainConfig, Trainer, train
 
 
@@ -69,14 +70,18 @@ def bench_trainer(
 
 def timed_step(trainer: Trainer, batches) -> tuple[float, float]:
     """(seconds, loss) of one ``train_step``, under the trainer's precision flags."""
-    runtime = trainer.runtime
-    with runtime.precision.flags():
-        runtime.sync()
-        start = time.perf_counter()
-        trainer.train_step(batches)
-        runtime.sync()
-        seconds = time.perf_counter() - start
-    return seconds, trainer.counters.read(runtime)["loss"]
+    with trainer.runtime.precision.flags():
+        _, seconds = timed(trainer.runtime, trainer.train_step, batches)
+    return seconds, trainer.counters.read(trainer.runtime)["loss"]
+
+
+def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
+    """This machine's measured matmul ceiling per precision, for ratios within one benchmark run."""
+    out = {}
+    for p in precisions:
+        with Precision(p, "cuda").flags():  # the runtime sets the matmul mode; fp32 means IEEE here too
+            out[p] = measure_matmul_peak(p, seconds, device) / 1e12
+    return out
 
 
 def _train_row(trainer: Trainer, model: str, compile: bool, times, losses) -> dict:
@@ -155,9 +160,8 @@ def bench_train(
                     times.append(seconds)
                 losses.append(loss)
             if peak_probe_s and i >= warmup:
-                for p in probes:
-                    with Precision(p, "cuda").flags():  # the runtime's matmul mode for p, not the run's
-                        probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
+                for p, tflops in bench_matmul_peaks(tuple(probes), peak_probe_s, device).items():
+                    probes[p].append(tflops)
         rows = []
         for trainer, _, times, losses in runs:
             row = _train_row(trainer, model, compile, times, losses)
@@ -273,8 +277,8 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
             if done.returncode != 0:
                 raise RuntimeError(f"quick start run {i} failed:\n{done.stderr[-2000:]}")
             records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-            timed = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
-            mean = {k: statistics.fmean(r[k] for r in timed) for k in ("mfu", "steps_per_sec")}
+            counted = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
+            mean = {k: statistics.fmean(r[k] for r in counted) for k in ("mfu", "steps_per_sec")}
             evaluations = sum(r.get("kind") == "eval" for r in records)
             rows.append(
                 {
@@ -282,7 +286,7 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
                     "run": i,
                     "steps": steps,
                     **mean,
-                    "peak_tflops": timed[-1]["peak_tflops"],
+                    "peak_tflops": counted[-1]["peak_tflops"],
                     "fresh_peak": fresh_peak,
                     "evaluations": evaluations,
                 }

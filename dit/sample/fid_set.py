@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from dit.model.config import registry_name
 from dit.objectives.samplers import settings_record
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
-from dit.sample.cost import SamplingCost, device_peak, measure_cost
+from dit.sample.cost import SamplingCost, device_peak, measure_cost, timed
 from dit.sample.generate import Sampler, SamplingModel, noise_seed, sample_latents, to_images
 from dit.sample.guide import load_guide
 from dit.sample.labels import labels_record, resumed_mode, set_labels
@@ -196,8 +195,8 @@ def _write_set(
     peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
     mine = batches(f.num_fid_samples, f.batch_size, rank, world)
     todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
-    done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
     total, enabled = sum(len(b) for b in mine), rank == 0 and f.progress
+    done_images = total - sum(len(b) for b in todo)
     bar = progress(total, f"sampling (rank 0 of {world})", initial=done_images, unit="img", enabled=enabled)
     generated, dit_s, decode_s = 0, 0.0, 0.0
     classes, mode = sm.config.num_classes, identity["labels"]
@@ -205,14 +204,12 @@ def _write_set(
     for batch in todo:
         labels = [every_label[i] for i in batch]
         seeds = [noise_seed(f.seed, i) for i in batch]
-        runtime.sync()
-        start = time.perf_counter()
-        samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
-        runtime.sync()
-        denoised = time.perf_counter()
-        images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
-        dit_s, decode_s = dit_s + denoised - start, decode_s + time.perf_counter() - denoised
-        for i, image in zip(batch, images):
+        samples, denoising = timed(
+            runtime, sample_latents, sm, sampler, labels, seeds, precision=runtime.precision
+        )
+        images, decoding = timed(runtime, to_images, sm, samples)
+        dit_s, decode_s = dit_s + denoising, decode_s + decoding
+        for i, image in zip(batch, to_uint8(images).permute(0, 2, 3, 1).numpy()):  # NHWC, as PNGs hold them
             write_png(png_path(folder, i), image)
         generated += len(batch)
         bar.update(len(batch))
