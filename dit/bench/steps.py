@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import TensorDataset
 
 from dit.cost.peaks import device_name, measure_matmul_peak
 from dit.runtime import Precision, Runtime
@@ -22,19 +22,11 @@ from dit.sample.cost import timed
 from dit.train import TrainConfig, Trainer, train
 
 
-class SyntheticLatents(Dataset):
-    """Random 4-channel latents and labels: the model's input without a data set or a VAE."""
-
-    def __init__(self, n: int, channels: int, size: int, num_classes: int = 1000):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, channels, size, size, generator=g)
-        self.y = torch.randint(0, num_classes, (n,), generator=g)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], int(self.y[i])
+def synthetic_latents(n: int, channels: int, size: int, num_classes: int = 1000) -> TensorDataset:
+    """Random latents and labels: the model's input without a data set or a VAE."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, channels, size, size, generator=g)
+    return TensorDataset(x, torch.randint(0, num_classes, (n,), generator=g))
 
 
 def spread(times: list[float]) -> dict:
@@ -56,11 +48,11 @@ def bench_trainer(
 
         cfg = digits_train_config(PRESETS["default"], 1, Path(results_dir), None)
         cfg = cfg.replace(global_batch_size=batch_size, progress=False, **options)
-        data = SyntheticLatents(n, 1, cfg.model.image_size, NUM_CLASSES)
+        data = synthetic_latents(n, 1, cfg.model.image_size, NUM_CLASSES)
     else:  # vae none: the synthetic data are latents already
         options.update(vae="none", num_workers=0, global_batch_size=batch_size, results_dir=results_dir)
         cfg = TrainConfig.of(model=model, image_size=image_size, **options)
-        data = SyntheticLatents(n, 4, image_size // 8)
+        data = synthetic_latents(n, 4, image_size // 8)
     runtime = Runtime.of(cfg.runtime)
     trainer = Trainer(cfg, runtime, data)
     trainer.state.model.train()

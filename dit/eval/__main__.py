@@ -113,9 +113,7 @@ def _format(result: dict, wall: float) -> str:
         ("class_accuracy", "class accuracy", "{:.2%}"),
     ):
         if result[key] is not None:
-            interval = (
-                f" [{fmt.format(intervals[key][0])}, {fmt.format(intervals[key][1])}]" if key in intervals else ""
-            )
+            interval = " [{}, {}]".format(*map(fmt.format, intervals[key])) if key in intervals else ""
             lines.append(f"{label:<15}{fmt.format(result[key])}{interval}")
     if intervals:
         lines.append(

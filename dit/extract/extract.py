@@ -157,8 +157,7 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
         refuse_skipped(images.skipped, cfg.data_path)
     vae = load_vae(cfg.vae, device)
     vae_id, config_sha = vae_id_and_config_hash(vae, cfg.vae)
-    down = latent_downsample(vae)
-    latent = cfg.image_size // down
+    latent = cfg.image_size // latent_downsample(vae)
     encoder = features = None
     if repa.encoder:  # REPA's features, by default on the token grid of a /2 DiT
         from dit.cost.analytic import vit_forward_macs

@@ -170,7 +170,40 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     # One sampling run per set: a second one would write the same files.
     lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
-        return _write_set(c, sm, sampler, folder, identity, manifest, runtime)
+        if rank == 0:
+            for stale in stale_temp_files(folder):  # PNGs half-written when a previous run was killed
+                stale.unlink(missing_ok=True)
+            if not manifest.is_file():
+                atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
+        runtime.barrier()
+        f = c.fid
+        peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
+        mine = batches(f.num_fid_samples, f.batch_size, rank, runtime.world)
+        todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
+        total, generated = sum(len(b) for b in mine), sum(len(b) for b in todo)
+        desc, enabled = f"sampling (rank 0 of {runtime.world})", rank == 0 and f.progress
+        bar = progress(total, desc, initial=total - generated, unit="img", enabled=enabled)
+        dit_s, decode_s, classes = 0.0, 0.0, sm.config.num_classes
+        every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
+        for batch in todo:
+            labels = [every_label[i] for i in batch]
+            seeds = [noise_seed(f.seed, i) for i in batch]
+            samples, denoising = timed(
+                runtime, sample_latents, sm, sampler, labels, seeds, precision=runtime.precision
+            )
+            images, decoding = timed(runtime, to_images, sm, samples)
+            dit_s, decode_s = dit_s + denoising, decode_s + decoding
+            for i, image in zip(batch, to_uint8(images).permute(0, 2, 3, 1).numpy()):  # NHWC, as PNGs hold them
+                write_png(png_path(folder, i), image)
+            bar.update(len(batch))
+        bar.close()
+        cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak) if rank == 0 and generated else None
+        runtime.barrier()
+        npz = folder.with_name(folder.name + ".npz") if rank == 0 else None
+        if npz is not None:
+            pack_npz(folder, f.num_fid_samples, npz, every_label if classes else None, mode if classes else None)
+        runtime.barrier()
+        return FidReport(folder, npz, generated, mode, cost)
     except CannotWrite as e:  # a full disk: the PNGs written are whole, and a rerun skips them
         raise e.keeping(
             f"every complete sample in {folder} is kept and the same command continues from them"
@@ -178,49 +211,3 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     finally:
         if lock is not None:
             lock.release()
-
-
-def _write_set(
-    c: FidConfig, sm, sampler: Sampler, folder: Path, identity: dict, manifest: Path, runtime
-) -> FidReport:
-    rank, world, device = runtime.rank, runtime.world, runtime.device
-    if rank == 0:
-        for stale in stale_temp_files(folder):  # PNGs half-written when a previous run was killed
-            stale.unlink(missing_ok=True)
-        if not manifest.is_file():
-            atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
-    runtime.barrier()
-
-    f = c.fid
-    peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
-    mine = batches(f.num_fid_samples, f.batch_size, rank, world)
-    todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
-    total, enabled = sum(len(b) for b in mine), rank == 0 and f.progress
-    done_images = total - sum(len(b) for b in todo)
-    bar = progress(total, f"sampling (rank 0 of {world})", initial=done_images, unit="img", enabled=enabled)
-    generated, dit_s, decode_s = 0, 0.0, 0.0
-    classes, mode = sm.config.num_classes, identity["labels"]
-    every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
-    for batch in todo:
-        labels = [every_label[i] for i in batch]
-        seeds = [noise_seed(f.seed, i) for i in batch]
-        samples, denoising = timed(
-            runtime, sample_latents, sm, sampler, labels, seeds, precision=runtime.precision
-        )
-        images, decoding = timed(runtime, to_images, sm, samples)
-        dit_s, decode_s = dit_s + denoising, decode_s + decoding
-        for i, image in zip(batch, to_uint8(images).permute(0, 2, 3, 1).numpy()):  # NHWC, as PNGs hold them
-            write_png(png_path(folder, i), image)
-        generated += len(batch)
-        bar.update(len(batch))
-    bar.close()
-    cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak) if rank == 0 and generated else None
-    runtime.barrier()
-    npz = None
-    if rank == 0:
-        labels = every_label if classes else None
-        npz = pack_npz(
-            folder, f.num_fid_samples, folder.with_name(folder.name + ".npz"), labels, mode if classes else None
-        )
-    runtime.barrier()
-    return FidReport(folder, npz, generated, mode, cost)

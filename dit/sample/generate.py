@@ -204,10 +204,9 @@ class Sampler:
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
             time_shift=self.time_shift,
         )  # fmt: skip
-        self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
+        self.sm, self.kind, self.guidance = sm, kind, guidance
         self.sample_eps = sample_eps  # None: the run's (a sample set's manifest records which)
         self.method = method or DEFAULT_METHODS.get(kind)
-        self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.process = objective.process(num_steps, sample_eps, self.time_shift)  # what the sampler integrates
         self.loop = objective.sampling_loop(kind, self.process, self.plan, method=self.method,
                                             diffusion_form=diffusion_form, last_step=last_step, atol=atol, rtol=rtol)  # fmt: skip
