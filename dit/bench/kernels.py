@@ -95,17 +95,16 @@ def bench_attention(
             with attention_context(backend):  # as DiT.forward pins it: around the module
                 times = [timed(runtime, lambda: attn(x).sum().backward())[1] for _ in range(repeats + 1)][1:]
             kernel = attention_kernel(backend, dev.type, dtype)
-            out.append(
-                {
-                    "mode": "attention",
-                    "model": model,
-                    "precision": precision,
-                    "batch": batch_size,
-                    "attention": kernel,
-                    "device": device_name(dev),
-                    **spread(times),
-                }
-            )
+            row = {
+                "mode": "attention",
+                "model": model,
+                "precision": precision,
+                "batch": batch_size,
+                "attention": kernel,
+                "device": device_name(dev),
+                **spread(times),
+            }
+            out.append(row)
     return out
 
 

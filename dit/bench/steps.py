@@ -271,18 +271,16 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
             records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
             counted = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
             mean = {k: statistics.fmean(r[k] for r in counted) for k in ("mfu", "steps_per_sec")}
-            evaluations = sum(r.get("kind") == "eval" for r in records)
-            rows.append(
-                {
-                    "mode": "repeat",
-                    "run": i,
-                    "steps": steps,
-                    **mean,
-                    "peak_tflops": counted[-1]["peak_tflops"],
-                    "fresh_peak": fresh_peak,
-                    "evaluations": evaluations,
-                }
-            )
+            row = {
+                "mode": "repeat",
+                "run": i,
+                "steps": steps,
+                **mean,
+                "peak_tflops": counted[-1]["peak_tflops"],
+                "fresh_peak": fresh_peak,
+                "evaluations": sum(r.get("kind") == "eval" for r in records),
+            }
+            rows.append(row)
     return rows
 
 
@@ -312,17 +310,16 @@ def bench_precision_quality(
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]
-                rows.append(
-                    {
-                        "mode": "precision",
-                        "precision": precision,
-                        "seed": seed,
-                        "steps": steps,
-                        "fid": final["fid"],
-                        "class_accuracy": final["class_accuracy"],
-                        "precision_metric": final["precision"],
-                        "recall": final["recall"],
-                        "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
-                    }
-                )
+                row = {
+                    "mode": "precision",
+                    "precision": precision,
+                    "seed": seed,
+                    "steps": steps,
+                    "fid": final["fid"],
+                    "class_accuracy": final["class_accuracy"],
+                    "precision_metric": final["precision"],
+                    "recall": final["recall"],
+                    "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
+                }
+                rows.append(row)
     return rows

@@ -66,9 +66,10 @@ class NpzImages:
                 while member.read(1 << 24):
                     pass
         except (zipfile.BadZipFile, EOFError, OSError) as e:
-            raise UserError(
-                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
-            ) from None
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: Exception) -> UserError:
+        return UserError(f"{self.path} is damaged ({e}): copy it again, or write the sample set again.")
 
     def _load(self, key: str, what: str) -> np.ndarray:
         try:
@@ -106,9 +107,7 @@ class NpzImages:
             self._member.seek(self._offset + start * row)
             data = self._member.read((stop - start) * row)
         except (zipfile.BadZipFile, EOFError, OSError) as e:  # changed after it was verified
-            raise UserError(
-                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
-            ) from None
+            raise self._damaged(e) from None
         images = np.frombuffer(data, np.uint8).reshape(stop - start, *self._shape[1:])
         labels = None if self.labels is None else torch.from_numpy(self.labels[start:stop])
         return torch.from_numpy(images.copy()).permute(0, 3, 1, 2), labels
