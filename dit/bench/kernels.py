@@ -10,20 +10,12 @@ from torch.utils.data import DataLoader
 
 from dit.bench.steps import _fresh_device_memory, spread
 from dit.cost.analytic import sampling_flops_per_image
-from dit.cost.peaks import device_name, measure_matmul_peak, peak_for_device
+from dit.cost.peaks import device_name, peak_for_device
 from dit.model.config import model_config
 from dit.model.dit import DiT_models
 from dit.model.layers import Attention, attention_context, attention_kernel
-from dit.runtime import Precision, Runtime
-
-
-def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
-    """This machine's measured matmul ceiling per precision, for ratios within one benchmark run."""
-    out = {}
-    for p in precisions:
-        with Precision(p, "cuda").flags():  # the runtime sets the matmul mode; fp32 means IEEE here too
-            out[p] = measure_matmul_peak(p, seconds, device) / 1e12
-    return out
+from dit.runtime import Runtime
+from dit.sample.cost import timed
 
 
 def bench_sample(
@@ -48,14 +40,9 @@ def bench_sample(
         sampler = Sampler(sm, num_sampling_steps, "ddpm", guidance=Guidance(guidance_scale))
         labels, seeds = [i % 1000 for i in range(batch_size)], list(range(batch_size))
         _fresh_device_memory(dev)
-        times = []
-        for i in range(repeats + 1):
-            runtime.sync()
-            start = time.perf_counter()
-            sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
-            runtime.sync()
-            if i:  # the first run warms up
-                times.append(time.perf_counter() - start)
+        run = (sm, sampler, labels, seeds)
+        times = [timed(runtime, sample_latents, *run, precision=runtime.precision)[1] for _ in range(repeats + 1)]
+        del times[0]  # the first run warms up
         peak = peak_for_device(dev, precision, peak_tflops)
         memory = {}
         if dev.type == "cuda":
@@ -105,27 +92,19 @@ def bench_attention(
         out = []
         for backend in backends:
             attn.backend = backend
-            times = []
-            for i in range(repeats + 1):
-                runtime.sync()
-                start = time.perf_counter()
-                with attention_context(backend):  # as DiT.forward pins it: around the module
-                    attn(x).sum().backward()
-                runtime.sync()
-                if i:
-                    times.append(time.perf_counter() - start)
+            with attention_context(backend):  # as DiT.forward pins it: around the module
+                times = [timed(runtime, lambda: attn(x).sum().backward())[1] for _ in range(repeats + 1)][1:]
             kernel = attention_kernel(backend, dev.type, dtype)
-            out.append(
-                {
-                    "mode": "attention",
-                    "model": model,
-                    "precision": precision,
-                    "batch": batch_size,
-                    "attention": kernel,
-                    "device": device_name(dev),
-                    **spread(times),
-                }
-            )
+            row = {
+                "mode": "attention",
+                "model": model,
+                "precision": precision,
+                "batch": batch_size,
+                "attention": kernel,
+                "device": device_name(dev),
+                **spread(times),
+            }
+            out.append(row)
     return out
 
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dit.bench import config as c
-from dit.bench.kernels import bench_attention, bench_matmul_peaks, bench_reader, bench_sample, synthetic_store
+from dit.bench.kernels import bench_attention, bench_reader, bench_sample, synthetic_store
 from dit.bench.steps import (
     DIGITS,
     bench_accounting,
     bench_loss_curves,
+    bench_matmul_peaks,
     bench_precision_quality,
     bench_repeat,
     bench_train,
@@ -132,8 +133,7 @@ def _train(a: c.TrainBench, on_row) -> Result:
                 row["speedup_vs_fp32"] = fp32[row["token_drop"]]["median_s"] / row["median_s"]
             print(
                 f"{model} {row['precision']} token drop {row['token_drop']:g} batch {batch} activation checkpointing "
-                f"{ckpt} compile {comp} "
-                f"attention {row['attention']}: {row['median_s']:.4g} s/step",
+                f"{ckpt} compile {comp} attention {row['attention']}: {row['median_s']:.4g} s/step",
                 file=sys.stderr,
             )
             on_row(row)
@@ -164,22 +164,9 @@ def _train(a: c.TrainBench, on_row) -> Result:
 
 
 def _sample(a: c.SampleBench, on_row) -> Result:
-    r = Result()
+    r, run = Result(), (a.num_sampling_steps, a.guidance_scale, a.repeats, a.device, a.peak_tflops)
     for model, precision, batch, attention in itertools.product(a.model, a.precision, a.batch_size, a.attention):
-        r.rows.append(
-            bench_sample(
-                model,
-                a.image_size,
-                precision,
-                batch,
-                a.num_sampling_steps,
-                a.guidance_scale,
-                a.repeats,
-                a.device,
-                a.peak_tflops,
-                attention,
-            )
-        )
+        r.rows.append(bench_sample(model, a.image_size, precision, batch, *run, attention))
         on_row(r.rows[-1])
     r.keys = ["model", "precision", "batch", "attention", "num_sampling_steps", "guidance_scale", "median_s",
               "images_per_sec", "model_tflops", "mfu", "peak_source"]  # fmt: skip

@@ -14,26 +14,19 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import TensorDataset
 
 from dit.cost.peaks import device_name, measure_matmul_peak
 from dit.runtime import Precision, Runtime
+from dit.sample.cost import timed
 from dit.train import TrainConfig, Trainer, train
 
 
-class SyntheticLatents(Dataset):
-    """Random 4-channel latents and labels: the model's input without a data set or a VAE."""
-
-    def __init__(self, n: int, channels: int, size: int, num_classes: int = 1000):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, channels, size, size, generator=g)
-        self.y = torch.randint(0, num_classes, (n,), generator=g)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], int(self.y[i])
+def synthetic_latents(n: int, channels: int, size: int, num_classes: int = 1000) -> TensorDataset:
+    """Random latents and labels: the model's input without a data set or a VAE."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, channels, size, size, generator=g)
+    return TensorDataset(x, torch.randint(0, num_classes, (n,), generator=g))
 
 
 def spread(times: list[float]) -> dict:
@@ -55,11 +48,11 @@ def bench_trainer(
 
         cfg = digits_train_config(PRESETS["default"], 1, Path(results_dir), None)
         cfg = cfg.replace(global_batch_size=batch_size, progress=False, **options)
-        data = SyntheticLatents(n, 1, cfg.model.image_size, NUM_CLASSES)
+        data = synthetic_latents(n, 1, cfg.model.image_size, NUM_CLASSES)
     else:  # vae none: the synthetic data are latents already
         options.update(vae="none", num_workers=0, global_batch_size=batch_size, results_dir=results_dir)
         cfg = TrainConfig.of(model=model, image_size=image_size, **options)
-        data = SyntheticLatents(n, 4, image_size // 8)
+        data = synthetic_latents(n, 4, image_size // 8)
     runtime = Runtime.of(cfg.runtime)
     trainer = Trainer(cfg, runtime, data)
     trainer.state.model.train()
@@ -69,14 +62,18 @@ def bench_trainer(
 
 def timed_step(trainer: Trainer, batches) -> tuple[float, float]:
     """(seconds, loss) of one ``train_step``, under the trainer's precision flags."""
-    runtime = trainer.runtime
-    with runtime.precision.flags():
-        runtime.sync()
-        start = time.perf_counter()
-        trainer.train_step(batches)
-        runtime.sync()
-        seconds = time.perf_counter() - start
-    return seconds, trainer.counters.read(runtime)["loss"]
+    with trainer.runtime.precision.flags():
+        _, seconds = timed(trainer.runtime, trainer.train_step, batches)
+    return seconds, trainer.counters.read(trainer.runtime)["loss"]
+
+
+def bench_matmul_peaks(precisions=("fp32", "bf16"), seconds: float = 2.0, device: str | None = None) -> dict:
+    """This machine's measured matmul ceiling per precision, for ratios within one benchmark run."""
+    out = {}
+    for p in precisions:
+        with Precision(p, "cuda").flags():  # the runtime sets the matmul mode; fp32 means IEEE here too
+            out[p] = measure_matmul_peak(p, seconds, device) / 1e12
+    return out
 
 
 def _train_row(trainer: Trainer, model: str, compile: bool, times, losses) -> dict:
@@ -155,9 +152,8 @@ def bench_train(
                     times.append(seconds)
                 losses.append(loss)
             if peak_probe_s and i >= warmup:
-                for p in probes:
-                    with Precision(p, "cuda").flags():  # the runtime's matmul mode for p, not the run's
-                        probes[p].append(measure_matmul_peak(p, peak_probe_s, device) / 1e12)
+                for p, tflops in bench_matmul_peaks(tuple(probes), peak_probe_s, device).items():
+                    probes[p].append(tflops)
         rows = []
         for trainer, _, times, losses in runs:
             row = _train_row(trainer, model, compile, times, losses)
@@ -273,20 +269,18 @@ def bench_repeat(runs: int = 3, steps: int = 300, fresh_peak: bool = True, eval_
             if done.returncode != 0:
                 raise RuntimeError(f"quick start run {i} failed:\n{done.stderr[-2000:]}")
             records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-            timed = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
-            mean = {k: statistics.fmean(r[k] for r in timed) for k in ("mfu", "steps_per_sec")}
-            evaluations = sum(r.get("kind") == "eval" for r in records)
-            rows.append(
-                {
-                    "mode": "repeat",
-                    "run": i,
-                    "steps": steps,
-                    **mean,
-                    "peak_tflops": timed[-1]["peak_tflops"],
-                    "fresh_peak": fresh_peak,
-                    "evaluations": evaluations,
-                }
-            )
+            counted = [r for r in records if r.get("kind", "train") == "train" and not r["in_warmup"]]
+            mean = {k: statistics.fmean(r[k] for r in counted) for k in ("mfu", "steps_per_sec")}
+            row = {
+                "mode": "repeat",
+                "run": i,
+                "steps": steps,
+                **mean,
+                "peak_tflops": counted[-1]["peak_tflops"],
+                "fresh_peak": fresh_peak,
+                "evaluations": sum(r.get("kind") == "eval" for r in records),
+            }
+            rows.append(row)
     return rows
 
 
@@ -316,17 +310,16 @@ def bench_precision_quality(
                 records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
                 final = [r for r in records if r["kind"] == "eval"][-1]
                 losses = [r["loss"] for r in records if r["kind"] == "train"]
-                rows.append(
-                    {
-                        "mode": "precision",
-                        "precision": precision,
-                        "seed": seed,
-                        "steps": steps,
-                        "fid": final["fid"],
-                        "class_accuracy": final["class_accuracy"],
-                        "precision_metric": final["precision"],
-                        "recall": final["recall"],
-                        "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
-                    }
-                )
+                row = {
+                    "mode": "precision",
+                    "precision": precision,
+                    "seed": seed,
+                    "steps": steps,
+                    "fid": final["fid"],
+                    "class_accuracy": final["class_accuracy"],
+                    "precision_metric": final["precision"],
+                    "recall": final["recall"],
+                    "final_loss": statistics.fmean(losses[-max(1, len(losses) // 4) :]),
+                }
+                rows.append(row)
     return rows

@@ -51,12 +51,6 @@ def _timm(purpose: str = "REPA's encoder (--repa-encoder)"):
     return require("timm", "repa", purpose)
 
 
-def check_weights_file(path: str | None) -> None:
-    """``--repa-encoder-weights``, where given, must be a file: one line naming the flag otherwise."""
-    if path is not None and not Path(path).is_file():
-        raise UserError(f"--repa-encoder-weights {path}: no such file; pass the encoder's weights file.")
-
-
 def check_encoder_name(name: str) -> None:
     """One line for a name that is neither ours nor a timm model."""
     if name in LOCAL_ENCODERS:
@@ -117,15 +111,14 @@ def vit_shape(model: nn.Module) -> ViTShape:
 
 def resolve_input_size(name: str, input_size: int | None, grid: int) -> int:
     """``input_size``, or the one whose patch grid is the DiT's ``grid`` (REPA: 16 x 14 = 224 px)."""
-    check_encoder_name(name)
-    patch = vit_shape(create_encoder_model(name, "meta", None, False)).patch_size
+    patch = encoder_shape(name, None).patch_size
     size = input_size or grid * patch
     if size % patch:
         raise UserError(f"--repa-input-size {size} is not a multiple of {name}'s patch size {patch}.")
     return size
 
 
-def encoder_shape(name: str, input_size: int) -> ViTShape:
+def encoder_shape(name: str, input_size: int | None) -> ViTShape:
     """The encoder's shape at ``input_size``, from timm's config on the meta device (what ``dit-cost`` needs)."""
     check_encoder_name(name)
     return vit_shape(create_encoder_model(name, "meta", input_size, False))
@@ -145,7 +138,8 @@ class Encoder:
     def __init__(self, name: str, weights: str | None, input_size: int, device: torch.device | str = "cpu"):
         check_encoder_name(name)
         local = LOCAL_ENCODERS.get(name)
-        check_weights_file(weights)
+        if weights is not None and not Path(weights).is_file():
+            raise UserError(f"--repa-encoder-weights {weights}: no such file; pass the encoder's weights file.")
         file = str(local.weights) if local and weights is None else weights
         if local and not local.weights.is_file() and weights is None:
             raise UserError(

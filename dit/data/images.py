@@ -73,11 +73,13 @@ def describe_skipped(skipped: list[tuple[str, str]], root: str) -> str | None:
     return f"skipped {len(skipped)} unusable entries under {root}: {listing}{more}"
 
 
-def read_image(path: str, image_size: int) -> torch.Tensor:
-    """Decode, convert to RGB and centre-crop one file to a uint8 CHW tensor; UserError if it cannot be decoded."""
+def read_image(path: str, image_size: int | None) -> torch.Tensor:
+    """Decode, convert to RGB and centre-crop (``image_size`` None: keep the size) one file to a uint8 CHW tensor;
+    UserError if it cannot be decoded."""
     try:
         with Image.open(path) as image:
-            image = center_crop_arr(to_rgb(image, path), image_size)
+            image = to_rgb(image, path)
+            image = center_crop_arr(image, image_size) if image_size else image
     except DECODE_ERRORS as e:
         raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
@@ -87,7 +89,6 @@ def read_image(path: str, image_size: int) -> torch.Tensor:
 class FolderScan:
     """What an image folder holds. Paths are relative to ``root``, in the order that fixes the global index."""
 
-    root: str
     classes: list[str]
     samples: list[tuple[str, int]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -112,7 +113,7 @@ def scan_image_folder(root: str) -> FolderScan:
             f"data folder {root} has no class sub-folders. Expected ROOT/CLASS_NAME/IMAGE.JPEG; for unlabelled "
             "images, put them all in one sub-folder."
         )
-    scan = FolderScan(root=root, classes=classes)
+    scan = FolderScan(classes=classes)
     scan.skipped += [(e.name, HIDDEN) for e in hidden]
     scan.skipped += [(e.name, "not inside a class folder") for e in entries if not e.is_dir()]
     scan.skipped += _normal_form_twins(classes)
@@ -189,8 +190,7 @@ class ImageFolderDataset(Dataset):
         if strict:
             refuse_skipped(scan.skipped, root)
         self.root, self.image_size, self.flip = root, image_size, flip
-        self.classes = scan.classes
-        self.samples = scan.samples
+        self.classes, self.samples = scan.classes, scan.samples
         self.skipped = [(os.path.join(root, path), reason) for path, reason in scan.skipped]
 
     def __len__(self) -> int:

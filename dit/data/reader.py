@@ -163,7 +163,6 @@ class LatentStoreDataset(Dataset):
     def check_compatible(self, in_channels: int, input_size: int, num_classes: int | None) -> None:
         """Refuse to train a model whose latent channels, latent size or class count differ from the store's."""
         c, h, _ = self.latent_shape
-        down = self.downsample
         problems = []
         if in_channels != c:
             problems.append(f"{c} latent channels but the model takes {in_channels} (set in_channels={c})")
@@ -171,7 +170,7 @@ class LatentStoreDataset(Dataset):
             problems.append(
                 f"{h}x{h} latents ({self.manifest['image_size']} px images) but the model's input size is "
                 f"{input_size} (pass --image-size {self.manifest['image_size']}, or re-extract the store with "
-                f"--image-size {input_size * down})"
+                f"--image-size {input_size * self.downsample})"
             )
         if num_classes is not None and num_classes != len(self.classes):  # None: unconditional
             problems.append(

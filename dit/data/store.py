@@ -26,6 +26,7 @@ from dit.io.userfiles import inside
 FORMAT = "dit-ledger-latent-store"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+HEAD = {"format": FORMAT, "version": FORMAT_VERSION, WRITER_KEY: __version__}  # every manifest's first keys
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # safetensors dtype tag -> numpy dtype to view the bytes as; numpy has no bfloat16, so read it as raw uint16.
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64}
@@ -247,8 +248,7 @@ def begin_store(folder: str, spec: StoreSpec) -> None:
     os.makedirs(folder, exist_ok=True)
     for path in stale_temp_files(folder):  # the caller holds the store's lock
         path.unlink(missing_ok=True)
-    head = {"format": FORMAT, "version": FORMAT_VERSION, WRITER_KEY: __version__, "complete": False}
-    write_manifest(folder, {**head, **asdict(spec)})
+    write_manifest(folder, {**HEAD, "complete": False, **asdict(spec)})
 
 
 def write_shard(
@@ -297,9 +297,7 @@ def finalize_store(folder: str, spec: StoreSpec, scan_skipped: list[tuple[str, s
         shard = {"file": shard_file(index), "num_images": header["labels"]["shape"][0]}
         shards.append({**shard, "bytes": os.path.getsize(path), "sha256": _expected_sha256(folder, index)})
     manifest = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        WRITER_KEY: __version__,
+        **HEAD,
         "complete": True,
         "num_images": sum(s["num_images"] for s in shards),
         "num_skipped": len(skipped),

@@ -113,9 +113,7 @@ def _format(result: dict, wall: float) -> str:
         ("class_accuracy", "class accuracy", "{:.2%}"),
     ):
         if result[key] is not None:
-            interval = (
-                f" [{fmt.format(intervals[key][0])}, {fmt.format(intervals[key][1])}]" if key in intervals else ""
-            )
+            interval = " [{}, {}]".format(*map(fmt.format, intervals[key])) if key in intervals else ""
             lines.append(f"{label:<15}{fmt.format(result[key])}{interval}")
     if intervals:
         lines.append(
@@ -187,8 +185,7 @@ def ref_main(argv: list[str]) -> int:
                 "--inception-weights weights-inception-2015-12-05-6726825d.pth."
             )
         batch_size = args.batch_size if args.batch_size is not None else DEFAULT_BATCH[args.feature_net]
-        batches = shard_batches(images, batch_size, runtime)
-        local, _ = extract_features(net, batches)
+        local, _ = extract_features(net, shard_batches(images, batch_size, runtime))
         features = gather_features(local, runtime)
     if not features:
         raise UserError("no images to make statistics from.")

@@ -67,14 +67,19 @@ def load_digit_classifier(
     path: str | os.PathLike = DIGIT_WEIGHTS, device: str | torch.device = "cpu"
 ) -> DigitFeatures:
     """The committed classifier (studies/train_digit_classifier.py made it), named by its file's sha256."""
+    return _committed(
+        path, "digit classifier", "train_digit_classifier", DigitClassifier(), DigitFeatures, "mnist-cnn", device
+    )
+
+
+def _committed(path, what: str, script: str, module: nn.Module, feature_net: type, prefix: str, device):
+    """``module`` with the committed weights at ``path`` (``studies/{script}.py`` made them) as ``feature_net``,
+    named ``prefix`` and the file's sha256."""
     path = str(path)
     if not os.path.isfile(path):
-        raise UserError(
-            f"digit classifier weights {path} are missing: run `python studies/train_digit_classifier.py`."
-        )
-    classifier = DigitClassifier()
-    classifier.load_state_dict(read_state_dict(path, "digit classifier weights"))
-    net = DigitFeatures(classifier, f"mnist-cnn-sha256:{sha256_file(path)[:16]}")
+        raise UserError(f"{what} weights {path} are missing: run `python studies/{script}.py`.")
+    module.load_state_dict(read_state_dict(path, f"{what} weights"))
+    net = feature_net(module, f"{prefix}-sha256:{sha256_file(path)[:16]}")
     return net.to(device).eval().requires_grad_(False)
 
 
@@ -118,10 +123,6 @@ def load_digit_judge(
     path: str | os.PathLike = DIGIT_JUDGE_WEIGHTS, device: str | torch.device = "cpu"
 ) -> DigitJudgeFeatures:
     """The committed judge (studies/train_digit_judge.py made it), named by its file's sha256."""
-    path = str(path)
-    if not os.path.isfile(path):
-        raise UserError(f"digit judge weights {path} are missing: run `python studies/train_digit_judge.py`.")
-    judge = DigitJudge()
-    judge.load_state_dict(read_state_dict(path, "digit judge weights"))
-    net = DigitJudgeFeatures(judge, f"digit-judge-sha256:{sha256_file(path)[:16]}")
-    return net.to(device).eval().requires_grad_(False)
+    return _committed(
+        path, "digit judge", "train_digit_judge", DigitJudge(), DigitJudgeFeatures, "digit-judge", device
+    )

@@ -123,13 +123,6 @@ def gather_features(local: dict[str, torch.Tensor], runtime: Runtime | None = No
     return gathered
 
 
-def _split(item) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(item, (tuple, list)):
-        images, labels = item
-        return images, None if labels is None else torch.as_tensor(labels)
-    return item, None
-
-
 @torch.no_grad()
 def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torch.Tensor], float]:
     """This process's features of ``batches`` (``labels`` if all have them) and the seconds spent embedding."""
@@ -138,14 +131,14 @@ def extract_features(net: FeatureNet, batches: Iterable) -> tuple[dict[str, torc
     labels: list[torch.Tensor | None] = []
     seconds = 0.0
     for item in batches:
-        images, batch_labels = _split(item)
+        images, batch_labels = item if isinstance(item, (tuple, list)) else (item, None)
         start = time.perf_counter()
         for key, value in net(images.to(device)).items():
             parts.setdefault(key, []).append(value)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds += time.perf_counter() - start
-        labels.append(batch_labels)
+        labels.append(None if batch_labels is None else torch.as_tensor(batch_labels))
     if not parts:
         return {}, seconds
     features = {key: torch.cat(values) for key, values in parts.items()}

@@ -123,16 +123,14 @@ class InLoopEval:
 
     def describe(self) -> str:
         c, s = self.section, self.sampling
+        flops = c.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
         return (
             f"evaluation every {c.every} steps: {c.num_samples:,} EMA samples ({self.planner.describe()} "
             f"{s.num_sampling_steps} steps, guidance {self.guidance_scale:g}, {c.labels} labels) against {c.ref} "
             f"({self.evaluator.net.name}; {', '.join(self.evaluator.metrics)}"
             f"{''.join(', ' + j.key for j in self.evaluator.judges)}); about "
-            f"{self.cost_flops() / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
+            f"{flops / 1e12:.4g} TFLOP an evaluation, kept out of the training MFU"
         )
-
-    def cost_flops(self) -> float:
-        return self.section.num_samples * (self.sampling_flops_per_image + self.evaluator.flops_per_image)
 
     def run(self, ema: DiT, stop=None) -> dict:
         """Score the EMA model; a ``stop`` between batches drops the evaluation (``EvalStopped``)."""
@@ -160,7 +158,6 @@ class InLoopEval:
         ema.train(was_training)
         rt.sync()
         seconds = time.perf_counter() - start
-        sampling_flops = self.sampling_flops_per_image * c.num_samples
         steps = self.sampling.num_sampling_steps
         return {
             **{k: result[k] for k in SCORES},
@@ -172,7 +169,7 @@ class InLoopEval:
             "eval_guidance_scale": self.guidance_scale,
             "eval_guidance_interval": list(self.sampling.guidance_interval or ()) or None,
             "eval_sampler": f"{sampler.describe()} {steps} steps, {sampler.planned_nfe} evaluations",
-            "eval_sampling_pflops": sampling_flops / 1e15,
+            "eval_sampling_pflops": self.sampling_flops_per_image * c.num_samples / 1e15,
             "eval_feature_pflops": result["flops"] / 1e15,
             "eval_judge_pflops": result["flops_breakdown"]["judges"] / 1e15,  # part of eval_feature_pflops
             "eval_seconds": seconds,

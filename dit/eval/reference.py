@@ -95,14 +95,9 @@ def load_reference(path: str) -> ReferenceStats:
             if "meta" in keys:
                 stats = _ours(path, f)
             elif {"mu", "sigma"} <= keys:
+                spatial = {k: f[k] for k in ("mu_s", "sigma_s") if k in keys}
                 stats = ReferenceStats(
-                    INCEPTION_NAME,
-                    f["mu"],
-                    f["sigma"],
-                    None,
-                    mu_s=f["mu_s"] if "mu_s" in keys else None,
-                    sigma_s=f["sigma_s"] if "sigma_s" in keys else None,
-                    source=f"ADM reference batch {path}",
+                    INCEPTION_NAME, f["mu"], f["sigma"], None, **spatial, source=f"ADM reference batch {path}"
                 )
             else:
                 raise UserError(

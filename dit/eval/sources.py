@@ -8,9 +8,8 @@ import zipfile
 
 import numpy as np
 import torch
-from PIL import Image
 
-from dit.data.images import DECODE_ERRORS, IMAGE_EXTENSIONS, center_crop_arr, to_rgb, to_uint8
+from dit.data.images import IMAGE_EXTENSIONS, read_image, to_uint8
 from dit.data.reader import LatentStoreDataset
 from dit.data.vae import decode, load_vae, weights_sha256
 from dit.io.errors import UserError
@@ -67,20 +66,22 @@ class NpzImages:
                 while member.read(1 << 24):
                     pass
         except (zipfile.BadZipFile, EOFError, OSError) as e:
-            raise UserError(
-                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
-            ) from None
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: Exception) -> UserError:
+        return UserError(f"{self.path} is damaged ({e}): copy it again, or write the sample set again.")
+
+    def _load(self, key: str, what: str) -> np.ndarray:
+        try:
+            with np.load(self.path, allow_pickle=False) as f:
+                return f[key]
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise UserError(f"{self.path}: its {what} cannot be read ({e}); write the sample set again.") from None
 
     def _labels(self, names: set[str]) -> np.ndarray | None:
         if "arr_1.npy" not in names:
             return None
-        try:
-            with np.load(self.path, allow_pickle=False) as f:
-                labels = f["arr_1"]
-        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
-            raise UserError(
-                f"{self.path}: its labels arr_1 cannot be read ({e}); write the sample set again."
-            ) from None
+        labels = self._load("arr_1", "labels arr_1")
         if labels.shape != (len(self),) or not np.issubdtype(labels.dtype, np.integer):
             raise UserError(
                 f"{self.path}: arr_1 must hold one integer class label per image ({len(self)}), got "
@@ -92,13 +93,7 @@ class NpzImages:
         """The recorded label mode; labels without a record are random (older sets, ADM's); None without labels."""
         if "label_mode.npy" not in names:
             return None if self.labels is None else "random"
-        try:
-            with np.load(self.path, allow_pickle=False) as f:
-                mode = f["label_mode"]
-        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
-            raise UserError(
-                f"{self.path}: its label_mode cannot be read ({e}); write the sample set again."
-            ) from None
+        mode = self._load("label_mode", "label_mode")
         if mode.shape != () or mode.dtype.kind != "U":
             raise UserError(f"{self.path}: label_mode must be one string, got {mode.dtype} {mode.shape}.")
         return str(mode)
@@ -112,9 +107,7 @@ class NpzImages:
             self._member.seek(self._offset + start * row)
             data = self._member.read((stop - start) * row)
         except (zipfile.BadZipFile, EOFError, OSError) as e:  # changed after it was verified
-            raise UserError(
-                f"{self.path} is damaged ({e}): copy it again, or write the sample set again."
-            ) from None
+            raise self._damaged(e) from None
         images = np.frombuffer(data, np.uint8).reshape(stop - start, *self._shape[1:])
         labels = None if self.labels is None else torch.from_numpy(self.labels[start:stop])
         return torch.from_numpy(images.copy()).permute(0, 3, 1, 2), labels
@@ -138,39 +131,25 @@ class FolderImages:
         )
         if not self.files:
             raise UserError(f"{root} holds no image files ({', '.join(IMAGE_EXTENSIONS)}).")
-        self._size = None if image_size else self._decode(self.files[0]).shape[:2]
-        self.labels, self.label_mode = None, self._label_mode(os.path.join(root, "sample_set.json"))
-
-    @staticmethod
-    def _label_mode(manifest: str) -> str | None:
-        """A sample set's folder: its record's label mode (random before the record had one); None otherwise."""
-        if not os.path.isfile(manifest):
-            return None
-        record = read_json(manifest, "sample set record", "write the sample set again, or remove that file")
-        return str(record.get("labels", "random")) if isinstance(record, dict) else None
-
-    def _decode(self, path: str) -> np.ndarray:
-        try:
-            with Image.open(path) as image:
-                image = to_rgb(image, path)
-                if self.image_size:
-                    image = center_crop_arr(image, self.image_size)
-                return np.asarray(image)
-        except DECODE_ERRORS as e:
-            raise UserError(f"cannot decode image {path}: {e}. Remove or replace the file.") from e
+        self._size = None if image_size else read_image(self.files[0], None).shape[1:]
+        # a sample set's folder: its record's label mode (random before the record had one); None otherwise
+        manifest, fix = os.path.join(root, "sample_set.json"), "write the sample set again, or remove that file"
+        record = read_json(manifest, "sample set record", fix) if os.path.isfile(manifest) else None
+        self.labels = None
+        self.label_mode = str(record.get("labels", "random")) if isinstance(record, dict) else None
 
     def __len__(self) -> int:
         return len(self.files)
 
     def read(self, start: int, stop: int) -> tuple[torch.Tensor, None]:
-        images = [self._decode(path) for path in self.files[start:stop]]
+        images = [read_image(path, self.image_size) for path in self.files[start:stop]]
         for path, image in zip(self.files[start:stop], images):
-            if self._size is not None and image.shape[:2] != self._size:
+            if self._size is not None and image.shape[1:] != self._size:
                 raise UserError(
-                    f"{path} is {image.shape[1]}x{image.shape[0]}, the folder's first image "
+                    f"{path} is {image.shape[2]}x{image.shape[1]}, the folder's first image "
                     f"{self._size[1]}x{self._size[0]}: pass --image-size to centre-crop every image to one size."
                 )
-        return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2), None
+        return torch.stack(images), None
 
     def describe(self) -> str:
         return f"folder {os.path.abspath(self.root)} ({len(self)} images)"

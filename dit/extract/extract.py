@@ -157,9 +157,8 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
         refuse_skipped(images.skipped, cfg.data_path)
     vae = load_vae(cfg.vae, device)
     vae_id, config_sha = vae_id_and_config_hash(vae, cfg.vae)
-    down = latent_downsample(vae)
-    latent = cfg.image_size // down
-    encoder = None
+    latent = cfg.image_size // latent_downsample(vae)
+    encoder = features = None
     if repa.encoder:  # REPA's features, by default on the token grid of a /2 DiT
         from dit.cost.analytic import vit_forward_macs
         from dit.data.encoder import Encoder, resolve_input_size
@@ -183,7 +182,7 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
         sources_sha256=sources_sha256(images.samples),
         num_sources=len(images.samples),
         vae_config={k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
-        features=features if encoder is not None else None,
+        features=features,
     )
     # a folder still being copied into could give ranks different source lists
     if world > 1 and len(set(runtime.gather_objects(spec.sources_sha256))) > 1:
@@ -195,7 +194,13 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
     # One extraction per store: begin_store clears temp files that another run's writes would still own.
     lock = runtime.lock_folder(out, "extraction", "wait for it, or pass another --feature-path")
     try:
-        return _fill_store(cfg, runtime, spec, vae, images, scan_skipped, started, encoder)
+        done, batches = _share_shards(cfg, runtime, spec)  # this rank's share of the shards the store lacks
+        encoded, encode_seconds = _encode_shards(cfg, runtime, spec, vae, images, batches, encoder)
+        runtime.barrier()
+        if runtime.rank == 0:
+            finalize_store(out, spec, scan_skipped)
+        runtime.barrier()
+        return _summary(cfg, runtime, spec, len(done), encoded, time.perf_counter() - started, encode_seconds)
     except CannotWrite as e:  # a full disk: the shards written are whole, and a rerun keeps them
         raise e.keeping(
             f"every complete shard in {out} is kept and the same command continues from them"
@@ -203,19 +208,6 @@ def _extract(cfg: ExtractConfig, repa: RepaEncoderSection, runtime: Runtime) -> 
     finally:
         if lock is not None:
             lock.release()
-
-
-def _fill_store(
-    cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec, vae, images, scan_skipped, started, encoder=None
-) -> dict:
-    """Check the store against this run, then encode the shards it lacks, this rank's share of them."""
-    done, batches = _share_shards(cfg, runtime, spec)
-    encoded, encode_seconds = _encode_shards(cfg, runtime, spec, vae, images, batches, encoder)
-    runtime.barrier()
-    if runtime.rank == 0:
-        finalize_store(cfg.feature_path, spec, scan_skipped)
-    runtime.barrier()
-    return _summary(cfg, runtime, spec, len(done), encoded, time.perf_counter() - started, encode_seconds)
 
 
 def _share_shards(cfg: ExtractConfig, runtime: Runtime, spec: StoreSpec) -> tuple[list[int], list[list[int]]]:

@@ -3,6 +3,8 @@ dividing its own FLOPs by its own timed region."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +101,16 @@ def flops_per_image(
         path_drop=guidance.path_drop, guide=guide,
     )  # fmt: skip
     return counted.model, counted.vae_decode
+
+
+def timed(runtime, fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` and the seconds it took, the device synced before and after (its queued work
+    counted)."""
+    runtime.sync()
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    runtime.sync()
+    return out, time.perf_counter() - start
 
 
 def device_peak(device: torch.device, precision: str, peak_tflops: float | None = None) -> tuple[Peak | None, str]:

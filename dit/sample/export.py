@@ -22,7 +22,7 @@ from dit.model.dit import DiT
 from dit.model.layers import timestep_embedding
 
 if typing.TYPE_CHECKING:
-    from diffusers import DDIMScheduler, DiTTransformer2DModel
+    from diffusers import DiTTransformer2DModel
 
 PIPELINE_NULL_CLASS = 1000  # DiTPipeline.__call__ hard-codes the unconditional label
 
@@ -106,20 +106,6 @@ def to_diffusers_transformer(model: DiT) -> DiTTransformer2DModel:
     return transformer.eval()
 
 
-def ddim_scheduler(noise_schedule: str = "linear") -> DDIMScheduler:
-    """DiT's training schedule as diffusers' DDIM scheduler (as diffusers' own DiT conversion builds it)."""
-    if noise_schedule not in ("linear", "squaredcos_cap_v2"):
-        raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
-    return _diffusers().DDIMScheduler(
-        num_train_timesteps=1000,
-        beta_start=1e-4,
-        beta_end=0.02,
-        beta_schedule=noise_schedule,
-        prediction_type="epsilon",
-        clip_sample=False,
-    )
-
-
 def use_dit_timestep_frequencies(transformer: DiTTransformer2DModel) -> DiTTransformer2DModel:
     """Make a loaded transformer divide by half as DiT does (no config key saves it); it then matches ours."""
     for block in transformer.transformer_blocks:
@@ -201,9 +187,19 @@ def export_pipeline(
         raise UserError(f"{out_dir} already exists and is not empty: pass a new --out or delete it.")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     labels = id2label or {i: str(i) for i in range(model.config.num_classes)}
-    pipe = _diffusers().DiTPipeline(
-        transformer=to_diffusers_transformer(model), vae=vae, scheduler=ddim_scheduler(noise_schedule)
+    transformer = to_diffusers_transformer(model)
+    if noise_schedule not in ("linear", "squaredcos_cap_v2"):
+        raise UserError(f"noise schedule {noise_schedule!r} has no diffusers equivalent: use linear.")
+    # DiT's training schedule as diffusers' DDIM scheduler (as diffusers' own DiT conversion builds it)
+    scheduler = _diffusers().DDIMScheduler(
+        num_train_timesteps=1000,
+        beta_start=1e-4,
+        beta_end=0.02,
+        beta_schedule=noise_schedule,
+        prediction_type="epsilon",
+        clip_sample=False,
     )
+    pipe = _diffusers().DiTPipeline(transformer=transformer, vae=vae, scheduler=scheduler)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         pipe.save_pretrained(tmp)
@@ -217,19 +213,13 @@ def export_pipeline(
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        refused = _os_error(e)
-        if refused is not None:  # a full disk: the line, not safetensors' traceback
+        # a full disk: the line, not the traceback; safetensors (Rust) reports one as ``... (os error 28)``
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        if isinstance(e, OSError) or found:
+            refused = e if isinstance(e, OSError) else OSError(int(found[1]), os.strerror(int(found[1])))
             raise CannotWrite(out_dir, refused) from None
         raise
     return out_dir
-
-
-def _os_error(e: BaseException) -> OSError | None:
-    """The OS error under a writer's exception: safetensors (Rust) reports one as ``... (os error 28)``."""
-    if isinstance(e, OSError):
-        return e
-    found = re.search(r"\(os error (\d+)\)", str(e))
-    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
 
 
 def read_id2label(path: str | os.PathLike) -> dict[int, str]:

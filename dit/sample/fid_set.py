@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from dit.model.config import registry_name
 from dit.objectives.samplers import settings_record
 from dit.runtime import Runtime
 from dit.sample.config import FidConfig
-from dit.sample.cost import SamplingCost, device_peak, measure_cost
+from dit.sample.cost import SamplingCost, device_peak, measure_cost, timed
 from dit.sample.generate import Sampler, SamplingModel, noise_seed, sample_latents, to_images
 from dit.sample.guide import load_guide
 from dit.sample.labels import labels_record, resumed_mode, set_labels
@@ -171,7 +170,40 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     # One sampling run per set: a second one would write the same files.
     lock = runtime.lock_folder(folder, "sampling run", "wait for it, or pass another --sample-dir")
     try:
-        return _write_set(c, sm, sampler, folder, identity, manifest, runtime)
+        if rank == 0:
+            for stale in stale_temp_files(folder):  # PNGs half-written when a previous run was killed
+                stale.unlink(missing_ok=True)
+            if not manifest.is_file():
+                atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
+        runtime.barrier()
+        f = c.fid
+        peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
+        mine = batches(f.num_fid_samples, f.batch_size, rank, runtime.world)
+        todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
+        total, generated = sum(len(b) for b in mine), sum(len(b) for b in todo)
+        desc, enabled = f"sampling (rank 0 of {runtime.world})", rank == 0 and f.progress
+        bar = progress(total, desc, initial=total - generated, unit="img", enabled=enabled)
+        dit_s, decode_s, classes = 0.0, 0.0, sm.config.num_classes
+        every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
+        for batch in todo:
+            labels = [every_label[i] for i in batch]
+            seeds = [noise_seed(f.seed, i) for i in batch]
+            samples, denoising = timed(
+                runtime, sample_latents, sm, sampler, labels, seeds, precision=runtime.precision
+            )
+            images, decoding = timed(runtime, to_images, sm, samples)
+            dit_s, decode_s = dit_s + denoising, decode_s + decoding
+            for i, image in zip(batch, to_uint8(images).permute(0, 2, 3, 1).numpy()):  # NHWC, as PNGs hold them
+                write_png(png_path(folder, i), image)
+            bar.update(len(batch))
+        bar.close()
+        cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak) if rank == 0 and generated else None
+        runtime.barrier()
+        npz = folder.with_name(folder.name + ".npz") if rank == 0 else None
+        if npz is not None:
+            pack_npz(folder, f.num_fid_samples, npz, every_label if classes else None, mode if classes else None)
+        runtime.barrier()
+        return FidReport(folder, npz, generated, mode, cost)
     except CannotWrite as e:  # a full disk: the PNGs written are whole, and a rerun skips them
         raise e.keeping(
             f"every complete sample in {folder} is kept and the same command continues from them"
@@ -179,51 +211,3 @@ def write_fid_samples(c: FidConfig, runtime: Runtime) -> FidReport:
     finally:
         if lock is not None:
             lock.release()
-
-
-def _write_set(
-    c: FidConfig, sm, sampler: Sampler, folder: Path, identity: dict, manifest: Path, runtime
-) -> FidReport:
-    rank, world, device = runtime.rank, runtime.world, runtime.device
-    if rank == 0:
-        for stale in stale_temp_files(folder):  # PNGs half-written when a previous run was killed
-            stale.unlink(missing_ok=True)
-        if not manifest.is_file():
-            atomic_write(manifest, lambda f: f.write(json.dumps(identity, indent=1).encode()))
-    runtime.barrier()
-
-    f = c.fid
-    peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops) if rank == 0 else (None, "")
-    mine = batches(f.num_fid_samples, f.batch_size, rank, world)
-    todo = [b for b in mine if not all(png_complete(png_path(folder, i)) for i in b)]
-    done_images = sum(len(b) for b in mine) - sum(len(b) for b in todo)
-    total, enabled = sum(len(b) for b in mine), rank == 0 and f.progress
-    bar = progress(total, f"sampling (rank 0 of {world})", initial=done_images, unit="img", enabled=enabled)
-    generated, dit_s, decode_s = 0, 0.0, 0.0
-    classes, mode = sm.config.num_classes, identity["labels"]
-    every_label = set_labels(mode, f.seed, f.num_fid_samples, classes)
-    for batch in todo:
-        labels = [every_label[i] for i in batch]
-        seeds = [noise_seed(f.seed, i) for i in batch]
-        runtime.sync()
-        start = time.perf_counter()
-        samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision)
-        runtime.sync()
-        denoised = time.perf_counter()
-        images = to_uint8(to_images(sm, samples)).permute(0, 2, 3, 1).numpy()  # NHWC, as PNGs hold them
-        dit_s, decode_s = dit_s + denoised - start, decode_s + time.perf_counter() - denoised
-        for i, image in zip(batch, images):
-            write_png(png_path(folder, i), image)
-        generated += len(batch)
-        bar.update(len(batch))
-    bar.close()
-    cost = measure_cost(sm, sampler, generated, dit_s, decode_s, peak) if rank == 0 and generated else None
-    runtime.barrier()
-    npz = None
-    if rank == 0:
-        labels = every_label if classes else None
-        npz = pack_npz(
-            folder, f.num_fid_samples, folder.with_name(folder.name + ".npz"), labels, mode if classes else None
-        )
-    runtime.barrier()
-    return FidReport(folder, npz, generated, mode, cost)

@@ -72,15 +72,6 @@ class SamplingModel:
         )
 
 
-def check_guidance(guidance_scale: float, cfg: DiTConfig | None) -> None:
-    """The null class that classifier-free guidance guides against (``cfg``: None under autoguidance)."""
-    if guidance_scale > 1.0 and cfg is not None and cfg.class_dropout_prob <= 0:
-        raise UserError(
-            "this model was trained without class dropout, so it has no unconditional label to guide against: "
-            "pass --guidance-scale 1."
-        )
-
-
 def check_labels(labels: Sequence[int], num_classes: int) -> list[int]:
     labels = [int(y) for y in labels]
     if num_classes == 0:  # unconditional: one image per entry, the label itself unused
@@ -107,18 +98,6 @@ def noise_seed(seed: int, index: int) -> int:
     return mix_seed(Stream.NOISE, seed, index)
 
 
-class PerImageNoise:
-    """Gaussian noise where row i always comes from image i's own generator, whatever the batch holds."""
-
-    def __init__(self, seeds: Sequence[int], shape: Sequence[int], device: torch.device):
-        self.shape, self.device = tuple(shape), device
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-
-    def __call__(self, like: torch.Tensor | None = None) -> torch.Tensor:
-        """One draw per image; ``like`` (the batch being denoised, as ``torch.randn_like`` takes) is unused."""
-        return torch.stack([torch.randn(self.shape, generator=g, device=self.device) for g in self.generators])
-
-
 @dataclass(frozen=True)
 class Guidance:
     """Scale (1 or less: off), guided channels (3, the official code's, or "all"), interval of times (None: all;
@@ -137,13 +116,6 @@ class Guidance:
                 "--guidance-path-drop guides against the model's own unconditional pass, --guide-ckpt against "
                 "another model: pass one of them."
             )
-
-    @classmethod
-    def from_options(cls, c: SamplingSection, has_null_class: bool, guide: DiT | None = None) -> Guidance:
-        """A sampling section's guidance; ``guide`` (autoguidance) needs no null class."""
-        scale = c.guidance(has_null_class or guide is not None)
-        channels = GUIDANCE_CHANNELS[c.guidance_channels]
-        return cls(scale, channels, c.guidance_interval, c.guidance_path_drop, guide)
 
 
 class GuidedModel:
@@ -197,7 +169,11 @@ class Sampler:
         objective = sm.objective
         kind = objective.sampler(kind)
         objective.check_options(kind, method, sample_eps, diffusion_form)
-        check_guidance(guidance.scale, sm.config if guidance.guide is None and guidance.scale > 1 else None)
+        if guidance.scale > 1 and guidance.guide is None and sm.config.class_dropout_prob <= 0:  # no null class
+            raise UserError(
+                "this model was trained without class dropout, so it has no unconditional label to guide against: "
+                "pass --guidance-scale 1."
+            )
         # None: the run's shift; "auto": RAE's for this model's latent
         self.time_shift = (
             objective.time_shift if time_shift is None else shift_factor(time_shift, latent_dim(sm.config))
@@ -209,10 +185,9 @@ class Sampler:
             interval=guidance.interval, flow_interval=objective.sampling_interval(sample_eps),
             time_shift=self.time_shift,
         )  # fmt: skip
-        self.sm, self.kind, self.num_steps, self.guidance = sm, kind, num_steps, guidance
+        self.sm, self.kind, self.guidance = sm, kind, guidance
         self.sample_eps = sample_eps  # None: the run's (a sample set's manifest records which)
         self.method = method or DEFAULT_METHODS.get(kind)
-        self.diffusion_form, self.last_step, self.atol, self.rtol = diffusion_form, last_step, atol, rtol
         self.process = objective.process(num_steps, sample_eps, self.time_shift)  # what the sampler integrates
         self.loop = objective.sampling_loop(kind, self.process, self.plan, method=self.method,
                                             diffusion_form=diffusion_form, last_step=last_step, atol=atol, rtol=rtol)  # fmt: skip
@@ -222,13 +197,14 @@ class Sampler:
     @classmethod
     def from_options(cls, sm: SamplingModel, c: SamplingSection, guide: DiT | None = None) -> Sampler:
         """The sampler a sampling section asks for; ``guide``: autoguidance's model (None: classifier-free)."""
-        mc = sm.config
         try:
             kind = sm.objective.sampler(c.sampler, fast=c.FAST)
-            has_null_class = mc.num_classes > 0 and mc.class_dropout_prob > 0
-            guidance = Guidance.from_options(c, has_null_class, guide)
+            has_null_class = sm.config.num_classes > 0 and sm.config.class_dropout_prob > 0
+            scale = c.guidance(has_null_class or guide is not None)  # autoguidance needs no null class
         except FieldError as e:
             raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
+        channels = GUIDANCE_CHANNELS[c.guidance_channels]
+        guidance = Guidance(scale, channels, c.guidance_interval, c.guidance_path_drop, guide)
         return cls(
             sm, c.num_sampling_steps, kind, method=c.sampling_method, guidance=guidance,
             diffusion_form=c.diffusion_form, last_step=c.last_step, atol=c.atol, rtol=c.rtol, sample_eps=c.sample_eps,
@@ -283,9 +259,15 @@ def sample_latents(
     precision: Precision | None = None,
     progress: bool = False,
 ) -> torch.Tensor:
-    """The DiT's part: denoised samples (latents, or pixels for pixel-space models), one per (label, seed)."""
+    """The DiT's part: denoised samples (latents, or pixels for pixel-space models), one per (label, seed); row i's
+    noise, at every step, from image i's own generator, whatever the batch holds."""
     cfg, device = sm.config, next(sm.model.parameters()).device
-    noise = PerImageNoise(seeds, (cfg.in_channels, cfg.input_size, cfg.input_size), device)
+    shape = (cfg.in_channels, cfg.input_size, cfg.input_size)
+    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def noise(like: torch.Tensor | None = None) -> torch.Tensor:  # ``like`` (as ``randn_like`` takes it): unused
+        return torch.stack([torch.randn(shape, generator=g, device=device) for g in generators])
+
     y = torch.tensor(list(labels), dtype=torch.long, device=device)
     return sampler.run(sm.model, noise(), y, noise, precision=precision, progress=progress)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from torchvision.utils import save_image
 from dit.io.atomic import atomic_write
 from dit.runtime import Runtime
 from dit.sample.config import SampleConfig
-from dit.sample.cost import SamplingCost, device_peak, measure_cost
+from dit.sample.cost import SamplingCost, device_peak, measure_cost, timed
 from dit.sample.generate import Sampler, check_labels, default_class_labels, noise_seed, sample_latents, to_images
 from dit.sample.guide import load_guide
 from dit.sample.loading import load_weights
@@ -34,15 +33,12 @@ def run_sample(c: SampleConfig, runtime: Runtime) -> SampleReport:
     sampler = Sampler.from_options(sm, c.sampling, load_guide(c.guide, sm, device))
     seeds = [noise_seed(g.seed, i) for i in range(len(labels))]
     peak = device_peak(device, c.runtime.precision, c.runtime.peak_tflops)
-    runtime.sync()
-    start = time.perf_counter()
-    samples = sample_latents(sm, sampler, labels, seeds, precision=runtime.precision, progress=g.progress)
-    runtime.sync()
-    denoised = time.perf_counter()
-    images = to_images(sm, samples)
-    decode_s = time.perf_counter() - denoised
+    samples, dit_s = timed(
+        runtime, sample_latents, sm, sampler, labels, seeds, precision=runtime.precision, progress=g.progress
+    )
+    images, decode_s = timed(runtime, to_images, sm, samples)
     out = atomic_write(
         g.out, lambda f: save_image(images, f, "png", nrow=g.nrow, normalize=True, value_range=(-1, 1))
     )
-    cost = measure_cost(sm, sampler, len(labels), denoised - start, decode_s, peak)
+    cost = measure_cost(sm, sampler, len(labels), dit_s, decode_s, peak)
     return SampleReport(out, labels, sm.weights, cost)

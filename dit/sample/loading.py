@@ -121,24 +121,20 @@ def read_model(
     cfg = _model_config(ckpt, weights, run, model=model, num_classes=num_classes, num_heads=num_heads)
     net = DiT.from_config(cfg)
     net.load_weights(weights, source=f"{ckpt_path} ({which} weights)")
-    return net.to(device).eval().requires_grad_(False), which, run, _latent_norm(ckpt, run)
+    latent_norm = None  # the VAE's scale; a --latent-norm channel run's statistics undo its normalisation
+    if run.get("latent_norm", "scalar") != "scalar":
+        if not isinstance(ckpt.get("latent_norm"), dict):
+            raise UserError(
+                "the checkpoint was trained with --latent-norm channel but holds no per-channel statistics to undo "
+                "it with: it is damaged or was edited; sample a checkpoint its run wrote."
+            )
+        latent_norm = ChannelNorm.of(ckpt["latent_norm"])
+    return net.to(device).eval().requires_grad_(False), which, run, latent_norm
 
 
 def recorded_objective(run: dict, cfg: DiTConfig):
     """The objective a checkpoint's record (``read_model``'s ``run``) says its model was trained with."""
     return from_record(run, cfg.learn_sigma, latent_dim(cfg))
-
-
-def _latent_norm(ckpt: dict, run: dict) -> ChannelNorm | None:
-    """The statistics a ``--latent-norm channel`` run normalised its latents with (None: the VAE's scale)."""
-    if run.get("latent_norm", "scalar") == "scalar":
-        return None
-    if not isinstance(ckpt.get("latent_norm"), dict):
-        raise UserError(
-            "the checkpoint was trained with --latent-norm channel but holds no per-channel statistics to undo it "
-            "with: it is damaged or was edited; sample a checkpoint its run wrote."
-        )
-    return ChannelNorm.of(ckpt["latent_norm"])
 
 
 def _decoder(run: dict, vae: str | None, sd_decoder: str, device):
