@@ -96,19 +96,13 @@ FACE = Face(
 )
 
 
-def edm2_interval(sm) -> tuple[float, float]:
-    """The times (in --guidance-interval's units) where this model's noise-to-signal ratio is in EDM2's band."""
-    lo, hi = EDM2_SIGMAS
-    times, ratio = sm.objective.noise_to_signal()
-    inside = times[(ratio >= lo) & (ratio <= hi)]
-    return float(inside.min()), float(inside.max())
-
-
 def parse_interval(text: str, sm) -> tuple[float, float] | None:
     if text == "all":
         return None
-    if text == "edm2":
-        return edm2_interval(sm)
+    if text == "edm2":  # the times (--guidance-interval's units) of EDM2's band of noise-to-signal ratios
+        times, ratio = sm.objective.noise_to_signal()
+        band = times[(ratio >= EDM2_SIGMAS[0]) & (ratio <= EDM2_SIGMAS[1])]
+        return float(band.min()), float(band.max())
     try:
         values = [float(v) for v in text.split(":")]
     except ValueError:
@@ -153,11 +147,11 @@ def settings(c: StudyConfig, sm) -> list[dict]:
                 for name, interval in intervals.items() if scale > 1 else [("all", None)]:
                     out.append({"sampler": spec, "nfe_target": nfe, "steps": steps, "guidance_scale": scale,
                                 "interval": name, "interval_times": None if interval is None else list(interval)})  # fmt: skip
-    return list({key(s): s for s in out}.values())  # duplicates: two NFE targets that round to the same steps
+    return list({setting_name(s): s for s in out}.values())  # two NFE targets can round to the same steps
 
 
-def key(row: dict) -> tuple:
-    return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
+def setting_name(row: dict) -> str:
+    return "{sampler}-{steps}-g{guidance_scale:g}-{interval}".format(**row)
 
 
 def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, mode: str, guide=None) -> dict:
@@ -180,7 +174,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
 
     result = evaluator.evaluate(batches(), keep_features=True)
     np.savez(buffer := io.BytesIO(), **result["features"])
-    atomic_write_bytes(features_path(c, setting), buffer.getvalue())
+    atomic_write_bytes(features_path(c.out, setting), buffer.getvalue())
     model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe, guidance)
     return {
         **setting,
@@ -194,11 +188,11 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
     }
 
 
-def features_path(c: StudyConfig, setting: dict) -> Path:
-    """Where a setting's sample features are kept: one .npz per setting, a score's features under its key."""
-    name = "{sampler}-{steps}-g{guidance_scale:g}-{interval}.npz".format(**setting).replace(":", "_")
-    fix = "a study's rows are settings studies/sampling_study.py ran; pass another --out"
-    return inside(Path(c.out).with_suffix(".features"), name, c.out, "setting", fix, one_name=True)
+def features_path(out: str, row: dict) -> Path:
+    """Where the study ``out`` keeps a setting's sample features: one .npz per setting, a score's under its key."""
+    file = f"{setting_name(row).replace(':', '_')}.npz"
+    fix = "a study's rows are settings studies/sampling_study.py ran: pass a study it wrote"
+    return inside(Path(out).with_suffix(".features"), file, out, "row", fix, one_name=True)
 
 
 def read_study(path: Path) -> dict | None:
@@ -272,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         # None without a guide, as a study recorded before guides has, so that it still matches
         header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
         rows = load_rows(out, study, header)
-        rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
-        done = {key(r) for r in rows}
-        todo = [s for s in settings(c, sm) if key(s) not in done]
+        rows = [r for r in rows if features_path(c.out, r).is_file()]  # a row without its features runs again
+        done = {setting_name(r) for r in rows}
+        todo = [s for s in settings(c, sm) if setting_name(s) not in done]
         print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)
         evaluator = Evaluator(
             net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime, judges=judges

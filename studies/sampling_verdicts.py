@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +32,8 @@ from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
-from dit.io.userfiles import inside, read_json, read_matrices
+from dit.io.userfiles import read_json, read_matrices
+from sampling_study import features_path, setting_name
 
 SCORES = ("fid", "fd_judge")
 FEATURES_FIX = (
@@ -61,10 +61,6 @@ FACE = Face(
     outputs={"out": "file"},
     inputs={"studies": "file", "against": "file"},
 )
-
-
-def name(row: dict) -> str:
-    return "{sampler}-{steps}-g{guidance_scale:g}-{interval}".format(**row)
 
 
 def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -111,15 +107,13 @@ def load(
         )
     if len({d["ckpt_sha256" if recipes else "seed"] for d in data}) != len(data):
         raise UserError("two studies of one seed: give one study per seed.")
-    per = [{name(r): r for r in d["rows"]} for d in data]
+    per = [{setting_name(r): r for r in d["rows"]} for d in data]
     widths = {s: len(mu) for s, (mu, _) in refs.items()}
     common = [k for k in per[0] if all(k in p for p in per)]
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        fix = "a study's rows are settings studies/sampling_study.py ran; pass its --out"
-        paths = [inside(Path(s).with_suffix(".features"), f"{k.replace(':', '_')}.npz", s, "row", fix, True)
-                 for s in studies]  # fmt: skip
+        paths = [features_path(s, r) for s, r in zip(studies, rows[k])]
         files = [
             read_matrices(p, "kept features", FEATURES_FIX, widths, d["num_samples"]) for p, d in zip(paths, data)
         ]

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from dit.cost.analytic import training_flops_per_image
@@ -182,17 +183,12 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
 
 def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every: int) -> dict:
     """The options every run of the study shares, whatever its recipe (a recipe sets none of them)."""
-    return dict(
+    options = dict(
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
         objective=objective, eval_sampler=OBJECTIVES[objective].fast_sampler, eval_guidance_interval=None,
-        **after_training_options(c, every),
     )  # fmt: skip
-
-
-def after_training_options(c: ScalingConfig, every: int) -> dict:
-    """Post-hoc EMA profiles and kept checkpoints, set only when asked (a run without them records none)."""
-    options = {}
+    # post-hoc EMA profiles and kept checkpoints only when asked (a run without them records none)
     if c.ema_profiles:
         options.update(ema_profiles=c.ema_profiles, ema_snapshot_every=c.ema_snapshot_every)
     if c.keep_evals:
@@ -205,6 +201,9 @@ def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> 
     return f"{size}-{objective}-s{seed}" if recipe == "baseline" else f"{size}-{objective}-{recipe}-s{seed}"
 
 
+TARGETS = {"fid": "to_target", "fd_judge": "to_judge_target"}  # a run's FLOPs to each judge's targets
+
+
 def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
     """Per recipe, over its seeds: the FLOPs to each target (None: a seed never got there) and the scores at the
     budget, with their ranges."""
@@ -213,16 +212,12 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         mine = [r for r in runs.values() if r["recipe"] == recipe]
         final = [r["evaluations"][-1]["fid"] for r in mine]
         row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
-        for t in targets:
-            reached = [r["to_target"][str(t)] for r in mine]
-            flops = [reached_pflops(x) for x in reached if x["reached"]]
-            row[f"pflops_to_fid_{t:g}"] = flops if len(flops) == len(mine) else None
-            row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
-        for t in judge_targets:
-            reached = [r["to_judge_target"][str(t)] for r in mine]
-            flops = [reached_pflops(x) for x in reached if x["reached"]]
-            row[f"pflops_to_fd_judge_{t:g}"] = flops if len(flops) == len(mine) else None
-            row[f"pflops_to_fd_judge_{t:g}_range"] = [min(flops), max(flops)] if len(flops) == len(mine) else None
+        for (judge, key), wanted in zip(TARGETS.items(), (targets, judge_targets)):
+            for t in wanted:
+                flops = [reached_pflops(r[key][str(t)]) for r in mine if r[key][str(t)]["reached"]]
+                every = len(flops) == len(mine)
+                row[f"pflops_to_{judge}_{t:g}"] = flops if every else None
+                row[f"pflops_to_{judge}_{t:g}_range"] = [min(flops), max(flops)] if every else None
         final = [r["evaluations"][-1].get("fd_judge") for r in mine]
         row["fd_judge_at_budget"] = final
         out[recipe] = row
@@ -337,16 +332,11 @@ def main(argv: list[str] | None = None) -> int:
             ],
             "mean_mfu": sum(r["mfu"] for r in train_rows if not r["in_warmup"])
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
-            "to_target": {
-                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count) for t in c.targets
-            },
-            "to_judge_target": {
-                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count, score="fd_judge")
-                for t in c.judge_targets
-            },
         }
-        for targets in ("to_target", "to_judge_target"):
-            for r in summary["runs"][name][targets].values():
+        to = partial(compute_to_target, str(folder), up_to_step=steps, count=count)
+        for (score, key), targets in zip(TARGETS.items(), (c.targets, c.judge_targets)):
+            summary["runs"][name][key] = {str(t): to(t, score=score) for t in targets}
+            for r in summary["runs"][name][key].values():
                 r.pop("evaluations")
     if len(set(recipe_of.values())) > 1:
         summary["recipes"] = recipe_summary(summary["runs"], c.targets, c.judge_targets)
