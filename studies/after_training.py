@@ -108,20 +108,24 @@ def equal_flops_steps(steps: int, model_flops: float, guide_flops: float) -> int
     return max(1, int(steps * 2 * model_flops // (model_flops + guide_flops)))
 
 
-def study(c: AfterConfig, out: Path, ckpt, scales, steps: int, *extra) -> Path:
-    if not c.aggregate_only:
-        run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
-             "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
-             c.batch_size, "--seed", c.sampling_seed, *extra])  # fmt: skip
-    return out
-
-
 def run_studies(c: AfterConfig) -> tuple[dict, dict]:
     """Every study, run or found in --work: (the default's studies, per method its candidate studies)."""
     work, d = Path(c.work), c.default_guidance
     methods = {k: {} for k in ("posthoc_ema", "cfg", "autoguidance_early", "autoguidance_small", "random_labels")}
     small = checkpoints(c.small)[-1][1] if c.small else None
     default = []
+
+    def study(method, label, name, ckpt, scales, labels="balanced", steps=c.steps, guide=None) -> Path:
+        """One sampling study of ``method`` (skipped with --aggregate-only), filed under ``label``."""
+        extra = ["--guide-ckpt", guide] if guide else []
+        out = work / f"{name}-s{seed}.json"
+        if not c.aggregate_only:
+            run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
+                 "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
+                 c.batch_size, "--seed", c.sampling_seed, "--labels", labels, *extra])  # fmt: skip
+        methods[method].setdefault(label, []).append(out)
+        return out
+
     for seed, folder in enumerate(c.runs):
         kept = checkpoints(folder)
         final = kept[-1][1]
@@ -129,28 +133,20 @@ def run_studies(c: AfterConfig) -> tuple[dict, dict]:
         if len(early) < len(c.guide_steps or [None]):
             raise UserError(f"{folder} keeps no early checkpoint{' at each --guide-steps' * bool(c.guide_steps)}: "
                             "train it with studies/scaling.py --keep-evals, or pass --guide-steps it kept.")  # fmt: skip
-        classic = study(
-            c, work / f"classic-s{seed}.json", final, sorted({d, *c.guidance}), c.steps, "--labels", "balanced"
-        )
-        default.append(classic)
-        methods["cfg"].setdefault("classic EMA", []).append(classic)
-        methods["random_labels"].setdefault("random labels", []).append(
-            study(c, work / f"random-s{seed}.json", final, [d], c.steps, "--labels", "random"))  # fmt: skip
+        default.append(study("cfg", "classic EMA", "classic", final, sorted({d, *c.guidance})))
+        study("random_labels", "random labels", "random", final, [d], labels="random")
         for sigma in c.sigma_rels:
             ema = work / f"ema-{sigma:g}-s{seed}.pt"
             if not c.aggregate_only and not ema.is_file():
                 run(["-m", "dit.checkpoint", "ema", folder, "--sigma-rel", sigma, "--out", ema])
-            methods["posthoc_ema"].setdefault(f"sigma_rel {sigma:g}", []).append(
-                study(c, work / f"ema-{sigma:g}-s{seed}.json", ema, [d], c.steps, "--labels", "balanced"))  # fmt: skip
+            study("posthoc_ema", f"sigma_rel {sigma:g}", f"ema-{sigma:g}", ema, [d])
         for step, guide in early:
-            methods["autoguidance_early"].setdefault(f"guide: step {step} of the same run", []).append(
-                study(c, work / f"auto-early{step}-s{seed}.json", final, c.guidance, c.steps, "--labels",
-                      "balanced", "--guide-ckpt", guide))  # fmt: skip
+            label = f"guide: step {step} of the same run"
+            study("autoguidance_early", label, f"auto-early{step}", final, c.guidance, guide=guide)
         if small is not None:
             steps = equal_flops_steps(c.steps, forward_flops(final), forward_flops(small))
-            methods["autoguidance_small"].setdefault(f"guide: {small.parent.parent.name}", []).append(
-                study(c, work / f"auto-small-s{seed}.json", final, c.guidance, steps, "--labels", "balanced",
-                      "--guide-ckpt", small))  # fmt: skip
+            label = f"guide: {small.parent.parent.name}"
+            study("autoguidance_small", label, "auto-small", final, c.guidance, steps=steps, guide=small)
     return {"studies": default, "setting": f"ddim-{c.steps}-g{d:g}-all"}, {k: v for k, v in methods.items() if v}
 
 

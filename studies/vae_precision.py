@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from dit.cost.vae_facts import SD_VAE_CONFIG
 from dit.data.vae import encode_moments
 from dit.runtime.precision import Precision
 
@@ -22,14 +23,10 @@ def _vae(sd_shape: bool):
 
     torch.manual_seed(0)
     if sd_shape:  # stabilityai/sd-vae-ft-ema's config: 83.7M parameters, 273 GFLOP a 256 px encode
-        return AutoencoderKL(
-            block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
-            up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=2, latent_channels=4, sample_size=256,
-        ).eval()  # fmt: skip
+        return AutoencoderKL(**SD_VAE_CONFIG, sample_size=256).eval()
     return AutoencoderKL(
-        block_out_channels=[4, 4, 4, 4], down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=1, norm_num_groups=2, latent_channels=4,
-    ).eval()  # fmt: skip
+        **{**SD_VAE_CONFIG, "block_out_channels": [4] * 4, "layers_per_block": 1, "norm_num_groups": 2}
+    ).eval()
 
 
 def measure(sd_shape: bool, batch: int, size: int, repeats: int) -> dict:
