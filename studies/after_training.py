@@ -165,14 +165,18 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
     best = {"default": (base_rows, base)}
     out = {"default": {"setting": default["setting"], **scores(base_rows)}, "methods": {}}
     for method, studies in methods.items():
-        candidates = []
+        candidates, found = [], {}
         for label, paths in studies.items():
             rows, judged = load(tuple(str(p) for p in paths), refs, recipes=True)
             for setting in rows:
                 rel = sum(sum(judged[setting][s].scores) / len(paths) / base_mean[s] for s in judges) / len(judges)
-                candidates.append((rel, label, setting, rows[setting], judged[setting]))
-        rel, label, setting, rows, judged = min(candidates, key=lambda x: x[0])
-        best[method] = (rows, judged)
+                cost = rows[setting][0]["sampling_tflop_per_1000"]
+                candidates.append(
+                    dict(study=label, setting=setting, mean_score_relative_to_default=rel, tflop_per_1000=cost)
+                )
+                found[label, setting] = rows[setting], judged[setting]
+        pick = min(candidates, key=lambda x: x["mean_score_relative_to_default"])
+        best[method] = rows, judged = found[pick["study"], pick["setting"]]
         against_rows = {}
         for against in AGAINST.get(method, ("default",)):
             if against in best:
@@ -180,18 +184,10 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
                 against_rows[against] = {"verdict": v.verdict, "reasons": list(v.reasons),
                                          "shares_ahead": {s: float(x) for s, x in v.shares.items()}}  # fmt: skip
         out["methods"][method] = {
-            "best": {"study": label, "setting": setting, "mean_score_relative_to_default": rel},
+            "best": {k: pick[k] for k in ("study", "setting", "mean_score_relative_to_default")},
             **scores(rows),
             "verdicts": against_rows,
-            "candidates": [
-                {
-                    "study": c[1],
-                    "setting": c[2],
-                    "mean_score_relative_to_default": c[0],
-                    "tflop_per_1000": c[3][0]["sampling_tflop_per_1000"],
-                }
-                for c in candidates
-            ],
+            "candidates": candidates,
         }
     return out
 

@@ -26,7 +26,7 @@ import torch
 
 from dit.data.digits import digit_split, load_mnist_5k
 from dit.eval.digit_nets import load_digit_classifier
-from dit.eval.evaluator import Evaluator, shard_batches
+from dit.eval.evaluator import Evaluator, extract_features, shard_batches
 from dit.eval.inception import InceptionFeatures
 from dit.eval.metrics import (
     PR_BATCH_SIZE,
@@ -70,15 +70,14 @@ def write_sets(folder: Path) -> dict[str, Path]:
 
 def reference(net, sets: Path, name: str) -> Path:
     images = NpzImages(str(sets / f"{name}.npz"))
-    with torch.no_grad():
-        features = {"pool": torch.cat([net(x)["pool"] for x, _ in shard_batches(images, MNIST_BATCH)])}
+    features, _ = extract_features(net, shard_batches(images, MNIST_BATCH))
     path = sets / f"{name}_ref.npz"
     save_stats(str(path), stats_from_features(features, net.name, images.describe()))
     return path
 
 
-def score(net, samples: Path, ref: Path) -> dict:
-    evaluator = Evaluator(net, load_reference(str(ref)), batch_size=MNIST_BATCH)
+def score(net, samples: Path, ref: Path, **options) -> dict:
+    evaluator = Evaluator(net, load_reference(str(ref)), batch_size=MNIST_BATCH, **options)
     result = evaluator.evaluate(shard_batches(NpzImages(str(samples)), MNIST_BATCH))
     result["command"] = f"python -m dit.eval --samples {samples} --ref {ref} --json"
     return result
@@ -88,10 +87,7 @@ def pr_both(net, samples: Path, ref: Path) -> dict:
     """Precision and recall with float32 distances (ours) and float16 ones (ADM's, --pr-distances float16)."""
     out = {}
     for distances in PR_DISTANCES:
-        evaluator = Evaluator(
-            net, load_reference(str(ref)), metrics=["pr"], batch_size=MNIST_BATCH, pr_distances=distances
-        )
-        result = evaluator.evaluate(shard_batches(NpzImages(str(samples)), MNIST_BATCH))
+        result = score(net, samples, ref, metrics=["pr"], pr_distances=distances)
         out[distances] = {"precision": result["precision"], "recall": result["recall"]}
     out["command"] = f"python -m dit.eval --samples {samples} --ref {ref} --metrics pr --pr-distances float16"
     return _differences(out)

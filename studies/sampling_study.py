@@ -239,9 +239,7 @@ def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -
         ax.scatter([r["sampling_tflop_per_1000"] for r in mine], [r["fid"] for r in mine], s=18, label=sampler)
     front = pareto_front([(r["sampling_tflop_per_1000"], r["fid"]) for r in rows])
     ax.plot(*zip(*front), color="black", lw=1, drawstyle="steps-post", label="Pareto front")
-    network = rows[0].get("feature_network", "")
-    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)",
-           ylabel=f"FID ({network})" if network else "FID")  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)", ylabel="FID")
     ax.set_title(title or "Quality against sampling compute")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
