@@ -20,7 +20,6 @@ method's best is picked on the samples that judge it: a "better" is worth confir
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,12 +30,12 @@ import sampling_verdicts
 from compare import better
 from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
 from dit.sample.loading import read_model
+from seeded import command, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,11 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     Path(c.work).mkdir(parents=True, exist_ok=True)
     default, methods = run_studies(c)
     summary = {
-        "command": "python studies/after_training.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("after_training.py", argv),
         "rule": "docs/evaluation.md: both judges, >= 95% of paired resamples, the training seeds' ranges apart",
         **aggregate(default, methods, sampling_verdicts.references()),
     }
-    atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
+    write_json(c.out, summary)
     for method, row in summary["methods"].items():
         print(f"{method}: best {row['best']['study']} {row['best']['setting']} ({row['tflop_per_1000']:.3g} TFLOP / "
               f"1,000); " + "; ".join(f"vs {k}: {v['verdict']}" for k, v in row["verdicts"].items()))  # fmt: skip

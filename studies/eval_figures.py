@@ -12,7 +12,6 @@ counter, and its seconds per image here with random weights (the cost does not d
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -38,10 +37,10 @@ from dit.eval.metrics import (
 )
 from dit.eval.reference import load_reference, save_stats, stats_from_features
 from dit.eval.sources import NpzImages
-from dit.io.atomic import atomic_write
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.face import Face
+from seeded import command, report
 
 MNIST_BATCH = 500
 
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     net = load_digit_classifier()
     train_ref, rest_ref = reference(net, sets, "train"), reference(net, sets, "train_rest")
     figures = {
-        "command": "python studies/eval_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("eval_figures.py", argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads",
         "reference": f"{train_ref} (4,000 training digits, 400 per class)",
@@ -183,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "adm_fid_50k_what": "50,000 samples + ADM's 10,000 reference images through Inception, P/R in blocks "
         f"of {PR_BATCH_SIZE:,}",
     }
-    atomic_write(args.out, lambda f: f.write((json.dumps(figures, indent=1) + "\n").encode()))
-    print(json.dumps(figures, indent=1))
-    return 0
+    return report(figures, args.out)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: t
 from __future__ import annotations
 
 import io
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from dit.sample.generate import Guidance, Sampler, generate, noise_seed
 from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guide
 from dit.sample.labels import LABEL_MODES, resumed_mode, set_labels
 from dit.sample.loading import load_sampling_model
+from seeded import command, write_json
 
 # every fixed-step sampler (dopri5 has no NFE knob)
 SPECS = ("ddpm", "ddim", "dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun", "ode-euler", "ode-heun",
@@ -280,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip
-            summary = {"command": "python studies/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                       "ckpt": c.ckpt, **header, "rows": rows}  # fmt: skip
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(out, (json.dumps(summary, indent=1) + "\n").encode())
+            write_json(
+                out, {"command": command("sampling_study.py", argv), "ckpt": c.ckpt, **header, "rows": rows}
+            )
     if rows:
         plot = c.plot or str(out.with_suffix(".png"))
         plot_sampling_front(plot, rows, f"Digit FID against sampling FLOPs: {Path(c.ckpt).name}")

@@ -18,7 +18,6 @@ With ``--against``, ``--studies`` are one recipe's studies (one per training see
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 
@@ -27,13 +26,13 @@ import numpy as np
 from compare import Judged, better, judge_ahead
 from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
 from dit.io.userfiles import read_json, read_matrices
 from sampling_study import features_path, setting_name
+from seeded import command, write_json
 
 SCORES = ("fid", "fd_judge")
 FEATURES_FIX = (
@@ -121,7 +120,7 @@ def load(
     return rows, judged
 
 
-def recipes(c: VerdictsConfig) -> int:
+def recipes(c: VerdictsConfig, argv: list[str] | None) -> int:
     """Each setting both recipes ran: A (--studies) against B (--against), by the rule."""
     if len(c.against) != len(c.studies):
         raise UserError("--against needs as many studies (training seeds) as --studies.")
@@ -136,15 +135,14 @@ def recipes(c: VerdictsConfig) -> int:
               f"FID A {a[k]['fid'].scores} B {b[k]['fid'].scores}; judge A {a[k]['fd_judge'].scores} B "
               f"{b[k]['fd_judge'].scores})")  # fmt: skip
     if c.out:
-        command = "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:])
-        atomic_write_bytes(c.out, (json.dumps({"command": command, "rows": out}, indent=1) + "\n").encode())
+        write_json(c.out, {"command": command("sampling_verdicts.py", argv), "rows": out})
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["verdicts"]
     if c.against:
-        return recipes(c)
+        return recipes(c, argv)
     refs = references()
     rows, judged = load(c.studies, refs)
     if c.baseline not in rows:
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         table.append(row)
     matching = [r for r in table if r.get("matches")]
     summary = {
-        "command": "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("sampling_verdicts.py", argv),
         "baseline": c.baseline,
         "cheapest_match": matching[0]["setting"] if matching else None,
         "rows": table,
@@ -185,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"cheapest setting that matches {c.baseline}: {summary['cheapest_match']}", file=sys.stderr)
     if c.out:
-        atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
+        write_json(c.out, summary)
     return 0
 
 

@@ -27,7 +27,6 @@ from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
 from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
@@ -37,6 +36,7 @@ from dit.objectives.samplers import sampling_plan
 from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
+from seeded import command, report, write_json
 
 # (name, depth, hidden size, heads): the quick start's model in the middle (docs/evaluation.md, "Scaling").
 SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
     summary = {
-        "command": "python studies/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("scaling.py", argv),
         "flops_counted": count,
         "runs": {},
     }
@@ -350,14 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                      count=count, groups=groups)  # fmt: skip
     if c.verdict:
         verdict = recipe_verdict(summary["runs"], c.against, count, c.targets, c.judge_targets)
-        atomic_write_bytes(
-            c.verdict, (json.dumps({"command": summary["command"], **verdict}, indent=1) + "\n").encode()
-        )
-    text = json.dumps(summary, indent=1)
-    if c.out:
-        atomic_write_bytes(c.out, (text + "\n").encode())
-    print(text)
-    return 0
+        write_json(c.verdict, {"command": summary["command"], **verdict})
+    return report(summary, c.out)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""What the scripts that train the digit networks (classifier, judge, MAE encoder) share: their determinism, their
-digits, their training loop and their outputs."""
+"""What the studies share: their command lines and JSON outputs; and, for the scripts that train the digit networks
+(classifier, judge, MAE encoder), their determinism, their digits, their training loop and their weights files."""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from safetensors.torch import save
@@ -63,10 +64,13 @@ def command(script: str, argv: list[str] | None) -> str:
     return f"python studies/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
+def write_json(path: str | Path, data: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=1) + "\n").encode())
+
+
 def report(result: dict, path: str | None) -> int:
     """The run's figures on stdout, and as JSON at ``path`` if given."""
-    text = json.dumps(result, indent=1)
     if path:
-        atomic_write_bytes(path, (text + "\n").encode())
-    print(text)
+        write_json(path, result)
+    print(json.dumps(result, indent=1))
     return 0
