@@ -205,17 +205,6 @@ def read_study(path: Path) -> dict | None:
     return {"labels": "random", **data}
 
 
-def load_rows(path: Path, data: dict | None, header: dict) -> list[dict]:
-    if data is None:
-        return []
-    if {k: data.get(k) for k in header} != header:
-        raise UserError(
-            f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
-        )
-    return data["rows"]
-
-
 def interval(row: dict, score: str) -> str:
     low, high = row["intervals"][score]
     return f"[{low:.4g}, {high:.4g}]"
@@ -263,8 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                   "labels": mode}  # fmt: skip
         # None without a guide, as a study recorded before guides has, so that it still matches
         header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
-        rows = load_rows(out, study, header)
-        rows = [r for r in rows if features_path(c.out, r).is_file()]  # a row without its features runs again
+        if study and {k: study.get(k) for k in header} != header:
+            raise UserError(
+                f"{out} holds a study of other settings ({', '.join(f'{k} {study.get(k)}' for k in header)}): pass "
+                "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
+            )
+        # a row without its features runs again
+        rows = [r for r in (study or {"rows": []})["rows"] if features_path(c.out, r).is_file()]
         done = {setting_name(r) for r in rows}
         todo = [s for s in settings(c, sm) if setting_name(s) not in done]
         print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compare import Judged, better, judge_ahead
+from compare import Judged, better, not_ahead
 from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
 from dit.io.cli import run_cli
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             v = better(judged[k], base, refs)
             row.update(verdict=v.verdict, reasons=list(v.reasons),
                        shares_ahead={s: float(share) for s, share in v.shares.items()},
-                       matches=not any(judge_ahead(base[s].scores, judged[k][s].scores, 1 - v.shares[s])
+                       matches=all(not_ahead(s, 1 - v.shares[s], base[s].scores, judged[k][s].scores)
                                        for s in SCORES))  # fmt: skip
         table.append(row)
     matching = [r for r in table if r.get("matches")]
