@@ -121,11 +121,10 @@ def steps_for(spec: str, nfe: int) -> int | None:
     best = None
     for steps in range(1, nfe + 1):
         try:
-            planned = sampling_plan(kind, steps, method=method).nfe
+            if sampling_plan(kind, steps, method=method).nfe <= nfe:
+                best = steps
         except UserError:  # too few steps for this sampler
-            continue
-        if planned <= nfe:
-            best = steps
+            pass
     return best
 
 

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from dit.cost.analytic import training_flops_per_image
+from dit.cost.analytic import repa_flops, training_flops_per_image
 from dit.cost.plots import plot_quality
 from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
+from dit.data.encoder import encoder_shape, resolve_input_size, upstream_flops
 from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
 from dit.io.cli import run_cli
@@ -78,9 +79,6 @@ def flops_per_step(cfg, batch: int) -> tuple[float, float]:
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:
         return dit, 0.0, 0.0
-    from dit.cost.analytic import repa_flops
-    from dit.data.encoder import encoder_shape, resolve_input_size, upstream_flops
-
     name = cfg.repa_encoder.encoder
     size = resolve_input_size(name, cfg.repa_encoder.input_size, round(model.tokens**0.5))
     aux = repa_flops(encoder_shape(name, size), model, cfg.repa.projector_dim).per_step_image(False) * batch
@@ -293,9 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     save_stats(ref, digits_reference(load_digit_classifier()))
     runs, labels, recipe_of = {}, [], {}
     count = "model" if c.recipes == ("baseline",) else "total"
-    for size in SIZES:
-        if size[0] not in c.sizes:
-            continue
+    for size in (s for s in SIZES if s[0] in c.sizes):
         for objective in c.objectives:
             for spec in c.recipes:
                 recipe, _, n = spec.partition(":")
@@ -309,11 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}{what}, seed {seed}"
                     )
                     print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
-    summary = {
-        "command": command("scaling.py", argv),
-        "flops_counted": count,
-        "runs": {},
-    }
+    summary = {"command": command("scaling.py", argv), "flops_counted": count, "runs": {}}
     for name, (folder, steps) in runs.items():
         train_rows, evals = read_run(str(folder), steps)  # a run trained past this budget is read up to it
         keys = ("step", "total_model_pflops", "total_aux_pflops", "upstream_pflops", "fid", "fd_judge", "intervals",

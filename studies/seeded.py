@@ -37,9 +37,8 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 def train_epochs(
     model: nn.Module, optimizer, schedule, loss_of: Callable, n: int, args, generator: torch.Generator
 ) -> Iterator[tuple[int, float, float]]:
-    """``args.epochs`` passes over ``n`` digits, each in a new order, a step on ``loss_of(indices)`` per batch of
-    ``args.batch_size``; yields after each pass (the model in eval mode) its number, the last batch's loss and the
-    pass's mean loss."""
+    """``args.epochs`` passes over ``n`` digits in new orders, a step on ``loss_of(indices)`` per batch; yields after
+    each (the model in eval mode) the pass's number, its last batch's loss and its mean loss."""
     for epoch in range(args.epochs):
         model.train()
         total = 0.0
