@@ -60,11 +60,9 @@ def write_sets(folder: Path) -> dict[str, Path]:
         "noise": (noise, None),
     }
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, (arr_0, arr_1) in sets.items():
-        paths[name] = folder / f"{name}.npz"
-        np.savez(paths[name], *([arr_0] if arr_1 is None else [arr_0, arr_1]))
-    return paths
+    for name, arrays in sets.items():
+        np.savez(folder / f"{name}.npz", *(a for a in arrays if a is not None))
+    return {name: folder / f"{name}.npz" for name in sets}
 
 
 def reference(net, sets: Path, name: str) -> Path:

@@ -199,7 +199,8 @@ def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> 
     return f"{size}-{objective}-s{seed}" if recipe == "baseline" else f"{size}-{objective}-{recipe}-s{seed}"
 
 
-TARGETS = {"fid": "to_target", "fd_judge": "to_judge_target"}  # a run's FLOPs to each judge's targets
+# the digit FID and the digit judge's FD (docs/evaluation.md: the rule), and where a run keeps its FLOPs to their targets
+JUDGES = {"fid": "to_target", "fd_judge": "to_judge_target"}
 
 
 def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
@@ -210,7 +211,7 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         mine = [r for r in runs.values() if r["recipe"] == recipe]
         final = [r["evaluations"][-1]["fid"] for r in mine]
         row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
-        for (judge, key), wanted in zip(TARGETS.items(), (targets, judge_targets)):
+        for (judge, key), wanted in zip(JUDGES.items(), (targets, judge_targets)):
             for t in wanted:
                 flops = [reached_pflops(r[key][str(t)]) for r in mine if r[key][str(t)]["reached"]]
                 every = len(flops) == len(mine)
@@ -225,9 +226,6 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
 def reached_pflops(result: dict) -> float:
     """The PFLOPs at which a ``compute_to_target`` result reached its target, whichever FLOPs it counted."""
     return result.get("total_pflops", result.get("total_model_pflops"))
-
-
-JUDGES = ("fid", "fd_judge")  # the digit FID and the digit judge's FD (docs/evaluation.md: the rule)
 
 
 def recipe_verdict(runs: dict, against: str, count: str, targets=(), judge_targets=()) -> dict:
@@ -326,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
         }
         to = partial(compute_to_target, str(folder), up_to_step=steps, count=count)
-        for (score, key), targets in zip(TARGETS.items(), (c.targets, c.judge_targets)):
+        for (score, key), targets in zip(JUDGES.items(), (c.targets, c.judge_targets)):
             summary["runs"][name][key] = {str(t): to(t, score=score) for t in targets}
             for r in summary["runs"][name][key].values():
                 r.pop("evaluations")
