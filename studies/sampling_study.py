@@ -194,14 +194,23 @@ def features_path(out: str, row: dict) -> Path:
     return inside(Path(out).with_suffix(".features"), file, out, "row", fix, one_name=True)
 
 
-def read_study(path: Path) -> dict | None:
-    """A study's JSON (None before its first row); one recorded before the label modes drew random labels."""
-    if not path.is_file():
-        return None
-    data = read_json(path, "study", "pass another --out, or remove that file")
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise UserError(f"{path} is not a sampling study: pass another --out, or remove that file.")
-    return {"labels": "random", **data}
+NUMBER = (int, float)
+STUDY_KEYS = {"ckpt_sha256": str, "num_samples": int, "seed": int, "feature_networks": list, "rows": list}
+ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": str, "fid": NUMBER,
+            "fd_judge": NUMBER, "intervals": dict, "sampling_tflop_per_1000": NUMBER}  # fmt: skip
+
+
+def read_study(path: str) -> dict:
+    """A study's JSON, checked to be one that studies/sampling_study.py wrote, down to the fields of its rows."""
+    fix = "pass a JSON that studies/sampling_study.py wrote"
+    data = read_json(path, "study", fix)
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
+        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
+    for i, row in enumerate(data["rows"]):
+        bad = [k for k, kind in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
+        if bad:
+            raise UserError(f"{path}: row {i} lacks or mistypes {', '.join(bad)}: {fix}.")
+    return data
 
 
 def interval(row: dict, score: str) -> str:
@@ -244,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         net = load_digit_classifier()
         reference = digits_reference(net)  # on the CPU, as the quick start's
         judges = judges_for(net.name, device=runtime.device)
-        study = read_study(out)
-        mode = resumed_mode(c.labels, study and study["labels"], out, "another --out")
+        study = read_study(out) if out.is_file() else None
+        # a study recorded before the label modes drew random labels
+        mode = resumed_mode(c.labels, study and study.get("labels", "random"), out, "another --out")
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)],
                   "labels": mode}  # fmt: skip

@@ -30,8 +30,8 @@ from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
-from dit.io.userfiles import read_json, read_matrices
-from sampling_study import features_path, setting_name
+from dit.io.userfiles import read_matrices
+from sampling_study import features_path, read_study, setting_name
 from seeded import command, write_json
 
 SCORES = ("fid", "fd_judge")
@@ -67,25 +67,6 @@ def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     classifier = digits_reference(load_digit_classifier())
     judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
     return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-
-
-NUMBER = (int, float)
-STUDY_KEYS = {"ckpt_sha256": str, "num_samples": int, "seed": int, "feature_networks": list, "rows": list}
-ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": str, "fid": NUMBER,
-            "fd_judge": NUMBER, "intervals": dict, "sampling_tflop_per_1000": NUMBER}  # fmt: skip
-
-
-def read_study(path: str) -> dict:
-    """A study's JSON, checked to be one that studies/sampling_study.py wrote, down to the fields of its rows."""
-    fix = "pass the --out of studies/sampling_study.py"
-    data = read_json(path, "study", fix)
-    if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
-        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
-    for i, row in enumerate(data["rows"]):
-        bad = [k for k, kind in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
-        if bad:
-            raise UserError(f"{path}: row {i} lacks or mistypes {', '.join(bad)}: {fix}.")
-    return data
 
 
 def load(
