@@ -275,17 +275,15 @@ def main(argv: list[str] | None = None) -> int:
             net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime, judges=judges
         )
         evaluator.check_count(c.num_samples)
+        record = {"command": command("sampling_study.py", argv), "ckpt": c.ckpt, **header}
         for setting in todo:
-            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
-            r = rows[-1]
+            rows.append(r := run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
                   f"{r['guidance_scale']:g} {r['interval']}, {mode} labels: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
                   f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip
-            write_json(
-                out, {"command": command("sampling_study.py", argv), "ckpt": c.ckpt, **header, "rows": rows}
-            )
+            write_json(out, {**record, "rows": rows})
     if rows:
         plot = c.plot or str(out.with_suffix(".png"))
         plot_sampling_front(plot, rows, f"Digit FID against sampling FLOPs: {Path(c.ckpt).name}")

@@ -101,10 +101,9 @@ def pooled_features(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def probe_accuracy(train_x, train_y, test_x, test_y, ridge: float = 1e-2) -> float:
     """A closed-form ridge regression onto one-hot labels: how linearly the features separate the digits."""
     mean, std = train_x.mean(0), train_x.std(0) + 1e-6
-    a = torch.cat([(train_x - mean) / std, torch.ones(len(train_x), 1)], 1).double()
+    a, test = (torch.cat([(x - mean) / std, torch.ones(len(x), 1)], 1).double() for x in (train_x, test_x))
     b = F.one_hot(train_y, 10).double()
     w = torch.linalg.solve(a.T @ a + ridge * len(a) * torch.eye(a.shape[1], dtype=a.dtype), a.T @ b)
-    test = torch.cat([(test_x - mean) / std, torch.ones(len(test_x), 1)], 1).double()
     return ((test @ w).argmax(1) == test_y).double().mean().item()
 
 
