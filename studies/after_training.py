@@ -20,7 +20,6 @@ method's best is picked on the samples that judge it: a "better" is worth confir
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,12 +30,12 @@ import sampling_verdicts
 from compare import better
 from dit.checkpoint.format import list_checkpoints
 from dit.cost.analytic import forward_macs
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
 from dit.sample.loading import read_model
+from seeded import command, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,20 +107,24 @@ def equal_flops_steps(steps: int, model_flops: float, guide_flops: float) -> int
     return max(1, int(steps * 2 * model_flops // (model_flops + guide_flops)))
 
 
-def study(c: AfterConfig, out: Path, ckpt, scales, steps: int, *extra) -> Path:
-    if not c.aggregate_only:
-        run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
-             "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
-             c.batch_size, "--seed", c.sampling_seed, *extra])  # fmt: skip
-    return out
-
-
 def run_studies(c: AfterConfig) -> tuple[dict, dict]:
     """Every study, run or found in --work: (the default's studies, per method its candidate studies)."""
     work, d = Path(c.work), c.default_guidance
     methods = {k: {} for k in ("posthoc_ema", "cfg", "autoguidance_early", "autoguidance_small", "random_labels")}
     small = checkpoints(c.small)[-1][1] if c.small else None
     default = []
+
+    def study(method, label, name, ckpt, scales, labels="balanced", steps=c.steps, guide=None) -> Path:
+        """One sampling study of ``method`` (skipped with --aggregate-only), filed under ``label``."""
+        extra = ["--guide-ckpt", guide] if guide else []
+        out = work / f"{name}-s{seed}.json"
+        if not c.aggregate_only:
+            run([ROOT / "studies/sampling_study.py", "--ckpt", ckpt, "--out", out, "--samplers", "ddim", "--nfe", steps,
+                 "--guidance", *scales, "--intervals", "all", "--num-samples", c.num_samples, "--batch-size",
+                 c.batch_size, "--seed", c.sampling_seed, "--labels", labels, *extra])  # fmt: skip
+        methods[method].setdefault(label, []).append(out)
+        return out
+
     for seed, folder in enumerate(c.runs):
         kept = checkpoints(folder)
         final = kept[-1][1]
@@ -129,28 +132,20 @@ def run_studies(c: AfterConfig) -> tuple[dict, dict]:
         if len(early) < len(c.guide_steps or [None]):
             raise UserError(f"{folder} keeps no early checkpoint{' at each --guide-steps' * bool(c.guide_steps)}: "
                             "train it with studies/scaling.py --keep-evals, or pass --guide-steps it kept.")  # fmt: skip
-        classic = study(
-            c, work / f"classic-s{seed}.json", final, sorted({d, *c.guidance}), c.steps, "--labels", "balanced"
-        )
-        default.append(classic)
-        methods["cfg"].setdefault("classic EMA", []).append(classic)
-        methods["random_labels"].setdefault("random labels", []).append(
-            study(c, work / f"random-s{seed}.json", final, [d], c.steps, "--labels", "random"))  # fmt: skip
+        default.append(study("cfg", "classic EMA", "classic", final, sorted({d, *c.guidance})))
+        study("random_labels", "random labels", "random", final, [d], labels="random")
         for sigma in c.sigma_rels:
             ema = work / f"ema-{sigma:g}-s{seed}.pt"
             if not c.aggregate_only and not ema.is_file():
                 run(["-m", "dit.checkpoint", "ema", folder, "--sigma-rel", sigma, "--out", ema])
-            methods["posthoc_ema"].setdefault(f"sigma_rel {sigma:g}", []).append(
-                study(c, work / f"ema-{sigma:g}-s{seed}.json", ema, [d], c.steps, "--labels", "balanced"))  # fmt: skip
+            study("posthoc_ema", f"sigma_rel {sigma:g}", f"ema-{sigma:g}", ema, [d])
         for step, guide in early:
-            methods["autoguidance_early"].setdefault(f"guide: step {step} of the same run", []).append(
-                study(c, work / f"auto-early{step}-s{seed}.json", final, c.guidance, c.steps, "--labels",
-                      "balanced", "--guide-ckpt", guide))  # fmt: skip
+            label = f"guide: step {step} of the same run"
+            study("autoguidance_early", label, f"auto-early{step}", final, c.guidance, guide=guide)
         if small is not None:
             steps = equal_flops_steps(c.steps, forward_flops(final), forward_flops(small))
-            methods["autoguidance_small"].setdefault(f"guide: {small.parent.parent.name}", []).append(
-                study(c, work / f"auto-small-s{seed}.json", final, c.guidance, steps, "--labels", "balanced",
-                      "--guide-ckpt", small))  # fmt: skip
+            label = f"guide: {small.parent.parent.name}"
+            study("autoguidance_small", label, "auto-small", final, c.guidance, steps=steps, guide=small)
     return {"studies": default, "setting": f"ddim-{c.steps}-g{d:g}-all"}, {k: v for k, v in methods.items() if v}
 
 
@@ -169,14 +164,18 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
     best = {"default": (base_rows, base)}
     out = {"default": {"setting": default["setting"], **scores(base_rows)}, "methods": {}}
     for method, studies in methods.items():
-        candidates = []
+        candidates, found = [], {}
         for label, paths in studies.items():
             rows, judged = load(tuple(str(p) for p in paths), refs, recipes=True)
             for setting in rows:
                 rel = sum(sum(judged[setting][s].scores) / len(paths) / base_mean[s] for s in judges) / len(judges)
-                candidates.append((rel, label, setting, rows[setting], judged[setting]))
-        rel, label, setting, rows, judged = min(candidates, key=lambda x: x[0])
-        best[method] = (rows, judged)
+                cost = rows[setting][0]["sampling_tflop_per_1000"]
+                candidates.append(
+                    dict(study=label, setting=setting, mean_score_relative_to_default=rel, tflop_per_1000=cost)
+                )
+                found[label, setting] = rows[setting], judged[setting]
+        pick = min(candidates, key=lambda x: x["mean_score_relative_to_default"])
+        best[method] = rows, judged = found[pick["study"], pick["setting"]]
         against_rows = {}
         for against in AGAINST.get(method, ("default",)):
             if against in best:
@@ -184,18 +183,10 @@ def aggregate(default: dict, methods: dict, refs: dict) -> dict:
                 against_rows[against] = {"verdict": v.verdict, "reasons": list(v.reasons),
                                          "shares_ahead": {s: float(x) for s, x in v.shares.items()}}  # fmt: skip
         out["methods"][method] = {
-            "best": {"study": label, "setting": setting, "mean_score_relative_to_default": rel},
+            "best": {k: pick[k] for k in ("study", "setting", "mean_score_relative_to_default")},
             **scores(rows),
             "verdicts": against_rows,
-            "candidates": [
-                {
-                    "study": c[1],
-                    "setting": c[2],
-                    "mean_score_relative_to_default": c[0],
-                    "tflop_per_1000": c[3][0]["sampling_tflop_per_1000"],
-                }
-                for c in candidates
-            ],
+            "candidates": candidates,
         }
     return out
 
@@ -214,11 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     Path(c.work).mkdir(parents=True, exist_ok=True)
     default, methods = run_studies(c)
     summary = {
-        "command": "python studies/after_training.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("after_training.py", argv),
         "rule": "docs/evaluation.md: both judges, >= 95% of paired resamples, the training seeds' ranges apart",
         **aggregate(default, methods, sampling_verdicts.references()),
     }
-    atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
+    write_json(c.out, summary)
     for method, row in summary["methods"].items():
         print(f"{method}: best {row['best']['study']} {row['best']['setting']} ({row['tflop_per_1000']:.3g} TFLOP / "
               f"1,000); " + "; ".join(f"vs {k}: {v['verdict']}" for k, v in row["verdicts"].items()))  # fmt: skip

@@ -33,22 +33,15 @@ class Verdict:
     shares: Mapping[str, float] = field(default_factory=dict)  # per judge: the share of resamples A is ahead in
 
 
-def judge_ahead(
-    mine: Sequence[float], theirs: Sequence[float], share: float, min_share: float = MIN_SHARE
-) -> bool:
-    """One judge puts the first set ahead: in ``min_share`` of the paired resamples, and the seed ranges apart."""
-    return share >= min_share and max(mine) < min(theirs)
-
-
-def _ahead(
-    e: Evidence, share: float, mine: Sequence[float], theirs: Sequence[float], min_share: float
+def not_ahead(
+    judge: str, share: float, mine: Sequence[float], theirs: Sequence[float], min_share: float = MIN_SHARE
 ) -> list[str]:
-    """Why this judge does not put the first set ahead (empty if it does)."""
+    """Why ``judge`` does not put the first set ahead by the rule's two tests (empty if it does)."""
     why = []
     if share < min_share:
-        why.append(f"{e.judge}: ahead in {share:.1%} of paired resamples (< {min_share:.0%})")
+        why.append(f"{judge}: ahead in {share:.1%} of paired resamples (< {min_share:.0%})")
     if max(mine) >= min(theirs):
-        why.append(f"{e.judge}: seed ranges overlap ([{min(mine):.4g}, {max(mine):.4g}] against "
+        why.append(f"{judge}: seed ranges overlap ([{min(mine):.4g}, {max(mine):.4g}] against "
                    f"[{min(theirs):.4g}, {max(theirs):.4g}])")  # fmt: skip
     return why
 
@@ -65,12 +58,16 @@ def _verdict(evidence: Sequence[Evidence], min_share: float) -> tuple[str, tuple
     for e in evidence:
         if not e.a_scores or not e.b_scores:
             raise UserError(f"{e.judge}: the rule needs at least one seed's score for each setting.")
-    a_reasons = [r for e in evidence for r in _ahead(e, e.share_a_ahead, e.a_scores, e.b_scores, min_share)]
+    a_reasons = [
+        r for e in evidence for r in not_ahead(e.judge, e.share_a_ahead, e.a_scores, e.b_scores, min_share)
+    ]
     if not a_reasons:
         return ("better", tuple(f"{e.judge}: ahead in {e.share_a_ahead:.1%} of paired resamples, seeds "
                                        f"{max(e.a_scores):.4g} < {min(e.b_scores):.4g}" for e in evidence))  # fmt: skip
     # B's share is 1 - A's: a resample with equal distances counts for B
-    b_reasons = [r for e in evidence for r in _ahead(e, 1 - e.share_a_ahead, e.b_scores, e.a_scores, min_share)]
+    b_reasons = [
+        r for e in evidence for r in not_ahead(e.judge, 1 - e.share_a_ahead, e.b_scores, e.a_scores, min_share)
+    ]
     if not b_reasons:
         return ("worse", tuple(f"{e.judge}: behind in {1 - e.share_a_ahead:.1%} of paired resamples, seeds "
                                       f"{min(e.a_scores):.4g} > {max(e.b_scores):.4g}" for e in evidence))  # fmt: skip

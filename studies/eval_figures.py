@@ -12,7 +12,6 @@ counter, and its seconds per image here with random weights (the cost does not d
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -26,7 +25,7 @@ import torch
 
 from dit.data.digits import digit_split, load_mnist_5k
 from dit.eval.digit_nets import load_digit_classifier
-from dit.eval.evaluator import Evaluator, shard_batches
+from dit.eval.evaluator import Evaluator, extract_features, shard_batches
 from dit.eval.inception import InceptionFeatures
 from dit.eval.metrics import (
     PR_BATCH_SIZE,
@@ -38,10 +37,10 @@ from dit.eval.metrics import (
 )
 from dit.eval.reference import load_reference, save_stats, stats_from_features
 from dit.eval.sources import NpzImages
-from dit.io.atomic import atomic_write
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.face import Face
+from seeded import command, report
 
 MNIST_BATCH = 500
 
@@ -61,24 +60,21 @@ def write_sets(folder: Path) -> dict[str, Path]:
         "noise": (noise, None),
     }
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, (arr_0, arr_1) in sets.items():
-        paths[name] = folder / f"{name}.npz"
-        np.savez(paths[name], *([arr_0] if arr_1 is None else [arr_0, arr_1]))
-    return paths
+    for name, arrays in sets.items():
+        np.savez(folder / f"{name}.npz", *(a for a in arrays if a is not None))
+    return {name: folder / f"{name}.npz" for name in sets}
 
 
 def reference(net, sets: Path, name: str) -> Path:
     images = NpzImages(str(sets / f"{name}.npz"))
-    with torch.no_grad():
-        features = {"pool": torch.cat([net(x)["pool"] for x, _ in shard_batches(images, MNIST_BATCH)])}
+    features, _ = extract_features(net, shard_batches(images, MNIST_BATCH))
     path = sets / f"{name}_ref.npz"
     save_stats(str(path), stats_from_features(features, net.name, images.describe()))
     return path
 
 
-def score(net, samples: Path, ref: Path) -> dict:
-    evaluator = Evaluator(net, load_reference(str(ref)), batch_size=MNIST_BATCH)
+def score(net, samples: Path, ref: Path, **options) -> dict:
+    evaluator = Evaluator(net, load_reference(str(ref)), batch_size=MNIST_BATCH, **options)
     result = evaluator.evaluate(shard_batches(NpzImages(str(samples)), MNIST_BATCH))
     result["command"] = f"python -m dit.eval --samples {samples} --ref {ref} --json"
     return result
@@ -88,10 +84,7 @@ def pr_both(net, samples: Path, ref: Path) -> dict:
     """Precision and recall with float32 distances (ours) and float16 ones (ADM's, --pr-distances float16)."""
     out = {}
     for distances in PR_DISTANCES:
-        evaluator = Evaluator(
-            net, load_reference(str(ref)), metrics=["pr"], batch_size=MNIST_BATCH, pr_distances=distances
-        )
-        result = evaluator.evaluate(shard_batches(NpzImages(str(samples)), MNIST_BATCH))
+        result = score(net, samples, ref, metrics=["pr"], pr_distances=distances)
         out[distances] = {"precision": result["precision"], "recall": result["recall"]}
     out["command"] = f"python -m dit.eval --samples {samples} --ref {ref} --metrics pr --pr-distances float16"
     return _differences(out)
@@ -142,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     net = load_digit_classifier()
     train_ref, rest_ref = reference(net, sets, "train"), reference(net, sets, "train_rest")
     figures = {
-        "command": "python studies/eval_figures.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("eval_figures.py", argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads",
         "reference": f"{train_ref} (4,000 training digits, 400 per class)",
@@ -187,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "adm_fid_50k_what": "50,000 samples + ADM's 10,000 reference images through Inception, P/R in blocks "
         f"of {PR_BATCH_SIZE:,}",
     }
-    atomic_write(args.out, lambda f: f.write((json.dumps(figures, indent=1) + "\n").encode()))
-    print(json.dumps(figures, indent=1))
-    return 0
+    return report(figures, args.out)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,19 @@ fit of score = S_inf + b / n over every slice (a Fréchet distance's finite-samp
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from dit.eval.metrics import fd_interval, frechet_distance, mean_cov
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
 from dit.io.userfiles import read_matrices
 from sampling_verdicts import SCORES, references
+from seeded import command, write_json
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = {s: len(mu) for s, (mu, _) in refs.items()}
     files = [read_matrices(p, "--kept-features", fix, widths) for p in c.kept_features]
     result = {
-        "command": "python studies/sample_count.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("sample_count.py", argv),
         **{s: measure([f[s] for f in files], *refs[s], c.counts) for s in SCORES},
     }
     for s in SCORES:
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"[{r['range'][0]:.4g}, {r['range'][1]:.4g}], interval width {r['mean_interval_width']:.4g}, "
                   f"bias {r['bias']:.4g}")  # fmt: skip
     if c.out:
-        atomic_write_bytes(c.out, (json.dumps(result, indent=1) + "\n").encode())
+        write_json(c.out, result)
     return 0
 
 

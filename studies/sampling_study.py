@@ -21,7 +21,6 @@ against sampling TFLOP per 1,000 images with the Pareto front. Not part of CI: t
 from __future__ import annotations
 
 import io
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from dit.sample.generate import Guidance, Sampler, generate, noise_seed
 from dit.sample.guide import GUIDE_INPUTS, GUIDE_PREFIX, GuideSection, load_guide
 from dit.sample.labels import LABEL_MODES, resumed_mode, set_labels
 from dit.sample.loading import load_sampling_model
+from seeded import command, write_json
 
 # every fixed-step sampler (dopri5 has no NFE knob)
 SPECS = ("ddpm", "ddim", "dpmpp-2m", "dpmpp-2m-sde", "unipc", "deis", "euler", "heun", "ode-euler", "ode-heun",
@@ -96,19 +96,13 @@ FACE = Face(
 )
 
 
-def edm2_interval(sm) -> tuple[float, float]:
-    """The times (in --guidance-interval's units) where this model's noise-to-signal ratio is in EDM2's band."""
-    lo, hi = EDM2_SIGMAS
-    times, ratio = sm.objective.noise_to_signal()
-    inside = times[(ratio >= lo) & (ratio <= hi)]
-    return float(inside.min()), float(inside.max())
-
-
 def parse_interval(text: str, sm) -> tuple[float, float] | None:
     if text == "all":
         return None
-    if text == "edm2":
-        return edm2_interval(sm)
+    if text == "edm2":  # the times (--guidance-interval's units) of EDM2's band of noise-to-signal ratios
+        times, ratio = sm.objective.noise_to_signal()
+        band = times[(ratio >= EDM2_SIGMAS[0]) & (ratio <= EDM2_SIGMAS[1])]
+        return float(band.min()), float(band.max())
     try:
         values = [float(v) for v in text.split(":")]
     except ValueError:
@@ -127,11 +121,10 @@ def steps_for(spec: str, nfe: int) -> int | None:
     best = None
     for steps in range(1, nfe + 1):
         try:
-            planned = sampling_plan(kind, steps, method=method).nfe
+            if sampling_plan(kind, steps, method=method).nfe <= nfe:
+                best = steps
         except UserError:  # too few steps for this sampler
-            continue
-        if planned <= nfe:
-            best = steps
+            pass
     return best
 
 
@@ -153,11 +146,11 @@ def settings(c: StudyConfig, sm) -> list[dict]:
                 for name, interval in intervals.items() if scale > 1 else [("all", None)]:
                     out.append({"sampler": spec, "nfe_target": nfe, "steps": steps, "guidance_scale": scale,
                                 "interval": name, "interval_times": None if interval is None else list(interval)})  # fmt: skip
-    return list({key(s): s for s in out}.values())  # duplicates: two NFE targets that round to the same steps
+    return list({setting_name(s): s for s in out}.values())  # two NFE targets can round to the same steps
 
 
-def key(row: dict) -> tuple:
-    return row["sampler"], row["steps"], row["guidance_scale"], row["interval"]
+def setting_name(row: dict) -> str:
+    return "{sampler}-{steps}-g{guidance_scale:g}-{interval}".format(**row)
 
 
 def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precision, mode: str, guide=None) -> dict:
@@ -180,7 +173,7 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
 
     result = evaluator.evaluate(batches(), keep_features=True)
     np.savez(buffer := io.BytesIO(), **result["features"])
-    atomic_write_bytes(features_path(c, setting), buffer.getvalue())
+    atomic_write_bytes(features_path(c.out, setting), buffer.getvalue())
     model_flops, _ = flops_per_image(sm, sampler.mean_guided_nfe, sampler.mean_unguided_nfe, guidance)
     return {
         **setting,
@@ -194,32 +187,30 @@ def run_setting(c: StudyConfig, sm, evaluator: Evaluator, setting: dict, precisi
     }
 
 
-def features_path(c: StudyConfig, setting: dict) -> Path:
-    """Where a setting's sample features are kept: one .npz per setting, a score's features under its key."""
-    name = "{sampler}-{steps}-g{guidance_scale:g}-{interval}.npz".format(**setting).replace(":", "_")
-    fix = "a study's rows are settings studies/sampling_study.py ran; pass another --out"
-    return inside(Path(c.out).with_suffix(".features"), name, c.out, "setting", fix, one_name=True)
+def features_path(out: str, row: dict) -> Path:
+    """Where the study ``out`` keeps a setting's sample features: one .npz per setting, a score's under its key."""
+    file = f"{setting_name(row).replace(':', '_')}.npz"
+    fix = "a study's rows are settings studies/sampling_study.py ran: pass a study it wrote"
+    return inside(Path(out).with_suffix(".features"), file, out, "row", fix, one_name=True)
 
 
-def read_study(path: Path) -> dict | None:
-    """A study's JSON (None before its first row); one recorded before the label modes drew random labels."""
-    if not path.is_file():
-        return None
-    data = read_json(path, "study", "pass another --out, or remove that file")
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise UserError(f"{path} is not a sampling study: pass another --out, or remove that file.")
-    return {"labels": "random", **data}
+NUMBER = (int, float)
+STUDY_KEYS = {"ckpt_sha256": str, "num_samples": int, "seed": int, "feature_networks": list, "rows": list}
+ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": str, "fid": NUMBER,
+            "fd_judge": NUMBER, "intervals": dict, "sampling_tflop_per_1000": NUMBER}  # fmt: skip
 
 
-def load_rows(path: Path, data: dict | None, header: dict) -> list[dict]:
-    if data is None:
-        return []
-    if {k: data.get(k) for k in header} != header:
-        raise UserError(
-            f"{path} holds a study of other settings ({', '.join(f'{k} {data.get(k)}' for k in header)}): pass "
-            "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
-        )
-    return data["rows"]
+def read_study(path: str) -> dict:
+    """A study's JSON, checked to be one that studies/sampling_study.py wrote, down to the fields of its rows."""
+    fix = "pass a JSON that studies/sampling_study.py wrote"
+    data = read_json(path, "study", fix)
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
+        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
+    for i, row in enumerate(data["rows"]):
+        bad = [k for k, kind in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
+        if bad:
+            raise UserError(f"{path}: row {i} lacks or mistypes {', '.join(bad)}: {fix}.")
+    return data
 
 
 def interval(row: dict, score: str) -> str:
@@ -245,9 +236,7 @@ def plot_sampling_front(path: str, rows: list[dict], title: str | None = None) -
         ax.scatter([r["sampling_tflop_per_1000"] for r in mine], [r["fid"] for r in mine], s=18, label=sampler)
     front = pareto_front([(r["sampling_tflop_per_1000"], r["fid"]) for r in rows])
     ax.plot(*zip(*front), color="black", lw=1, drawstyle="steps-post", label="Pareto front")
-    network = rows[0].get("feature_network", "")
-    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)",
-           ylabel=f"FID ({network})" if network else "FID")  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="sampling TFLOP per 1,000 images (DiT, as run)", ylabel="FID")
     ax.set_title(title or "Quality against sampling compute")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
@@ -264,34 +253,37 @@ def main(argv: list[str] | None = None) -> int:
         net = load_digit_classifier()
         reference = digits_reference(net)  # on the CPU, as the quick start's
         judges = judges_for(net.name, device=runtime.device)
-        study = read_study(out)
-        mode = resumed_mode(c.labels, study and study["labels"], out, "another --out")
+        study = read_study(out) if out.is_file() else None
+        # a study recorded before the label modes drew random labels
+        mode = resumed_mode(c.labels, study and study.get("labels", "random"), out, "another --out")
         header = {"ckpt_sha256": sha256_file(c.ckpt), "num_samples": c.num_samples, "seed": c.seed,
                   "precision": c.precision, "feature_networks": [net.name, *(j.net.name for j in judges)],
                   "labels": mode}  # fmt: skip
         # None without a guide, as a study recorded before guides has, so that it still matches
         header["guide"] = g.ckpt and {"ckpt_sha256": sha256_file(g.ckpt), "weights": "ema" if g.ema else "model"}
-        rows = load_rows(out, study, header)
-        rows = [r for r in rows if features_path(c, r).is_file()]  # a row without its features runs again
-        done = {key(r) for r in rows}
-        todo = [s for s in settings(c, sm) if key(s) not in done]
+        if study and {k: study.get(k) for k in header} != header:
+            raise UserError(
+                f"{out} holds a study of other settings ({', '.join(f'{k} {study.get(k)}' for k in header)}): pass "
+                "another --out, or the same --ckpt, --guide-ckpt, --num-samples, --seed, --precision and judges."
+            )
+        # a row without its features runs again
+        rows = [r for r in (study or {"rows": []})["rows"] if features_path(c.out, r).is_file()]
+        done = {setting_name(r) for r in rows}
+        todo = [s for s in settings(c, sm) if setting_name(s) not in done]
         print(f"{len(done)} settings done, {len(todo)} to run", file=sys.stderr)
         evaluator = Evaluator(
             net.to(runtime.device), reference, batch_size=c.batch_size, runtime=runtime, judges=judges
         )
         evaluator.check_count(c.num_samples)
+        record = {"command": command("sampling_study.py", argv), "ckpt": c.ckpt, **header}
         for setting in todo:
-            rows.append(run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
-            r = rows[-1]
+            rows.append(r := run_setting(c, sm, evaluator, setting, runtime.precision, mode, guide))
             print(f"{r['sampler']} {r['steps']} steps ({r['nfe']:g} NFE, {r['guided_nfe']:g} guided), guidance "
                   f"{r['guidance_scale']:g} {r['interval']}, {mode} labels: FID {r['fid']:.1f} {interval(r, 'fid')}, judge FD "
                   f"{r['fd_judge']:.4g} {interval(r, 'fd_judge')}, accuracy {r['class_accuracy']:.1%}, "
                   f"{r['sampling_tflop_per_1000']:.3g} TFLOP / 1,000 images, {r['sampling_seconds']:.1f} s",
                   file=sys.stderr)  # fmt: skip
-            summary = {"command": "python studies/sampling_study.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                       "ckpt": c.ckpt, **header, "rows": rows}  # fmt: skip
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(out, (json.dumps(summary, indent=1) + "\n").encode())
+            write_json(out, {**record, "rows": rows})
     if rows:
         plot = c.plot or str(out.with_suffix(".png"))
         plot_sampling_front(plot, rows, f"Digit FID against sampling FLOPs: {Path(c.ckpt).name}")

@@ -18,22 +18,21 @@ With ``--against``, ``--studies`` are one recipe's studies (one per training see
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from compare import Judged, better, judge_ahead
+from compare import Judged, better, not_ahead
 from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, load_digit_classifier
 from dit.eval.reference import digits_reference, load_reference
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
-from dit.io.userfiles import inside, read_json, read_matrices
+from dit.io.userfiles import read_matrices
+from sampling_study import features_path, read_study, setting_name
+from seeded import command, write_json
 
 SCORES = ("fid", "fd_judge")
 FEATURES_FIX = (
@@ -63,34 +62,11 @@ FACE = Face(
 )
 
 
-def name(row: dict) -> str:
-    return "{sampler}-{steps}-g{guidance_scale:g}-{interval}".format(**row)
-
-
 def references() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each judge's statistics of the 4,000 training digits, as the study scored against them."""
     classifier = digits_reference(load_digit_classifier())
     judge = load_reference(str(DIGIT_JUDGE_REFERENCE))
     return {"fid": (classifier.mu, classifier.sigma), "fd_judge": (judge.mu, judge.sigma)}
-
-
-NUMBER = (int, float)
-STUDY_KEYS = {"ckpt_sha256": str, "num_samples": int, "seed": int, "feature_networks": list, "rows": list}
-ROW_KEYS = {"sampler": str, "steps": int, "guidance_scale": NUMBER, "interval": str, "fid": NUMBER,
-            "fd_judge": NUMBER, "intervals": dict, "sampling_tflop_per_1000": NUMBER}  # fmt: skip
-
-
-def read_study(path: str) -> dict:
-    """A study's JSON, checked to be one that studies/sampling_study.py wrote, down to the fields of its rows."""
-    fix = "pass the --out of studies/sampling_study.py"
-    data = read_json(path, "study", fix)
-    if not isinstance(data, dict) or any(not isinstance(data.get(k), kind) for k, kind in STUDY_KEYS.items()):
-        raise UserError(f"{path} is not a sampling study (it lacks {', '.join(STUDY_KEYS)}): {fix}.")
-    for i, row in enumerate(data["rows"]):
-        bad = [k for k, kind in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), kind)]
-        if bad:
-            raise UserError(f"{path}: row {i} lacks or mistypes {', '.join(bad)}: {fix}.")
-    return data
 
 
 def load(
@@ -111,15 +87,13 @@ def load(
         )
     if len({d["ckpt_sha256" if recipes else "seed"] for d in data}) != len(data):
         raise UserError("two studies of one seed: give one study per seed.")
-    per = [{name(r): r for r in d["rows"]} for d in data]
+    per = [{setting_name(r): r for r in d["rows"]} for d in data]
     widths = {s: len(mu) for s, (mu, _) in refs.items()}
     common = [k for k in per[0] if all(k in p for p in per)]
     rows, judged = {}, {}
     for k in common:
         rows[k] = [p[k] for p in per]
-        fix = "a study's rows are settings studies/sampling_study.py ran; pass its --out"
-        paths = [inside(Path(s).with_suffix(".features"), f"{k.replace(':', '_')}.npz", s, "row", fix, True)
-                 for s in studies]  # fmt: skip
+        paths = [features_path(s, r) for s, r in zip(studies, rows[k])]
         files = [
             read_matrices(p, "kept features", FEATURES_FIX, widths, d["num_samples"]) for p, d in zip(paths, data)
         ]
@@ -127,7 +101,7 @@ def load(
     return rows, judged
 
 
-def recipes(c: VerdictsConfig) -> int:
+def recipes(c: VerdictsConfig, argv: list[str] | None) -> int:
     """Each setting both recipes ran: A (--studies) against B (--against), by the rule."""
     if len(c.against) != len(c.studies):
         raise UserError("--against needs as many studies (training seeds) as --studies.")
@@ -142,15 +116,14 @@ def recipes(c: VerdictsConfig) -> int:
               f"FID A {a[k]['fid'].scores} B {b[k]['fid'].scores}; judge A {a[k]['fd_judge'].scores} B "
               f"{b[k]['fd_judge'].scores})")  # fmt: skip
     if c.out:
-        command = "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:])
-        atomic_write_bytes(c.out, (json.dumps({"command": command, "rows": out}, indent=1) + "\n").encode())
+        write_json(c.out, {"command": command("sampling_verdicts.py", argv), "rows": out})
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     c = FACE.parse(argv).sections["verdicts"]
     if c.against:
-        return recipes(c)
+        return recipes(c, argv)
     refs = references()
     rows, judged = load(c.studies, refs)
     if c.baseline not in rows:
@@ -167,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             v = better(judged[k], base, refs)
             row.update(verdict=v.verdict, reasons=list(v.reasons),
                        shares_ahead={s: float(share) for s, share in v.shares.items()},
-                       matches=not any(judge_ahead(base[s].scores, judged[k][s].scores, 1 - v.shares[s])
+                       matches=all(not_ahead(s, 1 - v.shares[s], base[s].scores, judged[k][s].scores)
                                        for s in SCORES))  # fmt: skip
         table.append(row)
     matching = [r for r in table if r.get("matches")]
     summary = {
-        "command": "python studies/sampling_verdicts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("sampling_verdicts.py", argv),
         "baseline": c.baseline,
         "cheapest_match": matching[0]["setting"] if matching else None,
         "rows": table,
@@ -191,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"cheapest setting that matches {c.baseline}: {summary['cheapest_match']}", file=sys.stderr)
     if c.out:
-        atomic_write_bytes(c.out, (json.dumps(summary, indent=1) + "\n").encode())
+        write_json(c.out, summary)
     return 0
 
 

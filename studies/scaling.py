@@ -18,15 +18,16 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from dit.cost.analytic import training_flops_per_image
+from dit.cost.analytic import repa_flops, training_flops_per_image
 from dit.cost.plots import plot_quality
 from dit.cost.quality import compute_to_target, pflops_of, read_run
 from dit.data.digits import DigitDataset
+from dit.data.encoder import encoder_shape, resolve_input_size, upstream_flops
 from dit.eval.digit_nets import load_digit_classifier
 from dit.eval.reference import digits_reference, save_stats
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
@@ -36,6 +37,7 @@ from dit.objectives.samplers import sampling_plan
 from dit.runtime.stop import EXIT_CODES
 from dit.train import train
 from dit.train.recipes import PRESETS, digits_train_config
+from seeded import command, report, write_json
 
 # (name, depth, hidden size, heads): the quick start's model in the middle (docs/evaluation.md, "Scaling").
 SIZES = (("S", 4, 96, 3), ("M", 6, 128, 4), ("L", 8, 192, 6))
@@ -77,9 +79,6 @@ def flops_per_step(cfg, batch: int) -> tuple[float, float]:
     dit = training_flops_per_image(model).model * batch
     if not cfg.repa_encoder.encoder:
         return dit, 0.0, 0.0
-    from dit.cost.analytic import repa_flops
-    from dit.data.encoder import encoder_shape, resolve_input_size, upstream_flops
-
     name = cfg.repa_encoder.encoder
     size = resolve_input_size(name, cfg.repa_encoder.input_size, round(model.tokens**0.5))
     aux = repa_flops(encoder_shape(name, size), model, cfg.repa.projector_dim).per_step_image(False) * batch
@@ -182,17 +181,12 @@ def run_one(c: ScalingConfig, size: tuple, objective: str, seed: int, ref: str, 
 
 def study_options(c: ScalingConfig, objective: str, seed: int, steps: int, every: int) -> dict:
     """The options every run of the study shares, whatever its recipe (a recipe sets none of them)."""
-    return dict(
+    options = dict(
         eval_guidance_scale=c.eval_guidance_scale, seed=seed, precision=c.precision, progress=False,
         ckpt_every=every, keep_last=1, log_every=max(1, steps // 50), resume="auto",
         objective=objective, eval_sampler=OBJECTIVES[objective].fast_sampler, eval_guidance_interval=None,
-        **after_training_options(c, every),
     )  # fmt: skip
-
-
-def after_training_options(c: ScalingConfig, every: int) -> dict:
-    """Post-hoc EMA profiles and kept checkpoints, set only when asked (a run without them records none)."""
-    options = {}
+    # post-hoc EMA profiles and kept checkpoints only when asked (a run without them records none)
     if c.ema_profiles:
         options.update(ema_profiles=c.ema_profiles, ema_snapshot_every=c.ema_snapshot_every)
     if c.keep_evals:
@@ -205,6 +199,10 @@ def run_name(size: str, objective: str, seed: int, recipe: str = "baseline") -> 
     return f"{size}-{objective}-s{seed}" if recipe == "baseline" else f"{size}-{objective}-{recipe}-s{seed}"
 
 
+# the digit FID and the digit judge's FD (docs/evaluation.md: the rule), and where a run keeps its FLOPs to their targets
+JUDGES = {"fid": "to_target", "fd_judge": "to_judge_target"}
+
+
 def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
     """Per recipe, over its seeds: the FLOPs to each target (None: a seed never got there) and the scores at the
     budget, with their ranges."""
@@ -213,16 +211,12 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
         mine = [r for r in runs.values() if r["recipe"] == recipe]
         final = [r["evaluations"][-1]["fid"] for r in mine]
         row = {"seeds": len(mine), "fid_at_budget": final, "fid_at_budget_range": [min(final), max(final)]}
-        for t in targets:
-            reached = [r["to_target"][str(t)] for r in mine]
-            flops = [reached_pflops(x) for x in reached if x["reached"]]
-            row[f"pflops_to_fid_{t:g}"] = flops if len(flops) == len(mine) else None
-            row[f"pflops_to_fid_{t:g}_range"] = [min(flops), max(flops)] if row[f"pflops_to_fid_{t:g}"] else None
-        for t in judge_targets:
-            reached = [r["to_judge_target"][str(t)] for r in mine]
-            flops = [reached_pflops(x) for x in reached if x["reached"]]
-            row[f"pflops_to_fd_judge_{t:g}"] = flops if len(flops) == len(mine) else None
-            row[f"pflops_to_fd_judge_{t:g}_range"] = [min(flops), max(flops)] if len(flops) == len(mine) else None
+        for (judge, key), wanted in zip(JUDGES.items(), (targets, judge_targets)):
+            for t in wanted:
+                flops = [reached_pflops(r[key][str(t)]) for r in mine if r[key][str(t)]["reached"]]
+                every = len(flops) == len(mine)
+                row[f"pflops_to_{judge}_{t:g}"] = flops if every else None
+                row[f"pflops_to_{judge}_{t:g}_range"] = [min(flops), max(flops)] if every else None
         final = [r["evaluations"][-1].get("fd_judge") for r in mine]
         row["fd_judge_at_budget"] = final
         out[recipe] = row
@@ -232,9 +226,6 @@ def recipe_summary(runs: dict, targets, judge_targets=()) -> dict:
 def reached_pflops(result: dict) -> float:
     """The PFLOPs at which a ``compute_to_target`` result reached its target, whichever FLOPs it counted."""
     return result.get("total_pflops", result.get("total_model_pflops"))
-
-
-JUDGES = ("fid", "fd_judge")  # the digit FID and the digit judge's FD (docs/evaluation.md: the rule)
 
 
 def recipe_verdict(runs: dict, against: str, count: str, targets=(), judge_targets=()) -> dict:
@@ -298,9 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     save_stats(ref, digits_reference(load_digit_classifier()))
     runs, labels, recipe_of = {}, [], {}
     count = "model" if c.recipes == ("baseline",) else "total"
-    for size in SIZES:
-        if size[0] not in c.sizes:
-            continue
+    for size in (s for s in SIZES if s[0] in c.sizes):
         for objective in c.objectives:
             for spec in c.recipes:
                 recipe, _, n = spec.partition(":")
@@ -314,11 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"DiT {size[0]} (depth {size[1]}, hidden {size[2]}) {objective}{what}, seed {seed}"
                     )
                     print(f"{key}: done ({runs[key][0]})", file=sys.stderr)
-    summary = {
-        "command": "python studies/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "flops_counted": count,
-        "runs": {},
-    }
+    summary = {"command": command("scaling.py", argv), "flops_counted": count, "runs": {}}
     for name, (folder, steps) in runs.items():
         train_rows, evals = read_run(str(folder), steps)  # a run trained past this budget is read up to it
         keys = ("step", "total_model_pflops", "total_aux_pflops", "upstream_pflops", "fid", "fd_judge", "intervals",
@@ -337,16 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             ],
             "mean_mfu": sum(r["mfu"] for r in train_rows if not r["in_warmup"])
             / max(1, sum(not r["in_warmup"] for r in train_rows)),
-            "to_target": {
-                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count) for t in c.targets
-            },
-            "to_judge_target": {
-                str(t): compute_to_target(str(folder), t, up_to_step=steps, count=count, score="fd_judge")
-                for t in c.judge_targets
-            },
         }
-        for targets in ("to_target", "to_judge_target"):
-            for r in summary["runs"][name][targets].values():
+        to = partial(compute_to_target, str(folder), up_to_step=steps, count=count)
+        for (score, key), targets in zip(JUDGES.items(), (c.targets, c.judge_targets)):
+            summary["runs"][name][key] = {str(t): to(t, score=score) for t in targets}
+            for r in summary["runs"][name][key].values():
                 r.pop("evaluations")
     if len(set(recipe_of.values())) > 1:
         summary["recipes"] = recipe_summary(summary["runs"], c.targets, c.judge_targets)
@@ -360,14 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                      count=count, groups=groups)  # fmt: skip
     if c.verdict:
         verdict = recipe_verdict(summary["runs"], c.against, count, c.targets, c.judge_targets)
-        atomic_write_bytes(
-            c.verdict, (json.dumps({"command": summary["command"], **verdict}, indent=1) + "\n").encode()
-        )
-    text = json.dumps(summary, indent=1)
-    if c.out:
-        atomic_write_bytes(c.out, (text + "\n").encode())
-    print(text)
-    return 0
+        write_json(c.verdict, {"command": summary["command"], **verdict})
+    return report(summary, c.out)
 
 
 if __name__ == "__main__":

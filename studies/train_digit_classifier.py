@@ -10,23 +10,18 @@ MNIST-5k (``dit.data.digits.digit_split``) with shifts of up to 2 pixels for 30 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save
 
-from dit.data.digits import digit_split, load_mnist_5k
-from dit.data.store import sha256_file
-from dit.eval.digit_nets import DIGIT_WEIGHTS, DigitClassifier, digits_to_input
-from dit.io.atomic import atomic_write, atomic_write_bytes
+from dit.eval.digit_nets import DIGIT_WEIGHTS, DigitClassifier
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.face import Face
-from seeded import seeded_script
+from seeded import command, digits, report, save_weights, seeded_script, train_epochs
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator, max_shift: int = 2) -> torch.Tensor:
@@ -63,51 +58,31 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(DIGIT_WEIGHTS)
 
     generator = seeded_script(args.seed)
-
-    images, labels = load_mnist_5k()
-    train, held_out = digit_split(labels)
-    to_x = lambda idx: digits_to_input(torch.from_numpy(images[idx]).unsqueeze(1))  # noqa: E731
-    x_train, y_train = to_x(train), torch.from_numpy(labels[train])
-    x_held, y_held = to_x(held_out), torch.from_numpy(labels[held_out])
+    x_train, y_train, x_held, y_held = digits()
 
     model = DigitClassifier()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    steps = args.epochs * -(-len(train) // args.batch_size)
+    steps = args.epochs * -(-len(x_train) // args.batch_size)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    loss_of = lambda batch: F.cross_entropy(model(shifted(x_train[batch], generator)), y_train[batch])  # noqa: E731
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        model.train()
-        order = torch.randperm(len(train), generator=generator)
-        for batch in order.split(args.batch_size):
-            loss = F.cross_entropy(model(shifted(x_train[batch], generator)), y_train[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-        model.eval()
-        print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.4f}, held-out accuracy "
+    for epoch, loss, _ in train_epochs(model, optimizer, schedule, loss_of, len(x_train), args, generator):
+        print(f"epoch {epoch}/{args.epochs}: loss {loss:.4f}, held-out accuracy "
               f"{accuracy(model, x_held, y_held):.2%}", file=sys.stderr)  # fmt: skip
     seconds = time.perf_counter() - start
 
-    model.eval()
     result = {
-        "command": "python studies/train_digit_classifier.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "train_images": len(train),
-        "held_out_images": len(held_out),
+        "command": command("train_digit_classifier.py", argv),
+        "train_images": len(x_train),
+        "held_out_images": len(x_held),
         "train_accuracy": accuracy(model, x_train, y_train),
         "held_out_accuracy": accuracy(model, x_held, y_held),
         "parameters": sum(t.numel() for t in model.parameters()),
         "epochs": args.epochs,
         "seconds": round(seconds, 1),
     }
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(out, save(state))
-    result["sha256"] = sha256_file(out)
-    if args.report:
-        atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
-    print(json.dumps(result, indent=1))
-    return 0
+    result["sha256"] = save_weights(model, out)
+    return report(result, args.report)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the held-out digits (the only use of labels, to show the features carry the digi
 from __future__ import annotations
 
 import copy
-import json
 import math
 import sys
 import time
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save
 from timm.layers import Mlp
 from timm.models.vision_transformer import Block
 from torch import nn
@@ -31,15 +29,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dit.cost.analytic import vit_forward_macs
 from dit.cost.measured import CPU_SDPA_FORMULAS
-from dit.data.digits import digit_split, load_mnist_5k
 from dit.data.encoder import LOCAL_ENCODERS, create_encoder_model, vit_shape
-from dit.data.store import sha256_file
-from dit.io.atomic import atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.face import Face
 from dit.model.layers import sincos_2d
-from seeded import seeded_script
+from seeded import command, digits, report, save_weights, seeded_script, train_epochs
 
 NAME = "digits-mae"
 
@@ -106,10 +101,9 @@ def pooled_features(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def probe_accuracy(train_x, train_y, test_x, test_y, ridge: float = 1e-2) -> float:
     """A closed-form ridge regression onto one-hot labels: how linearly the features separate the digits."""
     mean, std = train_x.mean(0), train_x.std(0) + 1e-6
-    a = torch.cat([(train_x - mean) / std, torch.ones(len(train_x), 1)], 1).double()
+    a, test = (torch.cat([(x - mean) / std, torch.ones(len(x), 1)], 1).double() for x in (train_x, test_x))
     b = F.one_hot(train_y, 10).double()
     w = torch.linalg.solve(a.T @ a + ridge * len(a) * torch.eye(a.shape[1], dtype=a.dtype), a.T @ b)
-    test = torch.cat([(test_x - mean) / std, torch.ones(len(test_x), 1)], 1).double()
     return ((test @ w).argmax(1) == test_y).double().mean().item()
 
 
@@ -134,11 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(local.weights)
 
     generator = seeded_script(args.seed)
-
-    images, labels = load_mnist_5k()
-    train, held_out = digit_split(labels)
-    x = torch.from_numpy(images).float().div(127.5).sub(1).unsqueeze(1)  # [-1, 1]: mean 0.5, std 0.5 of [0, 1]
-    x_train, x_held = x[train], x[held_out]
+    x_train, y_train, x_held, y_held = digits()  # [-1, 1]: mean 0.5, std 0.5 of [0, 1]
 
     encoder = create_encoder_model(NAME)
     mae = MaskedAutoencoder(encoder)
@@ -148,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = [q for n, q in mae.named_parameters() if not (q.ndim > 1 and "pos_embed" not in n and "token" not in n)]
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
-    per_epoch = math.ceil(len(train) / args.batch_size)
+    per_epoch = math.ceil(len(x_train) / args.batch_size)
     steps = args.epochs * per_epoch
     warmup = min(2 * per_epoch, max(1, steps // 10))
 
@@ -168,37 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_image = counter.get_total_flops()
     del probe
 
+    loss_of = lambda batch: mae(x_train[batch], random_keep(len(batch), tokens, keep, generator))  # noqa: E731
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        mae.train()
-        order = torch.randperm(len(train), generator=generator)
-        total = 0.0
-        for batch in order.split(args.batch_size):
-            loss = mae(x_train[batch], random_keep(len(batch), tokens, keep, generator))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item() * len(batch)
-        print(f"epoch {epoch + 1}/{args.epochs}: loss {total / len(train):.4f}", file=sys.stderr)
+    for epoch, _, mean_loss in train_epochs(mae, optimizer, schedule, loss_of, len(x_train), args, generator):
+        print(f"epoch {epoch}/{args.epochs}: loss {mean_loss:.4f}", file=sys.stderr)
     seconds = time.perf_counter() - start
 
-    encoder.eval()
     shape = vit_shape(encoder)
-    y_train, y_held = torch.from_numpy(labels[train]), torch.from_numpy(labels[held_out])
     probe_mae = probe_accuracy(
         pooled_features(encoder, x_train), y_train, pooled_features(encoder, x_held), y_held
     )
     probe_pixels = probe_accuracy(x_train.flatten(1), y_train, x_held.flatten(1), y_held)
-    state = {k: v.contiguous() for k, v in encoder.state_dict().items()}
-    atomic_write_bytes(out, save(state))
+    sha256 = save_weights(encoder, out)
     result = {
-        "command": "python studies/train_digit_encoder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("train_digit_encoder.py", argv),
         "encoder": NAME,
         "architecture": local.architecture,
         "kwargs": local.kwargs,
         "objective": f"masked autoencoding, {args.mask_ratio:.0%} of {tokens} patches hidden, per-patch normalised pixels",
-        "train_images": len(train),
+        "train_images": len(x_train),
         "labels_used": "none in training; the held-out linear probe only",
         "parameters": sum(t.numel() for t in encoder.parameters()),
         "decoder_parameters_discarded": sum(t.numel() for t in mae.parameters())
@@ -207,20 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "lr": args.lr,
         "seed": args.seed,
-        "final_loss": total / len(train),
+        "final_loss": mean_loss,
         "seconds": round(seconds, 1),
         "threads": 1,
         "train_flops_per_image": flops_per_image,
-        "train_flops": flops_per_image * len(train) * args.epochs,
+        "train_flops": flops_per_image * len(x_train) * args.epochs,
         "encoder_forward_flops_per_image": 2 * vit_forward_macs(shape),
         "linear_probe_held_out_accuracy": probe_mae,
         "linear_probe_pixels_held_out_accuracy": probe_pixels,
-        "sha256": sha256_file(out),
+        "sha256": sha256,
     }
-    report = local.report if args.out is None else out.removesuffix(".safetensors") + ".json"
-    atomic_write_bytes(report, (json.dumps(result, indent=1) + "\n").encode())
-    print(json.dumps(result, indent=1))
-    return 0
+    return report(result, local.report if args.out is None else out.removesuffix(".safetensors") + ".json")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ figure of the report: the 1-nearest-neighbour accuracy of the 4,000 training dig
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -20,25 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit.data.digits import digit_split, load_mnist_5k
-from dit.data.store import sha256_file
-from dit.eval.digit_nets import (
-    DIGIT_JUDGE_REFERENCE,
-    DIGIT_JUDGE_WEIGHTS,
-    DigitJudge,
-    digits_to_input,
-    load_digit_judge,
-)
+from dit.eval.digit_nets import DIGIT_JUDGE_REFERENCE, DIGIT_JUDGE_WEIGHTS, DigitJudge, load_digit_judge
 from dit.eval.metrics import frechet_distance, mean_cov
 from dit.eval.reference import digits_reference, save_stats
-from dit.io.atomic import atomic_write, atomic_write_bytes
 from dit.io.cli import run_cli
 from dit.io.config import Section, option
 from dit.io.face import Face
-from seeded import seeded_script
+from seeded import command, digits, report, save_weights, seeded_script
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -98,11 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or str(DIGIT_JUDGE_WEIGHTS)
 
     generator = seeded_script(args.seed)
-
-    images, labels = load_mnist_5k()
-    train, held_out = digit_split(labels)
-    to_x = lambda idx: digits_to_input(torch.from_numpy(images[idx]).unsqueeze(1))  # noqa: E731
-    x_held, x_train = to_x(held_out), to_x(train)
+    x_train, y_train, x_held, y_held = digits()
 
     model = DigitJudge()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -126,36 +111,31 @@ def main(argv: list[str] | None = None) -> int:
 
     model.eval()
     f_held, f_train = embed(model, x_held), embed(model, x_train)
-    nearest = torch.cdist(f_train, f_held).argmin(dim=1).numpy()
+    nearest = torch.cdist(f_train, f_held).argmin(dim=1)
     noise = torch.randn(1000, 1, 28, 28, generator=generator).mul(0.5).clamp(-1, 1)
     ref = mean_cov(f_train.double().numpy())
     result = {
-        "command": "python studies/train_digit_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("train_digit_judge.py", argv),
         "seed": args.seed,
         "steps": args.steps,
         "batch_size": args.batch_size,
         "temperature": args.temperature,
-        "train_images": len(held_out),
+        "train_images": len(x_held),
         "labels_used_for_training": False,
         "final_loss": float(np.mean(losses[-50:])),
         "first_loss": losses[0],
         "parameters": sum(t.numel() for t in model.parameters()),
         "train_flops": flops,
         "seconds": round(seconds, 1),
-        "knn1_accuracy_train_vs_held_out": float((labels[held_out][nearest] == labels[train]).mean()),
+        "knn1_accuracy_train_vs_held_out": (y_held[nearest] == y_train).double().mean().item(),
         "fd_held_out_vs_train": frechet_distance(*mean_cov(f_held.double().numpy()), *ref).value,
         "fd_noise_vs_train": frechet_distance(*mean_cov(embed(model, noise).double().numpy()), *ref).value,
     }
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(out, save(state))
-    result["sha256"] = sha256_file(out)
+    result["sha256"] = save_weights(model, out)
     reference = digits_reference(load_digit_judge(out))  # the saved weights, named as evaluations name them
     reference.features = None  # mu and sigma are all a judge needs
     save_stats(args.reference_out or str(DIGIT_JUDGE_REFERENCE), reference)
-    if args.report:
-        atomic_write(args.report, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
-    print(json.dumps(result, indent=1))
-    return 0
+    return report(result, args.report)
 
 
 if __name__ == "__main__":

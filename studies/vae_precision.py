@@ -13,27 +13,19 @@ import time
 
 import torch
 
+from dit.cost.vae_facts import SD_VAE_CONFIG
 from dit.data.vae import encode_moments
 from dit.runtime.precision import Precision
 
-
-def _vae(sd_shape: bool):
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    if sd_shape:  # stabilityai/sd-vae-ft-ema's config: 83.7M parameters, 273 GFLOP a 256 px encode
-        return AutoencoderKL(
-            block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
-            up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=2, latent_channels=4, sample_size=256,
-        ).eval()  # fmt: skip
-    return AutoencoderKL(
-        block_out_channels=[4, 4, 4, 4], down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=1, norm_num_groups=2, latent_channels=4,
-    ).eval()  # fmt: skip
+# the SD VAE's layout, 4 channels wide (stabilityai/sd-vae-ft-ema's: 83.7M parameters, 273 GFLOP a 256 px encode)
+TINY = {"block_out_channels": [4] * 4, "layers_per_block": 1, "norm_num_groups": 2}
 
 
 def measure(sd_shape: bool, batch: int, size: int, repeats: int) -> dict:
-    vae = _vae(sd_shape)
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(**{**SD_VAE_CONFIG, **({"sample_size": 256} if sd_shape else TINY)}).eval()
     images = torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1
     row = {"vae": "sd-shaped random" if sd_shape else "tiny random", "batch": batch, "image_size": size}
     means = {}
