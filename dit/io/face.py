@@ -176,7 +176,7 @@ class Face:
         """The sections as plain data, nested by section with flat option names (what config.yaml and every
         checkpoint keep; tuples as lists, for YAML and JSON)."""
         return {
-            attr: {prefix + f.name: _plain(getattr(sections[attr], f.name)) for f in dataclasses.fields(cls)}
+            attr: {prefix + f.name: plain(getattr(sections[attr], f.name)) for f in dataclasses.fields(cls)}
             for attr, (cls, prefix) in self.sections.items()
         }
 
@@ -286,5 +286,6 @@ def load_preset(path: str | Path) -> dict:
     return data
 
 
-def _plain(value):
+def plain(value):
+    """A value as YAML and JSON hold it (a tuple as a list)."""
     return list(value) if isinstance(value, tuple) else value

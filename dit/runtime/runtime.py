@@ -21,7 +21,7 @@ from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime import host_memory
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
-from dit.runtime.stop import STOP_SIGNALS, StopFlag
+from dit.runtime.stop import STOP_SIGNALS
 
 _MASK = (1 << 63) - 1
 
@@ -214,6 +214,3 @@ class Runtime:
         parts = [torch.empty_like(tensor) for _ in range(self.world)]
         dist.all_gather(parts, tensor.contiguous())
         return parts
-
-    def stop_flag(self) -> StopFlag:
-        return StopFlag(self.world)

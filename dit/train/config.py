@@ -10,7 +10,7 @@ from dit.checkpoint import CheckpointSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
-from dit.io.face import Face, Values
+from dit.io.face import Face, Values, plain
 from dit.io.launcher import launcher_precision
 from dit.model.config import DiTConfig, ModelSection
 from dit.model.repa_config import RepaEncoderSection, RepaSection
@@ -252,7 +252,7 @@ GUARDED_FIELDS = (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
 def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> list[str]:
     """The options that differ from the record, as '--flag new (recorded old)'; a guarded one is refused."""
     allowed = set(start.allow_changes or ())
-    differ = [n for n in sorted(saved) if n in mine and _plain(saved[n]) != _plain(mine[n])]
+    differ = [n for n in sorted(saved) if n in mine and plain(saved[n]) != plain(mine[n])]
     conflicts = [f"{n}: {saved[n]!r} -> {mine[n]!r}" for n in GUARDED_FIELDS if n in differ and n not in allowed]
     if "vae" in saved and latent_space(saved["vae"]) != latent_space(mine["vae"]):
         conflicts.append(f"vae (the latent space): {saved['vae']!r} -> {mine['vae']!r}")
@@ -272,10 +272,6 @@ def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> l
         )
     skip = {*GUARDED_FIELDS, *CheckpointSection.START_ONLY}
     return [f"{TRAIN_FACE.flag(n)} {mine[n]!r} (recorded {saved[n]!r})" for n in differ if n not in skip]
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 def latent_space(vae_spec: str | None) -> str | None:

@@ -60,7 +60,7 @@ def micro_batch(global_batch: int, world_size: int, grad_accum: int) -> int:
 class StepOrder(Sampler):
     """Yields, from ``start_step`` on, this rank's micro-batches as lists of (epoch, index) keys."""
 
-    def __init__(self, dataset_len, global_batch, world_size, rank, grad_accum, seed, start_step=0, shuffle=True):
+    def __init__(self, dataset_len, global_batch, world_size, rank, grad_accum, seed, start_step=0):
         self.micro = micro_batch(global_batch, world_size, grad_accum)
         if dataset_len < global_batch:
             raise UserError(
@@ -68,25 +68,19 @@ class StepOrder(Sampler):
                 "lower --global-batch-size or add data."
             )
         self.n, self.batch, self.world, self.rank = dataset_len, global_batch, world_size, rank
-        self.accum, self.seed, self.start_step, self.shuffle = grad_accum, seed, start_step, shuffle
+        self.accum, self.seed, self.start_step = grad_accum, seed, start_step
         self.steps_per_epoch = dataset_len // global_batch  # the ragged tail of each epoch is dropped
 
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch
-
-    def _perm(self, epoch: int) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n)
-        return torch.randperm(
-            self.n, generator=torch.Generator().manual_seed(mix_seed(Stream.EPOCH, self.seed, epoch))
-        )
 
     def __iter__(self):
         step, epoch, perm = self.start_step, None, None
         while True:
             e = self.epoch_of(step)
             if e != epoch:
-                epoch, perm = e, self._perm(e)
+                g = torch.Generator().manual_seed(mix_seed(Stream.EPOCH, self.seed, e))
+                epoch, perm = e, torch.randperm(self.n, generator=g)
             base = (step % self.steps_per_epoch) * self.batch + self.rank * self.micro * self.accum
             for m in range(self.accum):
                 idx = perm[base + m * self.micro : base + (m + 1) * self.micro].tolist()

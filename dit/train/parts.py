@@ -188,7 +188,7 @@ class RunParts:
             repa=self.repa,
             dropped_images_done=dropped,
         )
-        self.ledger.report(self.micro, self.parallel.split)
+        self.ledger.report(self.parallel.memory_estimate)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
         self.resumed_from, self.resumed_step = resume_from, self.state.step

@@ -134,7 +134,7 @@ class Trainer(RunParts):
         warmup_until = state.step + cfg.ledger.mfu_warmup_steps
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
-            flag = contextlib.nullcontext(stop) if stop is not None else self.runtime.stop_flag()
+            flag = contextlib.nullcontext(stop) if stop is not None else StopFlag(self.runtime.world)
             with flag as stop, self._progress() as bar:
                 state.model.train()
                 ledger.start_window()
@@ -158,19 +158,15 @@ class Trainer(RunParts):
                     eval_step = bool(eval_every) and (state.step % eval_every == 0 or state.step == max_steps)
                     # the snapshot first: a checkpoint is never newer than the snapshots its run needs
                     if self.checkpointer.snapshot_due(state, last=state.step == max_steps):
-                        with ledger.paused():
-                            self.checkpointer.snapshot(state)
+                        ledger.aside(self.checkpointer.snapshot, state)
                     if ckpt_step:
-                        with ledger.paused():
-                            self.save()
+                        ledger.aside(self.save)
                     if log_step:
                         self._report_saves()
                     if grid_every and state.step % grid_every == 0:
-                        with ledger.paused():
-                            self.sample_grid()
+                        ledger.aside(self.sample_grid)
                     if eval_step:
-                        with ledger.paused():
-                            self._evaluate(stop)
+                        ledger.aside(self._evaluate, stop)
                     # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
                     self.checkpointer.check(everyone=log_step or ckpt_step or eval_step)
                     if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
@@ -228,8 +224,7 @@ class Trainer(RunParts):
             loss_scale=float(scaler.get_scale()) if scaler is not None else None,
         )
         if (streak := counters["longest_nonfinite_streak"]) >= self.cfg.optim.max_nonfinite:
-            with self.ledger.paused():
-                self.save()  # the skipped steps left the weights as they were before the first non-finite one
+            self.ledger.aside(self.save)  # the skipped steps left the weights as before the first non-finite one
             began = state.step - streak + 1
             if self.resumed_from is not None and began - self.resumed_step <= SUSPECT_STEPS:
                 # soon after a resume: the weights it resumed from are the suspect, not the recipe
@@ -287,7 +282,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
     timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
     try:  # a stop in set-up: at the first step asked
-        with Runtime.of(cfg.runtime, timeout=timeout) as runtime, runtime.stop_flag() as stop:
+        with Runtime.of(cfg.runtime, timeout=timeout) as runtime, StopFlag(runtime.world) as stop:
             return Trainer(cfg, runtime, dataset).run(stop)
     except CannotWrite as e:  # any write of the run (a checkpoint, a sink, a record): its line says what is kept
         raise e.keeping(kept_checkpoints(cfg.checkpoint.folder)) from None
