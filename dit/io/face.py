@@ -199,11 +199,9 @@ class Face:
         (argparse's defaults are the fields', so that a preset's string is checked by its section, not
         converted by argparse)."""
         argv = list(sys.argv[1:] if argv is None else argv)
-        pre = argparse.ArgumentParser(add_help=False)
-        pre.add_argument("--config")
-        config = pre.parse_known_args(argv)[0].config
-        preset = self.flatten(load_preset(config), str(config)) if config else {}
         parsed, given = vars(self.parser().parse_args(argv)), self.given(argv)
+        config = parsed["config"]
+        preset = self.flatten(load_preset(config), str(config)) if config else {}
         values = {k: parsed[k] if k in given or k not in preset else preset[k] for k in self.fields}
         return Values(values, frozenset(given), preset, config)
 
