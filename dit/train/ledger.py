@@ -121,12 +121,12 @@ class Ledger:
         record: dict,
         image_size: int,
         total_steps: int,
-        local_images_done: int = 0,
+        images_per_step: int,
         start_step: int = 0,
         repa=None,
-        dropped_images_done: int = 0,
+        dropped_steps: int = 0,
     ):
-        """``local_images_done`` (``dropped_images_done`` with dropped tokens): images before a resume."""
+        """``images_per_step`` on this rank; ``start_step``: steps before a resume, ``dropped_steps`` of them."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
@@ -147,9 +147,11 @@ class Ledger:
         aux = repa.flops.per_step_image(repa.cached) if repa is not None else 0.0
         flops = self.flops
         self.meter = CostMeter(flops.model, flops.hardware, mc.tokens, self.peak, runtime.world, vae, aux)
-        self.meter.total_images = local_images_done
-        full_done = local_images_done - dropped_images_done
-        self.meter.total_model_flops = dropped_images_done * self.flops.model + full_done * self.full_flops.model
+        self.meter.total_images = start_step * images_per_step
+        full_steps = start_step - dropped_steps
+        self.meter.total_model_flops = images_per_step * (
+            dropped_steps * flops.model + full_steps * self.full_flops.model
+        )
         self.projected = self.peak_doubted = self.memory_compared = False
 
     def report(self, memory_estimate: float) -> None:
