@@ -49,12 +49,6 @@ class BudgetSection(Section):
         None, "the official train.py's length: epochs over the data, converted to --max-steps", ge=1
     )
 
-    def steps(self, dataset_len: int, global_batch_size: int) -> int:
-        """Optimizer steps: ``max_steps``, or ``epochs`` whole passes (the ragged tail of each dropped)."""
-        if self.epochs is None:
-            return self.max_steps
-        return self.epochs * max(1, dataset_len // global_batch_size)
-
 
 @dataclass(frozen=True)
 class TrainDeviceSection(DeviceSection):

@@ -82,11 +82,12 @@ class RunParts:
             runtime.device,
             features=cfg.repa_encoder.encoder is not None,
         )
-        n = len(self.data.dataset)
-        self.total_steps = cfg.budget.steps(n, batch)
-        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
+        self.steps_per_epoch = max(1, len(self.data.dataset) // batch)  # the ragged tail of each is dropped
+        self.total_steps = cfg.budget.max_steps
+        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data
+            self.total_steps = cfg.budget.epochs * self.steps_per_epoch
             notes.append(
-                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
+                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {self.steps_per_epoch:,} steps of {batch} "
                 f"images = --max-steps {self.total_steps:,}"
             )
         # What the run is: config.yaml and every checkpoint. Its VAE is the data's (a data set given to train()
@@ -137,15 +138,14 @@ class RunParts:
         """The state, restored from ``ckpt`` if any; the objective, the data order from the state's step.
         Returns the checkpoint lineage's (line, off line)."""
         cfg, runtime, device, optim = self.cfg, self.runtime, self.runtime.device, self.cfg.optim
-        n = len(self.data.dataset)
         self.state = TrainState(
             model,
             ema,
             optim.optimizer(trained),
             runtime.precision.grad_scaler(),
             self.parallel.split,
-            n,
-            max(1, n // optim.global_batch_size),
+            len(self.data.dataset),
+            self.steps_per_epoch,
             trained,
             self.record,
             self.data.latent_norm.record() if self.data.latent_norm else None,
