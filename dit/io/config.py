@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import operator
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -55,16 +56,7 @@ class FieldError(UserError):
         super().__init__(self.spelled(lambda name: name))
 
     def spelled(self, spell: Callable[[str], str]) -> str:
-        return self.template.format_map(_Spelling(spell))
-
-
-class _Spelling(dict):
-    def __init__(self, spell):
-        super().__init__()
-        self.spell = spell
-
-    def __missing__(self, key: str) -> str:
-        return self.spell(key)
+        return re.sub(r"\{(\w+)\}", lambda m: spell(m.group(1)), self.template)
 
 
 @functools.cache

@@ -217,14 +217,12 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
     from dit.model.config import describe
 
     start = cfg.checkpoint
-    if not start.resume:
-        if latest_checkpoint(start.folder) is not None:
-            raise UserError(
-                f"{start.folder} already holds checkpoints: pass --resume auto to continue that run, "
-                "or a new --results-dir; nothing was overwritten."
-            )
-        return None, None, []
-    path = start.resume_path()
+    if not start.resume and latest_checkpoint(start.folder) is not None:
+        raise UserError(
+            f"{start.folder} already holds checkpoints: pass --resume auto to continue that run, "
+            "or a new --results-dir; nothing was overwritten."
+        )
+    path = start.resume_path()  # None: a fresh run
     if path is None:
         return None, None, []
     ckpt = load_training_checkpoint(path)
