@@ -21,7 +21,7 @@ from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime import host_memory
 from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
-from dit.runtime.stop import STOP_SIGNALS
+from dit.runtime.stop import ignore_stop_signals
 
 _MASK = (1 << 63) - 1
 
@@ -180,10 +180,7 @@ class Runtime:
         if said is None:
             return
         if self.world > 1:
-            import signal
-
-            for s in STOP_SIGNALS:
-                signal.signal(s, signal.SIG_IGN)
+            ignore_stop_signals()
         raise said if self.is_main else ReportedByRankZero(str(said))
 
     def memory_capacity(self) -> int:

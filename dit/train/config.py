@@ -127,27 +127,14 @@ class TrainConfig:
         )
 
 
+# TrainConfig's sections whose flags carry a prefix (--eval-*, --repa-*); the others' are their field names.
+_PREFIXES = {"eval": "eval_", "eval_sampling": "eval_", "repa_encoder": "repa_", "repa": "repa_"}
 TRAIN_FACE = Face(
     "train.py",
     "Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain "
     "python).\n\nExit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGTERM, 130 SIGINT, "
     "129 SIGHUP, 138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.",
-    sections={
-        "model": ModelSection,
-        "objective": ObjectiveSection,
-        "data": DataSection,
-        "optim": OptimSection,
-        "budget": BudgetSection,
-        "runtime": TrainDeviceSection,
-        "parallel": ParallelSection,
-        "checkpoint": CheckpointSection,
-        "ledger": LedgerSection,
-        "eval": (EvalSection, "eval_"),
-        "eval_sampling": (EvalSamplingSection, "eval_"),
-        "repa_encoder": (RepaEncoderSection, "repa_"),
-        "repa": (RepaSection, "repa_"),
-        "token_drop": TokenDropSection,
-    },
+    sections={f.name: (f.default_factory, _PREFIXES.get(f.name, "")) for f in dataclasses.fields(TrainConfig)},
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
     outputs={"results_dir": "folder"},
     inputs={

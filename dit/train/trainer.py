@@ -108,17 +108,15 @@ class Trainer(RunParts):
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
         elif scaler is None or log_step:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if scaler is None:  # a finite loss can still overflow in backward; fp16's scaler checks that itself
-            # the same on every rank: the gradients were all-reduced
-            bad = bad | ~torch.isfinite(self.parallel.global_norm(grad_norm))
         if scaler is not None:
-            scaler.step(opt)  # skips non-finite steps on the device
+            scaler.step(opt)  # skips non-finite steps on the device (it checks the gradients itself)
             scaler.update()
-        elif cfg.fused_optimizer:
-            opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
-            opt.step()
-        elif not bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
-            opt.step()
+        else:  # a finite loss can still overflow in backward; the norm is the same on every rank (all-reduced)
+            bad = bad | ~torch.isfinite(self.parallel.global_norm(grad_norm))
+            if cfg.fused_optimizer:
+                opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
+            if cfg.fused_optimizer or not bad.item():  # foreach AdamW cannot skip on the device: it syncs
+                opt.step()
         opt.zero_grad(set_to_none=True)
         state.ema.update(state.model, apply=(~bad).float())
         self.counters.add(total, bad, aux_total)
