@@ -16,10 +16,7 @@ from dit.io.atomic import CannotWrite
 
 class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
-        self.folder, self.runtime = section.folder, runtime
-        self.retention = (section.keep_last, section.keep_every)
-        self.snapshot_every = section.ema_snapshot_every
-        self.background = section.async_checkpoint
+        self.section, self.folder, self.runtime = section, section.folder, runtime
         self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
         self._group = self._asking = None
@@ -27,11 +24,11 @@ class Checkpointer:
     def save(self, state) -> None:
         """``state`` as its step's checkpoint (every rank calls it); a refused write leaves nothing partial."""
         payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
-        self._write(state, payload, self.folder, self.background)
+        self._write(state, payload, self.folder, self.section.async_checkpoint)
 
     def snapshot_due(self, state, last: bool) -> bool:
         """Whether to snapshot the EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``."""
-        return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
+        return bool(state.ema.profiles) and (last or state.step % self.section.ema_snapshot_every == 0)
 
     def snapshot(self, state) -> None:
         """``state``'s post-hoc EMA profiles in ``checkpoints/ema/``, written as a checkpoint is and all kept."""
@@ -60,7 +57,7 @@ class Checkpointer:
 
     def _retention(self, folder: Path) -> tuple[int, int]:
         """``keep_last`` and ``keep_every`` of the checkpoints; (0, 0) for the snapshots, all kept."""
-        return self.retention if folder == self.folder else (0, 0)
+        return (self.section.keep_last, self.section.keep_every) if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
         """Seal the sharded save in progress (every rank calls it): hashes, record, manifest, rename, retention."""
@@ -123,7 +120,7 @@ class Checkpointer:
 
     def _async_group(self):
         """Gloo groups of their own for the background writer and for asking how it went."""
-        if not self.background:
+        if not self.section.async_checkpoint:
             return None
         if self._group is None:
             import torch.distributed as dist

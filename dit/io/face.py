@@ -146,8 +146,7 @@ class Face:
         for flat, (attr, f) in self.fields.items():
             hint, _ = _unwrap(_hints(self.sections[attr][0])[f.name])
             meta = f.metadata
-            help_text = meta.get("help", "")
-            help_text = (help_text() if callable(help_text) else help_text).replace("%", "%%")  # argparse: %
+            help_text = (meta["help"]() if callable(meta["help"]) else meta["help"]).replace("%", "%%")
             default = f.default
             if meta.get("positional"):
                 many = typing.get_origin(hint) is tuple
@@ -185,9 +184,8 @@ class Face:
     def parse(self, argv: list[str] | None = None) -> Parsed:
         """The sections from the defaults, then the ``--config`` preset, then ``argv``; a check that fails names
         the flag or preset key at fault."""
-        argv = list(argv) if argv is not None else None
+        argv = list(sys.argv[1:] if argv is None else argv)
         if self.commands:
-            argv = sys.argv[1:] if argv is None else argv
             if not argv or argv[0] not in self.commands:
                 self.parser().parse_args(argv)  # --help, or the error naming the commands
             return dataclasses.replace(self.commands[argv[0]].parse(argv[1:]), command=argv[0])
