@@ -133,7 +133,8 @@ class Trainer(RunParts):
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
             flag = contextlib.nullcontext(stop) if stop is not None else StopFlag(self.runtime.world)
-            with flag as stop, self._progress() as bar:
+            shown = cfg.ledger.progress and self.runtime.is_main
+            with flag as stop, progress(max_steps, "train", initial=state.step, unit="step", enabled=shown) as bar:
                 state.model.train()
                 ledger.start_window()
                 while state.step < max_steps:
@@ -204,10 +205,6 @@ class Trainer(RunParts):
             if self.runtime.world == 1 and self.state.step > 0:
                 self.save()
             raise unwrap_worker_error(e) from None
-
-    def _progress(self):
-        enabled = self.cfg.ledger.progress and self.runtime.is_main
-        return progress(self.total_steps, "train", initial=self.state.step, unit="step", enabled=enabled)
 
     def _log(self, grad_norm, in_warmup: bool) -> None:
         state, scaler = self.state, self.state.scaler
