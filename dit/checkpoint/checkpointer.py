@@ -7,6 +7,9 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
 from dit.checkpoint.posthoc import snapshot_folder
@@ -89,9 +92,6 @@ class Checkpointer:
         if self.runtime.world > 1:
             if not everyone:
                 return
-            import torch
-            import torch.distributed as dist
-
             flag = torch.tensor([int(failed)])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._asking)
             failed = bool(flag.item())
@@ -123,8 +123,6 @@ class Checkpointer:
         if not self.section.async_checkpoint:
             return None
         if self._group is None:
-            import torch.distributed as dist
-
             self._group, self._asking = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
         return self._group
 
