@@ -19,7 +19,6 @@ from dit.io.config import Section, option
 from dit.io.errors import ReportedByRankZero, UserError
 from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime import host_memory
-from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
 from dit.runtime.stop import ignore_stop_signals
 
@@ -125,7 +124,7 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:
-            keep_freed_host_memory()
+            host_memory.keep_freed_host_memory()
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             kw = {"timeout": self._timeout} if self._timeout else {}

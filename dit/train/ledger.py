@@ -233,6 +233,8 @@ class Ledger:
         window = self.meter.window(time.perf_counter())
         if grad_norm is not None:
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        # the meta-device count of the dropping stage, scaled to the steps' own analytic FLOPs
+        measured = window["model_tflops_per_device"] * self.measured_flops_per_image / self.flops.model
         record = {
             "kind": "train",
             "step": step,
@@ -242,10 +244,7 @@ class Ledger:
             "grad_norm": grad_norm,
             "lr": lr,
             **window,
-            # the meta-device count of the dropping stage, scaled to the steps' own analytic FLOPs
-            "measured_tflops_per_device": window["model_tflops_per_device"]
-            * self.measured_flops_per_image
-            / self.flops.model,
+            "measured_tflops_per_device": measured,
             **device_memory(self.runtime.device),
             "loss_scale": loss_scale,
             "nonfinite_steps": counters["nonfinite_steps"],
