@@ -59,7 +59,6 @@ class Checkpointer:
             self.wait()
 
     def _retention(self, folder: Path) -> tuple[int, int]:
-        """``keep_last`` and ``keep_every`` of the checkpoints; (0, 0) for the snapshots, all kept."""
         return (self.section.keep_last, self.section.keep_every) if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
@@ -114,7 +113,6 @@ class Checkpointer:
             self.runtime.raise_together(CannotWrite(final, errors[0]) if self.runtime.is_main else None)
 
     def take_saved(self) -> list[tuple[int, str]]:
-        """(step, path) of the checkpoints saved since the last call, for the log."""
         saved, self.saved = self.saved, []
         return saved
 

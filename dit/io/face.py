@@ -274,5 +274,4 @@ def load_preset(path: str | Path) -> dict:
 
 
 def plain(value):
-    """A value as YAML and JSON hold it (a tuple as a list)."""
     return list(value) if isinstance(value, tuple) else value

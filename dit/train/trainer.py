@@ -35,9 +35,8 @@ class Trainer(RunParts):
     # ---- one step -------------------------------------------------------------------------------------
 
     def _randomness(self, step: int, shape):
-        """Timesteps, noise, class dropout and the hooks' draws (a VAE's posterior sample) of the whole global
-        batch for this step, identical on every rank: keyed by (seed, step), so a resumed run or another world
-        size draws the same (the global RNG is not: a data loader's start draws from it)."""
+        """The whole global batch's timesteps, noise, class dropout and the hooks' draws (a VAE's posterior sample),
+        keyed by (seed, step): not the global RNG, which a data loader's start draws from."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.optim.seed, step))
         b, device = self.cfg.optim.global_batch_size, self.runtime.device
         t = self.objective.sample_t(b, g, device)  # diffusion: integer steps; flow: times in [0, 1], 1 = data
@@ -57,12 +56,8 @@ class Trainer(RunParts):
         return out.float()
 
     def train_step(self, batches, log_step: bool = False):
-        """One optimizer step over this rank's micro-batches ``batches``; advances ``state.step``.
-
-        Returns the gradient norm (a device scalar) when clipping or ``log_step`` needs it, else None. A
-        non-finite loss skips the update on the device (fused AdamW's ``found_inf``, the scaler, 0/1 EMA
-        weights), so nothing is read back.
-        """
+        """One optimizer step over this rank's micro-batches ``batches``, advancing ``state.step``, with nothing
+        read back: the gradient norm (a device scalar) when clipping or ``log_step`` needs it, else None."""
         cfg, state, device = self.cfg.optim, self.state, self.runtime.device
         for group in state.optimizer.param_groups:
             group["lr"] = cfg.lr_at(state.step, self.total_steps)
