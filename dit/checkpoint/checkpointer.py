@@ -26,8 +26,7 @@ class Checkpointer:
 
     def save(self, state) -> None:
         """``state`` as its step's checkpoint (every rank calls it); a refused write leaves nothing partial."""
-        payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
-        self._write(state, payload, self.folder, self.section.async_checkpoint)
+        self._write(state, state.state_dict(self.runtime), self.folder, self.section.async_checkpoint)
 
     def snapshot_due(self, state, last: bool) -> bool:
         """Whether to snapshot the EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``."""

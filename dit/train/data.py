@@ -67,17 +67,14 @@ class StepOrder(Sampler):
                 f"the data set has {dataset_len} items, fewer than one global batch ({global_batch}): "
                 "lower --global-batch-size or add data."
             )
-        self.n, self.batch, self.world, self.rank = dataset_len, global_batch, world_size, rank
+        self.n, self.batch, self.rank = dataset_len, global_batch, rank
         self.accum, self.seed, self.start_step = grad_accum, seed, start_step
         self.steps_per_epoch = dataset_len // global_batch  # the ragged tail of each epoch is dropped
-
-    def epoch_of(self, step: int) -> int:
-        return step // self.steps_per_epoch
 
     def __iter__(self):
         step, epoch, perm = self.start_step, None, None
         while True:
-            e = self.epoch_of(step)
+            e = step // self.steps_per_epoch
             if e != epoch:
                 g = torch.Generator().manual_seed(mix_seed(Stream.EPOCH, self.seed, e))
                 epoch, perm = e, torch.randperm(self.n, generator=g)
@@ -123,7 +120,7 @@ class TrainData:
     latent_norm: ChannelNorm | None = None  # --latent-norm channel: the store's; None: the scalar rule
     notes: list[str] = field(default_factory=list)  # lines for the log (what a folder scan skipped)
 
-    def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
+    def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> DataLoader:
         """This rank's micro-batches from ``start_step`` on, in the order of ``optim``'s batch and seed."""
         if hasattr(self.dataset, "verify_once"):  # a latent store: hashed once per node, before workers start
             self.dataset.verify_once(runtime)
@@ -131,7 +128,7 @@ class TrainData:
         order = StepOrder(
             len(self.dataset), o.global_batch_size, rt.world, rt.rank, o.grad_accum_steps, o.seed, start_step
         )
-        loader = DataLoader(
+        return DataLoader(
             SeededItems(self.dataset, optim.seed),
             batch_sampler=order,
             num_workers=workers,
@@ -139,7 +136,6 @@ class TrainData:
             persistent_workers=workers > 0,
             worker_init_fn=ignore_stop_signals,
         )
-        return order, loader
 
 
 def build_data(

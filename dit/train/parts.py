@@ -160,7 +160,7 @@ class RunParts:
         self.state.lineage = line
         self.objective = cfg.objective.build(model.config)
         self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
-        self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
+        self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device, alignment=self.repa is not None)
         return line, off_line

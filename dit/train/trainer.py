@@ -206,7 +206,7 @@ class Trainer(RunParts):
         counters = self.counters.read(self.runtime)
         self.ledger.log(
             step=state.step,
-            epoch=self.order.epoch_of(state.step - 1),
+            epoch=(state.step - 1) // self.steps_per_epoch,
             counters=counters,
             grad_norm=grad_norm,
             lr=self.cfg.optim.lr_at(state.step - 1, self.total_steps),
