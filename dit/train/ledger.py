@@ -302,8 +302,7 @@ class Ledger:
             f"projection at measured MFU {window['mfu']:.1%}: {remaining:,} steps left, {hours:.2f} h wall-clock, "
             f"{hours * world:.2f} device-hours"
         )
-        price = self.section.price_per_hour
-        if price:
+        if price := self.section.price_per_hour:
             msg += f", {hours * world * price:,.2f} at {price}/device-hour"
         self.sinks.info(msg)
         self.projected = True
