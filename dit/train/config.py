@@ -87,8 +87,7 @@ class TrainConfig:
                 f"{{learn_sigma}} is for diffusion: a {self.objective.objective} model predicts one field "
                 "(--no-learn-sigma)."
             )
-        unknown = sorted(set(self.checkpoint.allow_changes or ()) - set(CHANGEABLE_FIELDS))
-        if unknown:
+        if unknown := sorted(set(self.checkpoint.allow_changes or ()) - set(CHANGEABLE_FIELDS)):
             raise FieldError(
                 f"{{allow_changes}} {' '.join(unknown)}: only recipe fields may change on a resume "
                 f"({', '.join(CHANGEABLE_FIELDS)}); the seed, the batch, the data and the model may not."
