@@ -4,10 +4,7 @@
 from dit.checkpoint.checkpointer import Checkpointer
 from dit.checkpoint.format import (
     FORMAT,
-    OFFICIAL_RELEASES,
-    SHARDED,
     atomic_torch_save,
-    checkpoint_path,
     checksum_path,
     expired_checkpoints,
     find_checkpoint,
@@ -27,9 +24,8 @@ from dit.checkpoint.format import (
 from dit.checkpoint.section import CheckpointSection
 
 __all__ = [
-    "FORMAT", "OFFICIAL_RELEASES", "SHARDED", "CheckpointSection", "Checkpointer", "atomic_torch_save",
-    "checkpoint_path", "checksum_path", "expired_checkpoints", "find_checkpoint", "kept_checkpoints",
-    "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_training_checkpoint", "model_weights",
-    "official_release", "read_record", "remove_checkpoint", "remove_partial_checkpoints", "save_training_checkpoint",
-    "verify_checkpoint",
+    "FORMAT", "CheckpointSection", "Checkpointer", "atomic_torch_save", "checksum_path", "expired_checkpoints",
+    "find_checkpoint", "kept_checkpoints", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+    "load_training_checkpoint", "model_weights", "official_release", "read_record", "remove_checkpoint",
+    "remove_partial_checkpoints", "save_training_checkpoint", "verify_checkpoint",
 ]  # fmt: skip

@@ -71,23 +71,20 @@ FACE = Face(
 
 def main(argv: list[str] | None = None) -> int:
     parsed = FACE.parse(argv)
-    if parsed.command == "ema":
-        return posthoc_ema(parsed.sections["ema"])
-    c = parsed.sections["export"]
-    if not Path(c.folder).is_dir():
-        raise UserError(f"{c.folder} is not a folder: pass a sharded checkpoint folder (RUN/checkpoints/NNNNNNN).")
-    path = atomic_torch_save(load_checkpoint(Path(c.folder)), c.out)
-    print(f"wrote {path}", flush=True)
-    return 0
-
-
-def posthoc_ema(c: EmaConfig) -> int:
+    c = parsed.sections[parsed.command]
+    if parsed.command == "export":
+        if not Path(c.folder).is_dir():
+            raise UserError(
+                f"{c.folder} is not a folder: pass a sharded checkpoint folder (RUN/checkpoints/NNNNNNN)."
+            )
+        path = atomic_torch_save(load_checkpoint(Path(c.folder)), c.out)
+        print(f"wrote {path}", flush=True)
+        return 0
     if not Path(c.run_folder).is_dir():
         raise UserError(f"{c.run_folder} is not a folder: pass a run folder (train.py's --results-dir).")
     ckpt = reconstruct(c.run_folder, c.sigma_rel, c.step)
     made = ckpt["posthoc_ema"]
-    out = c.out or Path(c.run_folder) / f"ema-{c.sigma_rel:g}-{made['step']:07d}.pt"
-    path = atomic_torch_save(ckpt, out)
+    path = atomic_torch_save(ckpt, c.out or Path(c.run_folder) / f"ema-{c.sigma_rel:g}-{made['step']:07d}.pt")
     print(
         f"wrote {path}: the EMA of sigma_rel {c.sigma_rel:g} at step {made['step']} from "
         f"{len(made['coefficients'])} snapshot profiles (profile residual {made['residual']:.2%})",

@@ -7,6 +7,9 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 import dit.checkpoint.sharded as sharded
 from dit.checkpoint.format import SHARDED, checkpoint_path, retire, save_training_checkpoint, stamped
 from dit.checkpoint.posthoc import snapshot_folder
@@ -16,22 +19,18 @@ from dit.io.atomic import CannotWrite
 
 class Checkpointer:
     def __init__(self, section: CheckpointSection, runtime):
-        self.folder, self.runtime = section.folder, runtime
-        self.retention = (section.keep_last, section.keep_every)
-        self.snapshot_every = section.ema_snapshot_every
-        self.background = section.async_checkpoint
+        self.section, self.folder, self.runtime = section, section.folder, runtime
         self.pending = None  # (temp folder, final folder, step, record, future) of a sharded save not sealed yet
         self.saved: list[tuple[int, str]] = []  # (step, path) of the saves not reported yet
         self._group = self._asking = None
 
     def save(self, state) -> None:
         """``state`` as its step's checkpoint (every rank calls it); a refused write leaves nothing partial."""
-        payload = state.state_dict(self.runtime)  # rank 0 only, or under FSDP every rank's shards
-        self._write(state, payload, self.folder, self.background)
+        self._write(state, state.state_dict(self.runtime), self.folder, self.section.async_checkpoint)
 
     def snapshot_due(self, state, last: bool) -> bool:
         """Whether to snapshot the EMA profiles: every ``ema_snapshot_every`` steps and at the ``last``."""
-        return bool(state.ema.profiles) and (last or state.step % self.snapshot_every == 0)
+        return bool(state.ema.profiles) and (last or state.step % self.section.ema_snapshot_every == 0)
 
     def snapshot(self, state) -> None:
         """``state``'s post-hoc EMA profiles in ``checkpoints/ema/``, written as a checkpoint is and all kept."""
@@ -59,8 +58,7 @@ class Checkpointer:
             self.wait()
 
     def _retention(self, folder: Path) -> tuple[int, int]:
-        """``keep_last`` and ``keep_every`` of the checkpoints; (0, 0) for the snapshots, all kept."""
-        return self.retention if folder == self.folder else (0, 0)
+        return (self.section.keep_last, self.section.keep_every) if folder == self.folder else (0, 0)
 
     def wait(self) -> None:
         """Seal the sharded save in progress (every rank calls it): hashes, record, manifest, rename, retention."""
@@ -92,9 +90,6 @@ class Checkpointer:
         if self.runtime.world > 1:
             if not everyone:
                 return
-            import torch
-            import torch.distributed as dist
-
             flag = torch.tensor([int(failed)])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._asking)
             failed = bool(flag.item())
@@ -117,17 +112,14 @@ class Checkpointer:
             self.runtime.raise_together(CannotWrite(final, errors[0]) if self.runtime.is_main else None)
 
     def take_saved(self) -> list[tuple[int, str]]:
-        """(step, path) of the checkpoints saved since the last call, for the log."""
         saved, self.saved = self.saved, []
         return saved
 
     def _async_group(self):
         """Gloo groups of their own for the background writer and for asking how it went."""
-        if not self.background:
+        if not self.section.async_checkpoint:
             return None
         if self._group is None:
-            import torch.distributed as dist
-
             self._group, self._asking = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
         return self._group
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dit.checkpoint.format import list_checkpoints, load_checkpoint, stamped
+from dit.checkpoint.format import checksum_path, list_checkpoints, load_checkpoint, stamped
 from dit.io.errors import UserError
 
 SNAPSHOTS = "ema"  # the snapshots' folder inside a run's checkpoints folder
@@ -58,7 +58,7 @@ def snapshot_folder(checkpoints: str | os.PathLike) -> Path:
 
 def list_snapshots(checkpoints: str | os.PathLike) -> list[tuple[int, Path]]:
     """The run's complete snapshots as (step, path), oldest first (files or sharded folders)."""
-    return [(s, p) for s, p in list_checkpoints(snapshot_folder(checkpoints))]
+    return list_checkpoints(snapshot_folder(checkpoints))
 
 
 def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
@@ -73,9 +73,8 @@ def set_aside_snapshots(checkpoints: str | os.PathLike, step: int) -> list[str]:
         dest = dest.with_name(f"after-{step:07d}.{k}")
     dest.mkdir(parents=True)
     for path in newer:
-        sums = Path(f"{path}.sha256")
-        if sums.is_file():
-            os.replace(sums, dest / sums.name)
+        if checksum_path(path).is_file():
+            os.replace(checksum_path(path), checksum_path(dest / path.name))
         os.replace(path, dest / path.name)
     return [f"kept aside {len(newer)} EMA snapshot(s) after step {step}, off this segment's line, in {dest}"]
 
@@ -114,5 +113,4 @@ def reconstruct(run: str | os.PathLike, sigma_rel: float, step: int | None = Non
             "snapshots": [[s, k] for s, k, _ in terms], "coefficients": [float(c) for c in x]}  # fmt: skip
     ema = {name: v.to(terms[0][2][name].dtype) for name, v in total.items()}
     run = {k: last[k] for k in ("model_config", "config", "latent_norm") if k in last}  # what a sampler reads
-    payload = {"ema": ema, **run, "posthoc_ema": made}
-    return stamped(step, payload)
+    return stamped(step, {"ema": ema, **run, "posthoc_ema": made})

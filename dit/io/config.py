@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import operator
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -55,16 +56,7 @@ class FieldError(UserError):
         super().__init__(self.spelled(lambda name: name))
 
     def spelled(self, spell: Callable[[str], str]) -> str:
-        return self.template.format_map(_Spelling(spell))
-
-
-class _Spelling(dict):
-    def __init__(self, spell):
-        super().__init__()
-        self.spell = spell
-
-    def __missing__(self, key: str) -> str:
-        return self.spell(key)
+        return re.sub(r"\{(\w+)\}", lambda m: spell(m.group(1)), self.template)
 
 
 @functools.cache
@@ -99,9 +91,10 @@ def _checked(name: str, tp, value, meta: Mapping):
             return value
         try:
             return _checked(name, float, value, {**meta, "choices": None})
-        except FieldError:
+        except FieldError:  # every bound in words (" > 0"), to name them all at once
+            bounds = "".join(f" {w} {meta[k]:g}" for k, (_, w) in _BOUNDS.items() if meta.get(k) is not None)
             raise FieldError(
-                f"{{{name}}} must be a finite number{_bounds(meta)} or {' or '.join(words)}, got {value!r}."
+                f"{{{name}}} must be a finite number{bounds} or {' or '.join(words)}, got {value!r}."
             ) from None
     if typing.get_origin(tp) is tuple:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -137,11 +130,6 @@ def _checked(name: str, tp, value, meta: Mapping):
         if bound is not None and not ok(value, bound):
             raise FieldError(f"{{{name}}} must be {words} {bound:g}, got {value}.")
     return value
-
-
-def _bounds(meta: Mapping) -> str:
-    """A field's bounds in words (" > 0"), for a message that names them all at once."""
-    return "".join(f" {w} {meta[k]:g}" for k, (_, w) in _BOUNDS.items() if meta.get(k) is not None)
 
 
 @dataclass(frozen=True)

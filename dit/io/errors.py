@@ -2,6 +2,7 @@
 and exit non-zero; anything else is a bug and keeps its traceback."""
 
 import errno
+import importlib
 
 from dit import __version__
 
@@ -35,8 +36,6 @@ def unwrap_worker_error(e: UserError) -> UserError:
 
 def require(module: str, extra: str, purpose: str):
     """Import an optional dependency, or say in one line which extra brings it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -146,8 +146,7 @@ class Face:
         for flat, (attr, f) in self.fields.items():
             hint, _ = _unwrap(_hints(self.sections[attr][0])[f.name])
             meta = f.metadata
-            help_text = meta.get("help", "")
-            help_text = (help_text() if callable(help_text) else help_text).replace("%", "%%")  # argparse: %
+            help_text = (meta["help"]() if callable(meta["help"]) else meta["help"]).replace("%", "%%")
             default = f.default
             if meta.get("positional"):
                 many = typing.get_origin(hint) is tuple
@@ -176,7 +175,7 @@ class Face:
         """The sections as plain data, nested by section with flat option names (what config.yaml and every
         checkpoint keep; tuples as lists, for YAML and JSON)."""
         return {
-            attr: {prefix + f.name: _plain(getattr(sections[attr], f.name)) for f in dataclasses.fields(cls)}
+            attr: {prefix + f.name: plain(getattr(sections[attr], f.name)) for f in dataclasses.fields(cls)}
             for attr, (cls, prefix) in self.sections.items()
         }
 
@@ -185,9 +184,8 @@ class Face:
     def parse(self, argv: list[str] | None = None) -> Parsed:
         """The sections from the defaults, then the ``--config`` preset, then ``argv``; a check that fails names
         the flag or preset key at fault."""
-        argv = list(argv) if argv is not None else None
+        argv = list(sys.argv[1:] if argv is None else argv)
         if self.commands:
-            argv = sys.argv[1:] if argv is None else argv
             if not argv or argv[0] not in self.commands:
                 self.parser().parse_args(argv)  # --help, or the error naming the commands
             return dataclasses.replace(self.commands[argv[0]].parse(argv[1:]), command=argv[0])
@@ -199,31 +197,20 @@ class Face:
         (argparse's defaults are the fields', so that a preset's string is checked by its section, not
         converted by argparse)."""
         argv = list(sys.argv[1:] if argv is None else argv)
-        pre = argparse.ArgumentParser(add_help=False)
-        pre.add_argument("--config")
-        config = pre.parse_known_args(argv)[0].config
-        preset = self.flatten(load_preset(config), str(config)) if config else {}
         parsed, given = vars(self.parser().parse_args(argv)), self.given(argv)
+        config = parsed["config"]
+        preset = self.flatten(load_preset(config), str(config)) if config else {}
         values = {k: parsed[k] if k in given or k not in preset else preset[k] for k in self.fields}
         return Values(values, frozenset(given), preset, config)
 
     def given(self, argv: list[str]) -> set[str]:
-        """The flat names ``argv``'s options set, as argparse reads them: a flag, an alias, ``--no-x``, a unique
-        abbreviation (``--max-st``), ``--flag=value``; nothing after ``--``. Positionals are not counted."""
-        names: dict[str, str | None] = {"--config": None, "--help": None}  # argparse's own, for abbreviations
-        for flat, (attr, f) in self.fields.items():
-            if f.metadata["positional"]:
-                continue
-            switch = _unwrap(_hints(self.sections[attr][0])[f.name])[0] is bool  # BooleanOptionalAction's --no-x
-            names.update({s: flat for s in self.options(flat)})
-            names.update({"--no-" + s[2:]: flat for s in self.options(flat) if switch})
-        out = set()
-        for token in argv[: argv.index("--")] if "--" in argv else argv:
-            word = token.split("=", 1)[0]
-            hits = {names[word]} if word in names else {flat for s, flat in names.items() if s.startswith(word)}
-            if token.startswith("--") and len(hits) == 1:
-                out |= hits
-        return out - {None}
+        """The flat names ``argv``'s options set, as argparse reads them (a flag, an alias, ``--no-x``, a unique
+        abbreviation, ``--flag=value``; nothing after ``--``): parsed again with no defaults. No positionals."""
+        parser = self.parser()
+        for action in parser._actions:
+            action.default, action.required = argparse.SUPPRESS, False
+        read = vars(parser.parse_known_args(argv)[0])
+        return {k for k in read if k in self.fields and not self.fields[k][1].metadata["positional"]}
 
     def speller(self, v: Values) -> Callable[[str], str]:
         """How errors name a field: by the preset's key where the preset set it, else by its flag."""
@@ -286,5 +273,5 @@ def load_preset(path: str | Path) -> dict:
     return data
 
 
-def _plain(value):
+def plain(value):
     return list(value) if isinstance(value, tuple) else value

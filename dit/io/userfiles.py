@@ -46,14 +46,12 @@ def inside(
     folder: str | os.PathLike, name, source: str | os.PathLike, entry: str, fix: str, one_name: bool = False
 ) -> Path:
     """``folder / name`` for a ``name`` read from ``source``, refused unless it stays inside ``folder``."""
-    root = Path(folder).resolve()
+    root, where = Path(folder).resolve(), ""
     if isinstance(name, str) and name and not (one_name and (os.sep in name or name in (".", ".."))):
         path = (root / name).resolve()
         if path != root and path.is_relative_to(root):
             return Path(folder) / name
         where = f" (to {path})"
-    else:
-        where = ""
     raise UserError(
         f"{source}: {entry} {name!r} is not a name inside {folder}{where}; nothing was touched: {fix}."
     )

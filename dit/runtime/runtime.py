@@ -19,9 +19,8 @@ from dit.io.config import Section, option
 from dit.io.errors import ReportedByRankZero, UserError
 from dit.io.launcher import check_process_count, process_env, rendezvous_seconds
 from dit.runtime import host_memory
-from dit.runtime.host_memory import keep_freed_host_memory
 from dit.runtime.precision import PRECISIONS, Precision
-from dit.runtime.stop import STOP_SIGNALS, StopFlag
+from dit.runtime.stop import ignore_stop_signals
 
 _MASK = (1 << 63) - 1
 
@@ -125,7 +124,7 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:
-            keep_freed_host_memory()
+            host_memory.keep_freed_host_memory()
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             kw = {"timeout": self._timeout} if self._timeout else {}
@@ -180,10 +179,7 @@ class Runtime:
         if said is None:
             return
         if self.world > 1:
-            import signal
-
-            for s in STOP_SIGNALS:
-                signal.signal(s, signal.SIG_IGN)
+            ignore_stop_signals()
         raise said if self.is_main else ReportedByRankZero(str(said))
 
     def memory_capacity(self) -> int:
@@ -214,6 +210,3 @@ class Runtime:
         parts = [torch.empty_like(tensor) for _ in range(self.world)]
         dist.all_gather(parts, tensor.contiguous())
         return parts
-
-    def stop_flag(self) -> StopFlag:
-        return StopFlag(self.world)

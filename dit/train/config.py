@@ -10,7 +10,7 @@ from dit.checkpoint import CheckpointSection
 from dit.eval.inloop import EvalSamplingSection, EvalSection
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
-from dit.io.face import Face, Values
+from dit.io.face import Face, Values, plain
 from dit.io.launcher import launcher_precision
 from dit.model.config import DiTConfig, ModelSection
 from dit.model.repa_config import RepaEncoderSection, RepaSection
@@ -48,12 +48,6 @@ class BudgetSection(Section):
     epochs: int | None = option(
         None, "the official train.py's length: epochs over the data, converted to --max-steps", ge=1
     )
-
-    def steps(self, dataset_len: int, global_batch_size: int) -> int:
-        """Optimizer steps: ``max_steps``, or ``epochs`` whole passes (the ragged tail of each dropped)."""
-        if self.epochs is None:
-            return self.max_steps
-        return self.epochs * max(1, dataset_len // global_batch_size)
 
 
 @dataclass(frozen=True)
@@ -93,8 +87,7 @@ class TrainConfig:
                 f"{{learn_sigma}} is for diffusion: a {self.objective.objective} model predicts one field "
                 "(--no-learn-sigma)."
             )
-        unknown = sorted(set(self.checkpoint.allow_changes or ()) - set(CHANGEABLE_FIELDS))
-        if unknown:
+        if unknown := sorted(set(self.checkpoint.allow_changes or ()) - set(CHANGEABLE_FIELDS)):
             raise FieldError(
                 f"{{allow_changes}} {' '.join(unknown)}: only recipe fields may change on a resume "
                 f"({', '.join(CHANGEABLE_FIELDS)}); the seed, the batch, the data and the model may not."
@@ -133,27 +126,14 @@ class TrainConfig:
         )
 
 
+# TrainConfig's sections whose flags carry a prefix (--eval-*, --repa-*); the others' are their field names.
+_PREFIXES = {"eval": "eval_", "eval_sampling": "eval_", "repa_encoder": "repa_", "repa": "repa_"}
 TRAIN_FACE = Face(
     "train.py",
     "Train a DiT: `torchrun --nproc_per_node=N train.py --model DiT-XL/2 --feature-path latents/` (or plain "
     "python).\n\nExit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGTERM, 130 SIGINT, "
     "129 SIGHUP, 138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.",
-    sections={
-        "model": ModelSection,
-        "objective": ObjectiveSection,
-        "data": DataSection,
-        "optim": OptimSection,
-        "budget": BudgetSection,
-        "runtime": TrainDeviceSection,
-        "parallel": ParallelSection,
-        "checkpoint": CheckpointSection,
-        "ledger": LedgerSection,
-        "eval": (EvalSection, "eval_"),
-        "eval_sampling": (EvalSamplingSection, "eval_"),
-        "repa_encoder": (RepaEncoderSection, "repa_"),
-        "repa": (RepaSection, "repa_"),
-        "token_drop": TokenDropSection,
-    },
+    sections={f.name: (f.default_factory, _PREFIXES.get(f.name, "")) for f in dataclasses.fields(TrainConfig)},
     renamed={"eval_sampling_steps": "eval_num_sampling_steps", "features_path": "feature_path"},
     outputs={"results_dir": "folder"},
     inputs={
@@ -223,14 +203,12 @@ def resume_point(cfg: TrainConfig, model_cfg: DiTConfig, record: dict):
     from dit.model.config import describe
 
     start = cfg.checkpoint
-    if not start.resume:
-        if latest_checkpoint(start.folder) is not None:
-            raise UserError(
-                f"{start.folder} already holds checkpoints: pass --resume auto to continue that run, "
-                "or a new --results-dir; nothing was overwritten."
-            )
-        return None, None, []
-    path = start.resume_path()
+    if not start.resume and latest_checkpoint(start.folder) is not None:
+        raise UserError(
+            f"{start.folder} already holds checkpoints: pass --resume auto to continue that run, "
+            "or a new --results-dir; nothing was overwritten."
+        )
+    path = start.resume_path()  # None: a fresh run
     if path is None:
         return None, None, []
     ckpt = load_training_checkpoint(path)
@@ -252,7 +230,7 @@ GUARDED_FIELDS = (*IDENTITY_FIELDS, *RECIPE_FIELDS, "token_drop_until")
 def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> list[str]:
     """The options that differ from the record, as '--flag new (recorded old)'; a guarded one is refused."""
     allowed = set(start.allow_changes or ())
-    differ = [n for n in sorted(saved) if n in mine and _plain(saved[n]) != _plain(mine[n])]
+    differ = [n for n in sorted(saved) if n in mine and plain(saved[n]) != plain(mine[n])]
     conflicts = [f"{n}: {saved[n]!r} -> {mine[n]!r}" for n in GUARDED_FIELDS if n in differ and n not in allowed]
     if "vae" in saved and latent_space(saved["vae"]) != latent_space(mine["vae"]):
         conflicts.append(f"vae (the latent space): {saved['vae']!r} -> {mine['vae']!r}")
@@ -272,10 +250,6 @@ def resume_changes(mine: dict, saved: dict, start: CheckpointSection, path) -> l
         )
     skip = {*GUARDED_FIELDS, *CheckpointSection.START_ONLY}
     return [f"{TRAIN_FACE.flag(n)} {mine[n]!r} (recorded {saved[n]!r})" for n in differ if n not in skip]
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 def latent_space(vae_spec: str | None) -> str | None:

@@ -60,33 +60,24 @@ def micro_batch(global_batch: int, world_size: int, grad_accum: int) -> int:
 class StepOrder(Sampler):
     """Yields, from ``start_step`` on, this rank's micro-batches as lists of (epoch, index) keys."""
 
-    def __init__(self, dataset_len, global_batch, world_size, rank, grad_accum, seed, start_step=0, shuffle=True):
+    def __init__(self, dataset_len, global_batch, world_size, rank, grad_accum, seed, start_step=0):
         self.micro = micro_batch(global_batch, world_size, grad_accum)
         if dataset_len < global_batch:
             raise UserError(
                 f"the data set has {dataset_len} items, fewer than one global batch ({global_batch}): "
                 "lower --global-batch-size or add data."
             )
-        self.n, self.batch, self.world, self.rank = dataset_len, global_batch, world_size, rank
-        self.accum, self.seed, self.start_step, self.shuffle = grad_accum, seed, start_step, shuffle
+        self.n, self.batch, self.rank = dataset_len, global_batch, rank
+        self.accum, self.seed, self.start_step = grad_accum, seed, start_step
         self.steps_per_epoch = dataset_len // global_batch  # the ragged tail of each epoch is dropped
-
-    def epoch_of(self, step: int) -> int:
-        return step // self.steps_per_epoch
-
-    def _perm(self, epoch: int) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n)
-        return torch.randperm(
-            self.n, generator=torch.Generator().manual_seed(mix_seed(Stream.EPOCH, self.seed, epoch))
-        )
 
     def __iter__(self):
         step, epoch, perm = self.start_step, None, None
         while True:
-            e = self.epoch_of(step)
+            e = step // self.steps_per_epoch
             if e != epoch:
-                epoch, perm = e, self._perm(e)
+                g = torch.Generator().manual_seed(mix_seed(Stream.EPOCH, self.seed, e))
+                epoch, perm = e, torch.randperm(self.n, generator=g)
             base = (step % self.steps_per_epoch) * self.batch + self.rank * self.micro * self.accum
             for m in range(self.accum):
                 idx = perm[base + m * self.micro : base + (m + 1) * self.micro].tolist()
@@ -129,7 +120,7 @@ class TrainData:
     latent_norm: ChannelNorm | None = None  # --latent-norm channel: the store's; None: the scalar rule
     notes: list[str] = field(default_factory=list)  # lines for the log (what a folder scan skipped)
 
-    def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> tuple[StepOrder, DataLoader]:
+    def loader(self, optim, workers: int, runtime: Runtime, start_step: int) -> DataLoader:
         """This rank's micro-batches from ``start_step`` on, in the order of ``optim``'s batch and seed."""
         if hasattr(self.dataset, "verify_once"):  # a latent store: hashed once per node, before workers start
             self.dataset.verify_once(runtime)
@@ -137,7 +128,7 @@ class TrainData:
         order = StepOrder(
             len(self.dataset), o.global_batch_size, rt.world, rt.rank, o.grad_accum_steps, o.seed, start_step
         )
-        loader = DataLoader(
+        return DataLoader(
             SeededItems(self.dataset, optim.seed),
             batch_sampler=order,
             num_workers=workers,
@@ -145,7 +136,6 @@ class TrainData:
             persistent_workers=workers > 0,
             worker_init_fn=ignore_stop_signals,
         )
-        return order, loader
 
 
 def build_data(

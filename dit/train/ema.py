@@ -65,8 +65,6 @@ class EMA(Average):
     """The classic EMA (``decay``, with the official ``warmup``) and the post-hoc ``profiles`` beside it."""
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: bool = False, profiles=()):
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         super().__init__(model)
         self.decay, self.warmup = decay, warmup
         self.profiles = {profile_key(s): PowerEMA(model, s) for s in profiles or ()}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import torch
 
 from dit.cost.analytic import forward_macs, training_flops_per_image, vae_flops
 from dit.cost.measured import measure_flops
-from dit.cost.memory import estimate_training_memory
 from dit.cost.meter import CostMeter
 from dit.cost.peaks import forget_cpu_peak, peak_for_device
 from dit.cost.vae_facts import known_vae_config
@@ -123,12 +121,12 @@ class Ledger:
         record: dict,
         image_size: int,
         total_steps: int,
-        local_images_done: int = 0,
+        images_per_step: int,
         start_step: int = 0,
         repa=None,
-        dropped_images_done: int = 0,
+        dropped_steps: int = 0,
     ):
-        """``local_images_done`` (``dropped_images_done`` with dropped tokens): images before a resume."""
+        """``images_per_step`` on this rank; ``start_step``: steps before a resume, ``dropped_steps`` of them."""
         self.section, self.device, self.runtime, self.data, self.repa = section, device, runtime, data, repa
         self.total_steps = total_steps
         self.model_cfg, self.attention = model.config, attention
@@ -144,30 +142,25 @@ class Ledger:
         self.measured_flops_per_image = float(measured["train_flops_per_image"])
         vae_config = data.vae_config if data.vae_config is not None else known_vae_config(data.vae_spec)
         self.vae = vae_flops(vae_config, image_size) if vae_config is not None else None
-        on_the_fly = data.vae is not None and self.vae is not None
         self.peak = peak_for_device(runtime.device, device.precision, device.peak_tflops)
-        vae = self.vae.encode if on_the_fly else 0.0
+        vae = self.vae.encode if data.vae is not None and self.vae is not None else 0.0  # encoded on the fly
         aux = repa.flops.per_step_image(repa.cached) if repa is not None else 0.0
         flops = self.flops
         self.meter = CostMeter(flops.model, flops.hardware, mc.tokens, self.peak, runtime.world, vae, aux)
-        self.meter.total_images = local_images_done
-        full_done = local_images_done - dropped_images_done
-        self.meter.total_model_flops = dropped_images_done * self.flops.model + full_done * self.full_flops.model
+        self.meter.total_images = start_step * images_per_step
+        full_steps = start_step - dropped_steps
+        self.meter.total_model_flops = images_per_step * (
+            dropped_steps * flops.model + full_steps * self.full_flops.model
+        )
         self.projected = self.peak_doubted = self.memory_compared = False
-        self.memory_estimate = float("nan")  # per device, set by ``report``
 
-    def report(self, batch_per_device: int, sharded: bool) -> None:
-        """The start-up lines: model, FLOPs per image, VAE, memory, peak."""
+    def report(self, memory_estimate: float) -> None:
+        """The start-up lines: model, FLOPs per image, VAE, memory (the fit check's estimate per device), peak."""
         precision, mc, s = self.device.precision, self.model_cfg, self.sinks
         # The meta-device count has no fused-attention recompute: compare it with the same analytic count.
         comparable = training_flops_per_image(mc, self.checkpointed, fused_attention=False).hardware
         gap = self.measured_flops_per_image / comparable - 1
-        sharding, attention = "fsdp" if sharded else "ddp", "fused" if self.fused_attention else "explicit"
-        layout = dict(
-            sharding=sharding, world_size=self.runtime.world, gradient_as_bucket_view=True, attention=attention
-        )
-        mem = estimate_training_memory(mc, batch_per_device, precision, self.checkpointed, **layout)
-        self.memory_estimate = mem.total
+        self.memory_estimate = memory_estimate
         fwd = 2 * forward_macs(mc).total
         s.info(
             f"dit-ledger: {describe(mc)}; {self.params:,} parameters; {self.runtime.world} process(es) on {self.runtime.device}"
@@ -188,7 +181,7 @@ class Ledger:
         for line in self.repa.describe(self.flops.model, self.data.store_manifest) if self.repa else ():
             s.info(line)
         s.info(
-            f"memory estimate per device: {mem.total / 2**30:.3g} GiB ({precision}, {self.checkpointed} blocks "
+            f"memory estimate per device: {memory_estimate / 2**30:.3g} GiB ({precision}, {self.checkpointed} blocks "
             f"checkpointed, {self.attention} attention)"
         )
         s.info(f"peak for {precision}: {self.peak.describe()}")
@@ -223,13 +216,12 @@ class Ledger:
         self.runtime.sync()
         self.meter.reset_clock(time.perf_counter())
 
-    @contextmanager
-    def paused(self):
-        """Keep checkpoints, sample grids and evaluations out of the MFU window."""
+    def aside(self, work, *args) -> None:
+        """``work(*args)`` out of the MFU window: checkpoints, sample grids and evaluations."""
         self.runtime.sync()
         self.meter.pause()
         try:
-            yield
+            work(*args)
         finally:
             self.runtime.sync()
             self.meter.resume()
@@ -241,7 +233,8 @@ class Ledger:
         window = self.meter.window(time.perf_counter())
         if grad_norm is not None:
             grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        cuda = self.runtime.device.type == "cuda"
+        # the meta-device count of the dropping stage, scaled to the steps' own analytic FLOPs
+        measured = window["model_tflops_per_device"] * self.measured_flops_per_image / self.flops.model
         record = {
             "kind": "train",
             "step": step,
@@ -251,17 +244,14 @@ class Ledger:
             "grad_norm": grad_norm,
             "lr": lr,
             **window,
-            # the meta-device count of the dropping stage, scaled to the steps' own analytic FLOPs
-            "measured_tflops_per_device": window["model_tflops_per_device"]
-            * self.measured_flops_per_image
-            / self.flops.model,
+            "measured_tflops_per_device": measured,
             **device_memory(self.runtime.device),
             "loss_scale": loss_scale,
             "nonfinite_steps": counters["nonfinite_steps"],
             "in_warmup": in_warmup,
         }
         self.sinks.log(record, console_keys=self.sinks.CONSOLE_KEYS + (("repa_loss",) if self.repa else ()))
-        if cuda:
+        if self.runtime.device.type == "cuda":
             if not self.memory_compared:  # the first window on a device: the estimate the start-up's fit check
                 self.memory_compared = True  # trusts, checked so far on CPU traces only, vs the allocator
                 self.sinks.info(
@@ -312,8 +302,7 @@ class Ledger:
             f"projection at measured MFU {window['mfu']:.1%}: {remaining:,} steps left, {hours:.2f} h wall-clock, "
             f"{hours * world:.2f} device-hours"
         )
-        price = self.section.price_per_hour
-        if price:
+        if price := self.section.price_per_hour:
             msg += f", {hours * world * price:,.2f} at {price}/device-hour"
         self.sinks.info(msg)
         self.projected = True

@@ -205,6 +205,7 @@ class Parallelism:
             **({"ema_profiles": ema_profiles} if ema_profiles else {}),
         )  # fmt: skip
         blocks, estimate = fit_checkpointing(cfg, micro, usable, policy, **options)
+        self.memory_estimate = estimate.total  # per device, for the ledger's start-up line
         gpu = runtime.device.type == "cuda"
         where = f"{runtime.device}'s {_gib(capacity)}" if gpu else f"the host's {_gib(capacity)}"
         if estimate.total > usable:

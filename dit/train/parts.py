@@ -11,7 +11,7 @@ import yaml
 
 from dit.checkpoint import Checkpointer, remove_partial_checkpoints
 from dit.checkpoint.lineage import begin_segment, plan_segment
-from dit.io.atomic import atomic_write
+from dit.io.atomic import atomic_write_bytes
 from dit.model.dit import DiT
 from dit.model.layers import attention_kernel
 from dit.model.projector import RepaModel
@@ -55,7 +55,7 @@ class RunParts:
     def _lock_run_folder(self) -> list[str]:
         """Rank 0 locks the run folder for the run's life (a second run into it is refused, every rank told),
         then clears what a killed run left: the lock file's record and partial checkpoint files."""
-        rt, notes, self.lock = self.runtime, [], None
+        rt, notes = self.runtime, []
         self.lock = rt.lock_folder(self.out, "training run", "wait for it, or pass another --results-dir")
         if rt.is_main:
             if held := self.lock.took_over:
@@ -82,11 +82,12 @@ class RunParts:
             runtime.device,
             features=cfg.repa_encoder.encoder is not None,
         )
-        n = len(self.data.dataset)
-        self.total_steps = cfg.budget.steps(n, batch)
-        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data, the ragged tail dropped
+        self.steps_per_epoch = max(1, len(self.data.dataset) // batch)  # the ragged tail of each is dropped
+        self.total_steps = cfg.budget.max_steps
+        if cfg.budget.epochs:  # the official train.py's unit: whole passes over the data
+            self.total_steps = cfg.budget.epochs * self.steps_per_epoch
             notes.append(
-                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {max(1, n // batch):,} steps of {batch} "
+                f"--epochs {cfg.budget.epochs} = {cfg.budget.epochs} x {self.steps_per_epoch:,} steps of {batch} "
                 f"images = --max-steps {self.total_steps:,}"
             )
         # What the run is: config.yaml and every checkpoint. Its VAE is the data's (a data set given to train()
@@ -103,8 +104,7 @@ class RunParts:
         self.checkpointed, why = self.parallel.fit(model_cfg, self.micro, accum, self.attention, ema)
         notes += [why] if why else []
         if runtime.is_main:
-            text = yaml.safe_dump(self.record, sort_keys=False)
-            atomic_write(self.out / "config.yaml", lambda f: f.write(text.encode()))
+            atomic_write_bytes(self.out / "config.yaml", yaml.safe_dump(self.record, sort_keys=False).encode())
         return model_cfg, resume_from, ckpt
 
     def _build_model(self, model_cfg, ckpt, notes: list[str]):
@@ -114,13 +114,12 @@ class RunParts:
         torch.manual_seed(cfg.optim.seed)
         model = DiT.from_config(model_cfg).to(device).set_attention(cfg.parallel.attention)
         # REPA: the projector trains with the DiT (one module to parallelize and optimize); the encoder is frozen
-        self.repa = None
+        self.repa, trained = None, model
         if cfg.repa_encoder.encoder:
             self.repa = Repa(
                 cfg.repa_encoder, cfg.repa, model_cfg, self.data.store_manifest, device, runtime.precision
             )
-        projector = self.repa.projector(model_cfg).to(device) if self.repa else None
-        trained = RepaModel(model, projector, cfg.repa.depth) if self.repa else model
+            trained = RepaModel(model, self.repa.projector(model_cfg).to(device), cfg.repa.depth)
         start = cfg.checkpoint
         if start.init_from and ckpt is None:  # a fine-tune's first start (its resumes: from its own checkpoints)
             from dit.train.init import init_from
@@ -139,15 +138,14 @@ class RunParts:
         """The state, restored from ``ckpt`` if any; the objective, the data order from the state's step.
         Returns the checkpoint lineage's (line, off line)."""
         cfg, runtime, device, optim = self.cfg, self.runtime, self.runtime.device, self.cfg.optim
-        n = len(self.data.dataset)
         self.state = TrainState(
             model,
             ema,
             optim.optimizer(trained),
             runtime.precision.grad_scaler(),
             self.parallel.split,
-            n,
-            max(1, n // optim.global_batch_size),
+            len(self.data.dataset),
+            self.steps_per_epoch,
             trained,
             self.record,
             self.data.latent_norm.record() if self.data.latent_norm else None,
@@ -162,16 +160,13 @@ class RunParts:
         self.state.lineage = line
         self.objective = cfg.objective.build(model.config)
         self.objective.tables(device)  # uploaded once: a step makes no host-to-device copies of them
-        self.order, self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
+        self.loader = self.data.loader(optim, cfg.data.num_workers, runtime, self.state.step)
         self.rand_gen = torch.Generator(device=device)
         self.counters = StepCounters(device, alignment=self.repa is not None)
         return line, off_line
 
     def _build_ledger(self, model, resume_from, notes: list[str]) -> None:
         cfg = self.cfg
-        per_step = self.micro * cfg.optim.grad_accum_steps
-        done = self.state.step * per_step
-        dropped = cfg.token_drop.dropped_steps(model.config, self.state.step) * per_step
         self.ledger = Ledger(
             cfg.ledger,
             cfg.runtime,
@@ -183,12 +178,12 @@ class RunParts:
             record=self.record,
             image_size=cfg.model.image_size,
             total_steps=self.total_steps,
-            local_images_done=done,
+            images_per_step=self.micro * cfg.optim.grad_accum_steps,
             start_step=self.state.step,
             repa=self.repa,
-            dropped_images_done=dropped,
+            dropped_steps=cfg.token_drop.dropped_steps(model.config, self.state.step),
         )
-        self.ledger.report(self.micro, self.parallel.split)
+        self.ledger.report(self.parallel.memory_estimate)
         for note in notes + self.data.notes:
             self.ledger.sinks.info(note)
         self.resumed_from, self.resumed_step = resume_from, self.state.step

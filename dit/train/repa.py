@@ -49,13 +49,12 @@ class Repa(StepHook):
                     f"{self.name} at {self.input_size} px: pass --repa-encoder {made[0]} --repa-input-size "
                     f"{made[1]}, or re-extract the store."
                 )
-            self.encoder, shape = None, encoder_shape(self.name, self.input_size)
+            self.encoder, self.shape = None, encoder_shape(self.name, self.input_size)
             self.upstream = upstream_flops(self.name)
         else:
             self.encoder = Encoder(self.name, encoder.encoder_weights, self.input_size, device)
-            shape, self.upstream = self.encoder.shape, self.encoder.upstream_flops
-        self.shape = shape
-        self.flops: RepaFlops = repa_flops(shape, model_cfg, repa.projector_dim)
+            self.shape, self.upstream = self.encoder.shape, self.encoder.upstream_flops
+        self.flops: RepaFlops = repa_flops(self.shape, model_cfg, repa.projector_dim)
         self.projector_dim = repa.projector_dim
         # stored features: the encoder ran once per stored view of every image, at extraction
         self.views = 2 if (store_manifest or {}).get("flips_stored") else 1

@@ -35,9 +35,8 @@ class Trainer(RunParts):
     # ---- one step -------------------------------------------------------------------------------------
 
     def _randomness(self, step: int, shape):
-        """Timesteps, noise, class dropout and the hooks' draws (a VAE's posterior sample) of the whole global
-        batch for this step, identical on every rank: keyed by (seed, step), so a resumed run or another world
-        size draws the same (the global RNG is not: a data loader's start draws from it)."""
+        """The whole global batch's timesteps, noise, class dropout and the hooks' draws (a VAE's posterior sample),
+        keyed by (seed, step): not the global RNG, which a data loader's start draws from."""
         g = self.rand_gen.manual_seed(mix_seed(Stream.STEP, self.cfg.optim.seed, step))
         b, device = self.cfg.optim.global_batch_size, self.runtime.device
         t = self.objective.sample_t(b, g, device)  # diffusion: integer steps; flow: times in [0, 1], 1 = data
@@ -57,12 +56,8 @@ class Trainer(RunParts):
         return out.float()
 
     def train_step(self, batches, log_step: bool = False):
-        """One optimizer step over this rank's micro-batches ``batches``; advances ``state.step``.
-
-        Returns the gradient norm (a device scalar) when clipping or ``log_step`` needs it, else None. A
-        non-finite loss skips the update on the device (fused AdamW's ``found_inf``, the scaler, 0/1 EMA
-        weights), so nothing is read back.
-        """
+        """One optimizer step over this rank's micro-batches ``batches``, advancing ``state.step``, with nothing
+        read back: the gradient norm (a device scalar) when clipping or ``log_step`` needs it, else None."""
         cfg, state, device = self.cfg.optim, self.state, self.runtime.device
         for group in state.optimizer.param_groups:
             group["lr"] = cfg.lr_at(state.step, self.total_steps)
@@ -108,17 +103,15 @@ class Trainer(RunParts):
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
         elif scaler is None or log_step:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if scaler is None:  # a finite loss can still overflow in backward; fp16's scaler checks that itself
-            # the same on every rank: the gradients were all-reduced
-            bad = bad | ~torch.isfinite(self.parallel.global_norm(grad_norm))
         if scaler is not None:
-            scaler.step(opt)  # skips non-finite steps on the device
+            scaler.step(opt)  # skips non-finite steps on the device (it checks the gradients itself)
             scaler.update()
-        elif cfg.fused_optimizer:
-            opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
-            opt.step()
-        elif not bad.item():  # foreach AdamW cannot skip on the device: this path syncs every step
-            opt.step()
+        else:  # a finite loss can still overflow in backward; the norm is the same on every rank (all-reduced)
+            bad = bad | ~torch.isfinite(self.parallel.global_norm(grad_norm))
+            if cfg.fused_optimizer:
+                opt.found_inf = bad.float()  # the fused kernel skips the update (and its step count)
+            if cfg.fused_optimizer or not bad.item():  # foreach AdamW cannot skip on the device: it syncs
+                opt.step()
         opt.zero_grad(set_to_none=True)
         state.ema.update(state.model, apply=(~bad).float())
         self.counters.add(total, bad, aux_total)
@@ -134,8 +127,9 @@ class Trainer(RunParts):
         warmup_until = state.step + cfg.ledger.mfu_warmup_steps
         it, status, stopped_by = iter(self.loader), "finished", None
         try:
-            flag = contextlib.nullcontext(stop) if stop is not None else self.runtime.stop_flag()
-            with flag as stop, self._progress() as bar:
+            flag = contextlib.nullcontext(stop) if stop is not None else StopFlag(self.runtime.world)
+            shown = cfg.ledger.progress and self.runtime.is_main
+            with flag as stop, progress(max_steps, "train", initial=state.step, unit="step", enabled=shown) as bar:
                 state.model.train()
                 ledger.start_window()
                 while state.step < max_steps:
@@ -158,19 +152,15 @@ class Trainer(RunParts):
                     eval_step = bool(eval_every) and (state.step % eval_every == 0 or state.step == max_steps)
                     # the snapshot first: a checkpoint is never newer than the snapshots its run needs
                     if self.checkpointer.snapshot_due(state, last=state.step == max_steps):
-                        with ledger.paused():
-                            self.checkpointer.snapshot(state)
+                        ledger.aside(self.checkpointer.snapshot, state)
                     if ckpt_step:
-                        with ledger.paused():
-                            self.save()
+                        ledger.aside(self.save)
                     if log_step:
                         self._report_saves()
                     if grid_every and state.step % grid_every == 0:
-                        with ledger.paused():
-                            self.sample_grid()
+                        ledger.aside(self.sample_grid)
                     if eval_step:
-                        with ledger.paused():
-                            self._evaluate(stop)
+                        ledger.aside(self._evaluate, stop)
                     # ranks ask each other only where they sync anyway (StopFlag): within --log-every steps
                     self.checkpointer.check(everyone=log_step or ckpt_step or eval_step)
                     if stop.should_stop(everyone=log_step or ckpt_step or eval_step):
@@ -211,16 +201,12 @@ class Trainer(RunParts):
                 self.save()
             raise unwrap_worker_error(e) from None
 
-    def _progress(self):
-        enabled = self.cfg.ledger.progress and self.runtime.is_main
-        return progress(self.total_steps, "train", initial=self.state.step, unit="step", enabled=enabled)
-
     def _log(self, grad_norm, in_warmup: bool) -> None:
         state, scaler = self.state, self.state.scaler
         counters = self.counters.read(self.runtime)
         self.ledger.log(
             step=state.step,
-            epoch=self.order.epoch_of(state.step - 1),
+            epoch=(state.step - 1) // self.steps_per_epoch,
             counters=counters,
             grad_norm=grad_norm,
             lr=self.cfg.optim.lr_at(state.step - 1, self.total_steps),
@@ -228,8 +214,7 @@ class Trainer(RunParts):
             loss_scale=float(scaler.get_scale()) if scaler is not None else None,
         )
         if (streak := counters["longest_nonfinite_streak"]) >= self.cfg.optim.max_nonfinite:
-            with self.ledger.paused():
-                self.save()  # the skipped steps left the weights as they were before the first non-finite one
+            self.ledger.aside(self.save)  # the skipped steps left the weights as before the first non-finite one
             began = state.step - streak + 1
             if self.resumed_from is not None and began - self.resumed_step <= SUSPECT_STEPS:
                 # soon after a resume: the weights it resumed from are the suspect, not the recipe
@@ -287,7 +272,7 @@ def train(cfg: TrainConfig, dataset=None) -> dict:
     os.makedirs(cfg.checkpoint.results_dir, exist_ok=True)
     timeout = timedelta(minutes=cfg.runtime.dist_timeout_min)  # a rank 0 save inside a collective wait
     try:  # a stop in set-up: at the first step asked
-        with Runtime.of(cfg.runtime, timeout=timeout) as runtime, runtime.stop_flag() as stop:
+        with Runtime.of(cfg.runtime, timeout=timeout) as runtime, StopFlag(runtime.world) as stop:
             return Trainer(cfg, runtime, dataset).run(stop)
     except CannotWrite as e:  # any write of the run (a checkpoint, a sink, a record): its line says what is kept
         raise e.keeping(kept_checkpoints(cfg.checkpoint.folder)) from None
