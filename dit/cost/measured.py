@@ -13,19 +13,12 @@ from dit.io.errors import require
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 
-
-def _fused_sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _fused_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 # The CPU kernels counted as torch counts the CUDA fused ones (forward 2 bmm, backward 5: QK^T recomputed)
 CPU_SDPA_FORMULAS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_sdpa,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_sdpa_backward,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *_, **__: sdpa_flop_count(q, k, v),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
+        lambda g, q, k, v, *_, **__: sdpa_backward_flop_count(g, q, k, v)
+    ),
 }
 
 # Module (block index starred) -> component; attention's own share is its total less its two linears

@@ -62,28 +62,6 @@ class MemoryEstimate:
         return sum(self.parts.values())
 
 
-def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
-    """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
-    d, p = cfg.hidden_size, cfg.patch_size
-    block = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
-    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d + _fusion(cfg)[0]
-    return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
-
-
-def _check_step(cfg: DiTConfig, batch: int, precision: str, checkpointed: int, sharding: str, world: int) -> None:
-    """``estimate_training_memory``'s arguments, each a ``UserError`` naming the value."""
-    if batch < 1:
-        raise UserError(f"batch_per_device must be >= 1, got {batch}.")
-    if precision not in MEMORY_PRECISIONS:
-        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
-    if not 0 <= checkpointed <= cfg.depth:
-        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed}.")
-    if sharding not in ("ddp", "fsdp"):
-        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
-    if world < 1:
-        raise UserError(f"world_size must be >= 1, got {world}.")
-
-
 def estimate_training_memory(
     cfg: DiTConfig,
     batch_per_device: int,
@@ -98,12 +76,24 @@ def estimate_training_memory(
     ratio: float | None = None,
 ) -> MemoryEstimate:
     """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, AdamW's step."""
-    _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
+    if batch_per_device < 1:
+        raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
+    if precision not in MEMORY_PRECISIONS:
+        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
+    if not 0 <= checkpointed_blocks <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
+    if sharding not in ("ddp", "fsdp"):
+        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
+    if world_size < 1:
+        raise UserError(f"world_size must be >= 1, got {world_size}.")
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
-    all_matmul, block_matmul = _matmul_params(cfg)
-    d = cfg.hidden_size  # a block's parameters: attention and adaLN with their biases, and its options'
+    d, p = cfg.hidden_size, cfg.patch_size  # matmul weights: what autocast keeps 16-bit copies of
+    block_matmul = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
+    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + 3 * d * d + _fusion(cfg)[0]
+    all_matmul = cfg.depth * block_matmul + rest + d * p * p * cfg.out_channels
+    # a block's parameters: attention and adaLN with their biases, and its options'
     block_params = (4 * d * d + 4 * d) + option_params(cfg) + (6 * d * d + 6 * d)
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     tokens = cfg.block_tokens(ratio)  # each block's elements: elems x its tokens / all tokens

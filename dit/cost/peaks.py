@@ -87,34 +87,30 @@ def _override(override_tflops: float | None, device: str, precision: str) -> Pea
 
 
 def resolve_peak(
-    device_name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
+    name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
 ) -> Peak:
     """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
     on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
-    label = device_name or "cpu"
-    forced = _override(override_tflops, label, precision)
+    forced = _override(override_tflops, name or "cpu", precision)
     if forced is not None:
         return forced
-    if device_name is None or device_name.lower() == "cpu":
+    if name is None or name.lower() == "cpu":
         return cpu_peak(precision, measure_seconds)
-    spec = find_device(device_name)
+    spec = find_device(name)
     if spec is not None and _table_tflops(spec, precision) is not None:
-        return table_peak(device_name, precision)
-    here = _this_device()
-    present = (
-        find_device(here) is spec
-        if spec
-        else re.search(rf"\b{re.escape(normalised_name(device_name))}\b", normalised_name(here))
-    )
+        return table_peak(name, precision)
+    here = device_name()
+    pattern = rf"\b{re.escape(normalised_name(name))}\b"
+    present = find_device(here) is spec if spec else re.search(pattern, normalised_name(here))
     if not present:
-        unknown = f"no peak is known for {device_name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
+        unknown = f"no peak is known for {name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
         raise UserError(
             f"{f'{spec.name} has no published dense {precision} rate' if spec else unknown}, and a measured peak "
             f"needs that device, which this machine lacks (it has {here}): measure it on a machine with one, or "
             f"{_HOW_TO_PLAN}."
         )
     warnings.warn(
-        f"no datasheet {precision} peak for {device_name!r}; MFU is against a measured matmul peak. To use "
+        f"no datasheet {precision} peak for {name!r}; MFU is against a measured matmul peak. To use "
         f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
         stacklevel=2,
     )
@@ -122,7 +118,7 @@ def resolve_peak(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = measure_matmul_peak(precision, measure_seconds, device)
-    return Peak(flops, "measured", f"{device_name} (measured)", precision)
+    return Peak(flops, "measured", f"{name} (measured)", precision)
 
 
 def matmul_precision(precision: str) -> str:
@@ -153,11 +149,6 @@ def device_name(device=None) -> str:
     if "MI250X/MI250" in name and torch.cuda.get_device_properties(device).multi_processor_count == 104:
         return "AMD Instinct MI250"  # an MI250 GCD has 104 CUs, an MI250X GCD 110
     return name
-
-
-def _this_device() -> str:
-    """The name of the device a measurement here would run on (resolve_peak's argument hides device_name)."""
-    return device_name()
 
 
 def peak_for_device(device, precision: str, override_tflops: float | None = None) -> Peak:

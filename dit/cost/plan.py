@@ -25,7 +25,7 @@ from dit.cost.memory import (
 )
 from dit.cost.peaks import resolve_peak, table_peak
 from dit.cost.report import Fit, GuideCost, MemoryPlan, SampleBudget, Timing, Traced, TrainingPlan, TrainMemory
-from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
+from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS, SD_VAE_CONFIG, known_vae_config, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
 from dit.io.userfiles import read_json
@@ -62,10 +62,10 @@ def model_for_image(
 ) -> DiTConfig:
     """The DiT config for ``image_size`` pixels: the VAE's latents (``vae`` True: the SD VAE's) or the pixels."""
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
+    down, channels = 1, 3
     if vae_config is not None:
-        down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
-    else:
-        down, channels = 1, 3
+        down = latent_downsample_of(vae_config)
+        channels = int(vae_config.get("latent_channels", AUTOENCODER_KL_DEFAULTS["latent_channels"]))
     if latent_size is None:
         if image_size % down:
             raise UserError(

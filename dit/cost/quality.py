@@ -64,11 +64,6 @@ def training_seconds_at(train: list[dict], step: float) -> float:
     return seconds
 
 
-def _world(train: list[dict]) -> int:
-    r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
-    return max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
-
-
 def compute_to_target(
     run_dir: str,
     target_fid: float,
@@ -101,7 +96,8 @@ def compute_to_target(
         w = (f0 - target_fid) / (f0 - f1)  # f0 > target >= f1
         pflops = math.exp(math.log(p0) + w * (math.log(p1) - math.log(p0))) if p0 > 0 else p0 + w * (p1 - p0)
         step = s0 + (pflops - p0) / (p1 - p0) * (s1 - s0) if p1 != p0 else s1  # FLOPs grow with steps
-    world = _world(train)
+    r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
+    world = max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
     seconds = training_seconds_at(train, step)
     hours = seconds * world / 3600
     result.update(
