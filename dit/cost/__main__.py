@@ -154,19 +154,19 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
     cfg = m.config()
     r = plan.plan_memory(
         cfg, o.batch_per_device, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True),
-        o.ema, o.sharding, o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
-        len(o.ema_profiles or ()),
+        o.ema, "fsdp" if o.fsdp else "ddp", o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib,
+        o.trace, len(o.ema_profiles or ()),
     )  # fmt: skip
     show(r, o.json)
 
 
 def cmd_peaks(args: PeaksArgs) -> None:
-    o = args
-    if o.device is not None:
+    o, device = args, args.gpu if args.gpu is not None else args.device_name
+    if device is not None:
         from dit.runtime.precision import Precision  # an unknown device is measured: in the runtime's mode
 
         with Precision(o.precision, "cuda").flags():
-            peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
+            peak = peaks.resolve_peak(device, o.precision, o.peak_tflops)
         result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
         result.update({k: v for k in ("detail", "measured_on") if (v := getattr(peak, k))})
         print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
@@ -267,10 +267,9 @@ FACE = Face(
 )  # fmt: skip
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None) -> None:
     parsed = FACE.parse(argv)
     COMMANDS[parsed.command][0](**parsed.sections)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

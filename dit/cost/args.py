@@ -198,10 +198,6 @@ class MemoryArgs(Section):
     def batch_per_device(self) -> int:
         return self.batch_size if self.batch_size is not None else self.global_batch_size // self.num_gpus
 
-    @property
-    def sharding(self) -> str:
-        return "fsdp" if self.fsdp else "ddp"
-
 
 @dataclass(frozen=True)
 class PeaksArgs(Section):
@@ -217,10 +213,6 @@ class PeaksArgs(Section):
     def check(self) -> None:
         if self.gpu is not None and self.device_name is not None and self.gpu != self.device_name:
             raise FieldError(f"name one device: {{gpu}} {self.gpu!r} or {self.device_name!r}, not both.")
-
-    @property
-    def device(self) -> str | None:
-        return self.gpu if self.gpu is not None else self.device_name
 
 
 @dataclass(frozen=True, kw_only=True)

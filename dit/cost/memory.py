@@ -200,21 +200,6 @@ class MemoryTrace:
     at_peak: dict[str, int]  # MemTracker's categories (Parameter, Gradient, Activation, ...) at the peak
 
 
-def _peak_only_tracker():
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class PeakOnlyMemTracker(MemTracker):
-        """MemTracker without its per-module peaks, which cost O(modules) per op."""
-
-        def _update_peak_stats(self, peak_state) -> None:
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
-
-    return PeakOnlyMemTracker()
-
-
 def trace_training_memory(
     cfg: DiTConfig,
     batch_per_device: int,
@@ -226,9 +211,19 @@ def trace_training_memory(
     """Peak memory of one steady-state step, traced on fake tensors (CPU autocast, AdamW ``foreach``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     from dit.model.dit import DiT
     from dit.objectives.gaussian import create_diffusion
+
+    class PeakOnlyMemTracker(MemTracker):
+        """MemTracker without its per-module peaks, which cost O(modules) per op."""
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(checkpointed_blocks).train()
@@ -245,7 +240,7 @@ def trace_training_memory(
         ema_model = DiT.from_config(cfg).requires_grad_(False) if ema else None
         diffusion = create_diffusion("")
 
-        tracker = _peak_only_tracker()
+        tracker = PeakOnlyMemTracker()
         tracker.track_external(model, optimizer, ema_model)
         with tracker:
             n, side = batch_per_device, cfg.input_size

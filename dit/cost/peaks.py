@@ -200,8 +200,14 @@ CPU_PEAK_PROBES = 5
 CPU_PEAK_MAX_AGE_DAYS = 30
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dit-ledger")
+def _kept_peaks() -> tuple[Path, dict]:
+    """The file of this machine's kept CPU peaks, and what it holds ({} when it is absent or unreadable)."""
+    path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dit-ledger") / "cpu_peaks.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    return path, cache if isinstance(cache, dict) else {}
 
 
 def cpu_arithmetic(precision: str) -> str:
@@ -233,13 +239,8 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
     machine for 30 days (docs/cost_model.md, section 5). Two rounds of probes: kept only if they agree within
     ``CPU_PEAK_AGREEMENT`` and are not that far below an expired kept peak; else the better figure, unkept."""
     arithmetic = cpu_arithmetic(precision)
-    path = cache_dir() / "cpu_peaks.json"
+    path, cache = _kept_peaks()
     key = _cpu_key(arithmetic)
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    cache = cache if isinstance(cache, dict) else {}
     entry = _valid_entry(cache.get(key))
     today = datetime.date.today()
     if entry is not None and (today - datetime.date.fromisoformat(entry["date"])).days <= CPU_PEAK_MAX_AGE_DAYS:
@@ -301,15 +302,15 @@ def _keep(path: Path, data: bytes) -> str | None:
 
 def forget_cpu_peak(precision: str) -> Path | None:
     """Drop this machine's kept peak for ``precision`` (a run beat it: it was measured on a busy machine)."""
-    path = cache_dir() / "cpu_peaks.json"
-    try:
-        cache = json.loads(path.read_text())
-        cache.pop(_cpu_key(cpu_arithmetic(precision)))
-        from dit.io.atomic import atomic_write_bytes
+    from dit.io.atomic import atomic_write_bytes
 
+    path, cache = _kept_peaks()
+    if cache.pop(_cpu_key(cpu_arithmetic(precision)), None) is None:
+        return None
+    try:
         atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
         return path
-    except (OSError, ValueError, KeyError, AttributeError):
+    except OSError:
         return None
 
 

@@ -120,37 +120,6 @@ def save_calibration(cal: Calibration, path: str, **extra) -> None:
     atomic_write_bytes(path, json.dumps({**asdict(cal), **extra}, indent=2).encode())
 
 
-def _mfu_and_device(
-    cfg: DiTConfig, image_size: int, precision: str, device: str | None, mfu: float | None, calibration: str | None
-) -> tuple[float, str, str]:
-    """(mfu, where it came from, device name) from --mfu or a calibration that matches this plan."""
-    if mfu is not None and calibration is not None:
-        raise UserError("pass --mfu or --calibration, not both.")
-    if calibration is not None:
-        cal = load_calibration(calibration)
-        name = registry_name(cfg) or "custom"
-        if (cal.model, cal.image_size, cal.precision) != (name, image_size, precision):
-            raise UserError(
-                f"calibration {calibration} is for {cal.model} at {cal.image_size} px in {cal.precision}, not "
-                f"{name} at {image_size} px in {precision}: MFU does not carry over; benchmark this "
-                "configuration or pass --mfu."
-            )
-        if device is not None and find_device(device) != find_device(cal.device):
-            raise UserError(
-                f"calibration {calibration} was measured on {cal.device!r}, not {device!r}: "
-                "drop --gpu, or benchmark that device."
-            )
-        return cal.mfu, f"calibration {calibration}", device or cal.device
-    if mfu is None:
-        raise UserError(
-            "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
-            "--calibration FILE from a benchmark; drop --gpu for the compute alone."
-        )
-    if device is None:
-        raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
-    return mfu, "given", device
-
-
 @dataclass(frozen=True)
 class Budget:
     """What a plan runs on: the devices, the precision of their peak, the MFU or a calibration, a peak, a price."""
@@ -171,7 +140,31 @@ def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, bu
         if b.price_per_device_hour is not None:
             raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
         return Timing()
-    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, b.precision, b.device, b.mfu, b.calibration)
+    if b.mfu is not None and b.calibration is not None:
+        raise UserError("pass --mfu or --calibration, not both.")
+    mfu, mfu_source, device = b.mfu, "given", b.device  # or a calibration's, which must match this plan
+    if b.calibration is not None:
+        cal = load_calibration(b.calibration)
+        name = registry_name(cfg) or "custom"
+        if (cal.model, cal.image_size, cal.precision) != (name, image_size, b.precision):
+            raise UserError(
+                f"calibration {b.calibration} is for {cal.model} at {cal.image_size} px in {cal.precision}, not "
+                f"{name} at {image_size} px in {b.precision}: MFU does not carry over; benchmark this "
+                "configuration or pass --mfu."
+            )
+        if device is not None and find_device(device) != find_device(cal.device):
+            raise UserError(
+                f"calibration {b.calibration} was measured on {cal.device!r}, not {device!r}: "
+                "drop --gpu, or benchmark that device."
+            )
+        mfu, mfu_source, device = cal.mfu, f"calibration {b.calibration}", device or cal.device
+    elif mfu is None:
+        raise UserError(
+            "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
+            "--calibration FILE from a benchmark; drop --gpu for the compute alone."
+        )
+    elif device is None:
+        raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
     peak = (
         resolve_peak(device, b.precision, b.peak_tflops)
         if b.peak_tflops is not None
