@@ -153,10 +153,7 @@ def sampling_flops_per_image(
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
     full = forward_macs(cfg, ratio=0).flops
-    if guide is not None:
-        weak = forward_macs(guide, ratio=0).flops
-    else:
-        weak = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
+    weak = forward_macs(guide if guide is not None else cfg, ratio=0, path_drop=path_drop and guide is None).flops
     model = (num_steps * full) + guided * weak
     return SampleFlops(model=float(model), vae_decode=float(vae_decode_flops), forward_passes=passes)
 

@@ -54,14 +54,6 @@ def _components(counter: FlopCounterMode) -> dict[str, int]:
     return out
 
 
-def _kept(cfg: DiTConfig, batch_size: int, ratio: float | None, device: str) -> dict:
-    """The forward's ``kept`` at drop ratio ``ratio``: each sample's first K tokens (counts depend on K)."""
-    ratio = cfg.token_drop if ratio is None else ratio
-    if not ratio:
-        return {}
-    return {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)}
-
-
 def measure_flops(
     cfg: DiTConfig,
     batch_size: int = 1,
@@ -78,7 +70,9 @@ def measure_flops(
         model = DiT.from_config(cfg)
     model.set_checkpointing(checkpointed_blocks).train()
     mapping = CPU_SDPA_FORMULAS if device == "cpu" else {}
-    inputs, kept = _inputs(cfg, batch_size, device), _kept(cfg, batch_size, ratio, device)
+    inputs, ratio = _inputs(cfg, batch_size, device), cfg.token_drop if ratio is None else ratio
+    # a token drop's ``kept``: each sample's first K tokens (counts depend on K only)
+    kept = {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)} if ratio else {}
 
     with FlopCounterMode(display=False, custom_mapping=mapping) as fwd_counter, torch.no_grad():
         model(*inputs, **kept)

@@ -172,9 +172,10 @@ def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, bu
     )
     seconds = total_flops / (b.num_devices * peak.flops * mfu)
     device_hours = seconds * b.num_devices / 3600
+    price = b.price_per_device_hour
     return Timing(
         peak.device, peak.flops / 1e12, peak.source, mfu, mfu_source, images / seconds, seconds, device_hours,
-        seconds / 86400, device_hours * b.price_per_device_hour if b.price_per_device_hour is not None else None,
+        seconds / 86400, device_hours * price if price is not None else None, price,
     )  # fmt: skip
 
 
@@ -216,13 +217,9 @@ def plan_training(
         num_devices, precision, steps, images, train.forward / 1e9, train.model / 1e9, train.model / 2e9,
         train.hardware / 1e9, "fused" if fused_attention else "explicit", checkpointed_blocks,
         float(train.model) * global_batch_size, total_flops, total_flops / 2,
-        encode / 1e9 if encode is not None else None,
-        encode * global_batch_size if encode is not None else None,
-        encode * images if encode is not None else None,
-        repa.encoder_forward / 1e9 if repa is not None else None,
-        repa.projector_train / 1e9 if repa is not None else None,
-        repa_cached if repa is not None else None,
-        aux / 1e9, aux / train.model, aux * images, timing, budget.price_per_device_hour, memory,
+        *((encode / 1e9, encode * global_batch_size, encode * images) if encode is not None else (None,) * 3),
+        *((repa.encoder_forward / 1e9, repa.projector_train / 1e9, repa_cached) if repa is not None else (None,) * 3),
+        aux / 1e9, aux / train.model, aux * images, timing, memory,
     )  # fmt: skip
 
 
@@ -239,11 +236,6 @@ def plan_sampling(
     guide: DiTConfig | None = None,
 ) -> SampleBudget:
     """FLOPs to sample ``num_images`` (steps x forward, x2 guided, + VAE decode), and time and cost at one MFU."""
-    if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
-        raise UserError(
-            "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
-            "--guidance-scale 1, or a --guide-model."
-        )
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(
         cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode, unguided_nfe=unguided_nfe,
@@ -261,7 +253,6 @@ def plan_sampling(
         forward_macs(cfg, ratio=0).flops / 1e9, guide_cost, per_image.model / 1e9, per_image.model / 2e9,
         per_image.vae_decode / 1e9, per_image.total / 1e9, per_image.model * num_images,
         per_image.vae_decode * num_images, total, total / 2, _timing(cfg, image_size, total, num_images, budget),
-        budget.price_per_device_hour,
     )  # fmt: skip
 
 
