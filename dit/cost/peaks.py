@@ -177,8 +177,7 @@ def measure_matmul_peak(
             f"a {precision} peak measured in CUDA's {_cuda_matmul_mode()} matmul mode: measure inside "
             f"dit.runtime.Precision({precision!r}, 'cuda').flags()"
         )
-    a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
-    b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision])) for _ in range(2))
     a @ b  # warm-up: kernel selection, thread pools
     sync()
     bests = []
@@ -219,14 +218,11 @@ def _cpu_key(arithmetic: str) -> str:
     """What a CPU peak depends on: the processor model, the threads torch uses, torch's version, the dtype."""
     import torch
 
-    model = "unknown cpu"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        lines = []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown cpu")
     return f"{model} | {torch.get_num_threads()} threads | torch {torch.__version__} | {arithmetic}"
 
 

@@ -271,9 +271,9 @@ def plan_memory(
 ) -> MemoryPlan:
     """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
-    options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
-    if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA
-        options["ema_profiles"] = ema_profiles
+    options = dict(
+        precision=precision, ema=ema, sharding=sharding, world_size=world_size, ema_profiles=ema_profiles
+    )
     if checkpointed_blocks == "auto":
         if usable is None:
             raise UserError(

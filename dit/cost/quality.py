@@ -50,20 +50,6 @@ def pflops_of(evaluation: dict, count: str = "model") -> float:
     return pflops
 
 
-def training_seconds_at(train: list[dict], step: float) -> float:
-    """Training time up to ``step``: the MFU windows (pauses and warm-up left out), the last one pro rata."""
-    seconds, last = 0.0, 0
-    for r in train:
-        window = r.get("window_s") or 0.0
-        if r["step"] <= step:
-            seconds += window
-        else:
-            seconds += window * (step - last) / max(r["step"] - last, 1)
-            break
-        last = r["step"]
-    return seconds
-
-
 def compute_to_target(
     run_dir: str,
     target_fid: float,
@@ -98,7 +84,14 @@ def compute_to_target(
         step = s0 + (pflops - p0) / (p1 - p0) * (s1 - s0) if p1 != p0 else s1  # FLOPs grow with steps
     r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
     world = max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
-    seconds = training_seconds_at(train, step)
+    seconds, last = 0.0, 0  # the MFU windows up to ``step`` (pauses and warm-up left out), the last pro rata
+    for t in train:
+        window = t.get("window_s") or 0.0
+        if t["step"] > step:
+            seconds += window * (step - last) / max(t["step"] - last, 1)
+            break
+        seconds += window
+        last = t["step"]
     hours = seconds * world / 3600
     result.update(
         reached=True,
