@@ -3,6 +3,7 @@ check on ``dit.cost.analytic`` (on CPU, torch counts the flash kernel as 0: docs
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -97,10 +98,7 @@ def _sdpa_macs(inputs, outputs) -> int:
     from fvcore.nn.jit_handles import get_shape
 
     q, k, v = (get_shape(inputs[i]) for i in range(3))
-    batch_heads = 1
-    for size in q[:-2]:
-        batch_heads *= size
-    return batch_heads * q[-2] * k[-2] * (q[-1] + v[-1])
+    return math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
 def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool = True) -> dict:

@@ -43,13 +43,6 @@ def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: in
     return cfg.num_heads * tokens**2 * (2 if precision in _AUTOCAST else 4)
 
 
-def _fusion(cfg: DiTConfig) -> tuple[int, int]:
-    """(matmul weights, bytes kept per element) of SPRINT's fusion, a 2D -> D linear."""
-    if not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
-        return 0, 0
-    return 2 * cfg.hidden_size**2, 2 * 4
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per device at the peak of a training step, by part, and the phase that sets the peak."""
@@ -89,9 +82,12 @@ def estimate_training_memory(
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
+    sprint = cfg.token_drop and cfg.token_drop_layout == "sprint"  # its fusion: a 2D -> D linear, keeping 2 x fp32
     d, p = cfg.hidden_size, cfg.patch_size  # matmul weights: what autocast keeps 16-bit copies of
     block_matmul = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
-    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + 3 * d * d + _fusion(cfg)[0]
+    rest = (
+        p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + 3 * d * d + (2 * d * d if sprint else 0)
+    )
     all_matmul = cfg.depth * block_matmul + rest + d * p * p * cfg.out_channels
     # a block's parameters: attention and adaLN with their biases, and its options'
     block_params = (4 * d * d + 4 * d) + option_params(cfg) + (6 * d * d + 6 * d)
@@ -113,7 +109,7 @@ def estimate_training_memory(
 
     copies = 2 * (all_matmul - checkpointed_blocks * block_matmul) if autocast else 0
     backward_start = {
-        "activations": int(elems * (plain * block_saved + kept * _CHECKPOINT_SAVED + _fusion(cfg)[1])),
+        "activations": int(elems * (plain * block_saved + kept * _CHECKPOINT_SAVED + (2 * 4 if sprint else 0))),
         "autocast_weight_copies": copies,
         "final_layer": elems * _FINAL_SAVED[precision],
         "backward_working": elems * _BACKWARD_WORKING,

@@ -71,29 +71,21 @@ def table_peak(device_name: str, precision: str) -> Peak:
     return Peak(tflops * 1e12, "table", spec.name, precision)
 
 
-def _override(override_tflops: float | None, device: str, precision: str) -> Peak | None:
+def resolve_peak(
+    name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
+) -> Peak:
+    """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
+    on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
     if override_tflops is not None:  # --peak-tflops, checked at its field
-        return Peak(override_tflops * 1e12, "override", device, precision)
-    env = os.environ.get(PEAK_ENV)
-    if env:
+        return Peak(override_tflops * 1e12, "override", name or "cpu", precision)
+    if env := os.environ.get(PEAK_ENV):
         try:
             value = float(env)
         except ValueError:
             value = -1.0
         if not value > 0:
             raise UserError(f"{PEAK_ENV} must be a positive number of TFLOP/s, got {env!r}: fix or unset it.")
-        return Peak(value * 1e12, f"env {PEAK_ENV}", device, precision)
-    return None
-
-
-def resolve_peak(
-    name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
-) -> Peak:
-    """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
-    on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
-    forced = _override(override_tflops, name or "cpu", precision)
-    if forced is not None:
-        return forced
+        return Peak(value * 1e12, f"env {PEAK_ENV}", name or "cpu", precision)
     if name is None or name.lower() == "cpu":
         return cpu_peak(precision, measure_seconds)
     spec = find_device(name)
@@ -237,7 +229,12 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
     arithmetic = cpu_arithmetic(precision)
     path, cache = _kept_peaks()
     key = _cpu_key(arithmetic)
-    entry = _valid_entry(cache.get(key))
+    entry = cache.get(key)
+    try:  # a valid entry, else None
+        datetime.date.fromisoformat(entry["date"])
+        entry = entry if float(entry["tflops"]) > 0 and all(float(p) > 0 for p in entry["probes"]) else None
+    except (KeyError, TypeError, ValueError):
+        entry = None
     today = datetime.date.today()
     if entry is not None and (today - datetime.date.fromisoformat(entry["date"])).days <= CPU_PEAK_MAX_AGE_DAYS:
         return _cpu_peak_of(entry, arithmetic, f"kept in {path}")
@@ -308,16 +305,6 @@ def forget_cpu_peak(precision: str) -> Path | None:
         return path
     except OSError:
         return None
-
-
-def _valid_entry(entry) -> dict | None:
-    try:
-        datetime.date.fromisoformat(entry["date"])
-        if float(entry["tflops"]) > 0 and all(float(p) > 0 for p in entry["probes"]):
-            return entry
-    except (KeyError, TypeError, ValueError):
-        pass
-    return None
 
 
 def _cpu_peak_of(entry: dict, arithmetic: str, kept: str) -> Peak:
