@@ -44,17 +44,6 @@ def _inputs(cfg: DiTConfig, batch_size: int, device: str):
     return x, t, y
 
 
-def _components(counter: FlopCounterMode) -> dict[str, int]:
-    """FLOPs per analytic component (QK^T and A.V together as "attention"), from per-module totals."""
-    out = dict.fromkeys(_MODULE_COMPONENTS.values(), 0)
-    for name, ops in counter.get_flop_counts().items():
-        key = re.sub(r"^blocks\.\d+\.", "blocks.*.", name.removeprefix("DiT."))
-        if key in _MODULE_COMPONENTS:
-            out[_MODULE_COMPONENTS[key]] += sum(ops.values())
-    out["attention"] -= out["qkv"] + out["attention_out_proj"]
-    return out
-
-
 def measure_flops(
     cfg: DiTConfig,
     batch_size: int = 1,
@@ -77,19 +66,26 @@ def measure_flops(
 
     with FlopCounterMode(display=False, custom_mapping=mapping) as fwd_counter, torch.no_grad():
         model(*inputs, **kept)
+    components = dict.fromkeys(_MODULE_COMPONENTS.values(), 0)  # QK^T and A.V together as "attention"
+    for name, ops in fwd_counter.get_flop_counts().items():
+        key = re.sub(r"^blocks\.\d+\.", "blocks.*.", name.removeprefix("DiT."))
+        if key in _MODULE_COMPONENTS:
+            components[_MODULE_COMPONENTS[key]] += sum(ops.values())
+    components["attention"] -= components["qkv"] + components["attention_out_proj"]
     result = {
         "batch_size": batch_size,
         "device": device,
         "forward_flops": fwd_counter.get_total_flops(),
         "forward_flops_per_image": fwd_counter.get_total_flops() / batch_size,
-        "forward_components": {k: v / batch_size for k, v in _components(fwd_counter).items()},
+        "forward_components": {k: v / batch_size for k, v in components.items()},
     }
     if train:
         with FlopCounterMode(display=False, custom_mapping=mapping) as train_counter:
             model(*inputs, **kept).float().square().mean().backward()
-        result["checkpointed_blocks"] = checkpointed_blocks
-        result["train_flops"] = train_counter.get_total_flops()
-        result["train_flops_per_image"] = train_counter.get_total_flops() / batch_size
+        total = train_counter.get_total_flops()
+        result.update(
+            checkpointed_blocks=checkpointed_blocks, train_flops=total, train_flops_per_image=total / batch_size
+        )
     return result
 
 

@@ -104,13 +104,8 @@ def load_calibration(path: str) -> Calibration:
         raise UserError(
             f"calibration file {path} lacks {', '.join(missing)}; see docs/cost_model.md for the schema."
         )
-    cal = Calibration(
-        str(data["model"]),
-        int(data["image_size"]),
-        str(data["precision"]),
-        str(data["device"]),
-        float(data["mfu"]),
-    )
+    casts = (str, int, str, str, float)  # the fields' types, in order
+    cal = Calibration(*(cast(data[k]) for cast, k in zip(casts, Calibration.__dataclass_fields__)))
     if not 0 < cal.mfu <= 1:
         raise UserError(f"calibration file {path} has mfu {cal.mfu}; it must be in (0, 1].")
     return cal
@@ -133,9 +128,8 @@ class Budget:
     peak_tflops: float | None = None
 
 
-def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, budget: Budget) -> Timing:
-    """Time and money for ``total_flops`` on the budget's devices at an MFU of the peak; nulls without a device."""
-    b = budget
+def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, b: Budget) -> Timing:
+    """Time and money for ``total_flops`` on budget ``b``'s devices at an MFU of the peak; nulls without a device."""
     if b.device is None and b.mfu is None and b.calibration is None:
         if b.price_per_device_hour is not None:
             raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
