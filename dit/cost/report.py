@@ -148,12 +148,6 @@ class SampleBudget:
 
 
 @dataclass(frozen=True)
-class Traced:
-    traced_bytes: int
-    traced_parts: dict[str, int]
-
-
-@dataclass(frozen=True)
 class Fit:
     """A device's memory, what is kept free, and the largest batch per device that fits the rest."""
 
@@ -177,7 +171,8 @@ class MemoryPlan:
     estimate_bytes: int
     estimate_parts: dict[str, int]
     peak_phase: str
-    traced: Traced | None = _part()
+    traced_bytes: int | None = field(metadata={"optional": True})  # with --trace: MemTracker's peak, by category
+    traced_parts: dict[str, int] | None = field(metadata={"optional": True})
     fit: Fit | None = _part()
 
 
@@ -291,8 +286,8 @@ def _print_memory(r: MemoryPlan) -> None:
     )
     print_table([[k, num(v / 2**30, 3)] for k, v in r.estimate_parts.items()], ["part", "GiB"])
     pairs = [("analytic peak", f"{num(r.estimate_bytes / 2**30, 3)} GiB (at the {r.peak_phase})")]
-    if r.traced is not None:
-        t = r.traced.traced_bytes
+    if r.traced_bytes is not None:
+        t = r.traced_bytes
         pairs.append(
             ("traced peak (FakeTensor)", f"{num(t / 2**30, 3)} GiB (analytic/traced {r.estimate_bytes / t:.3f})")
         )
