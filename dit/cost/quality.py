@@ -38,9 +38,6 @@ def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], l
     return [r for r in ordered if r.get("kind") != "eval"], evals
 
 
-COUNTS = ("model", "total")
-
-
 def pflops_of(evaluation: dict, count: str = "model") -> float:
     """An evaluation's training compute so far: the DiT's (``model``), or with auxiliary and upstream FLOPs."""
     pflops = evaluation["total_model_pflops"]
