@@ -154,16 +154,17 @@ def sample_evaluations(cfg, sampling: FidSamplingSection, args: SampleArgs):
         if args.nfe is not None and args.nfe != plan.nfe:
             raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
         return plan, guidance, plan.nfe, plan.unguided_nfe
+    guided = guidance > 1
     if args.nfe is None:
         raise UserError(
             f"{sampling.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
         )
-    if sampling.guidance_interval is not None and guidance > 1:
+    if sampling.guidance_interval is not None and guided:
         raise UserError(
             "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
             "after a run: read its cost line, or plan without the interval (every evaluation guided)."
         )
-    return plan, guidance, args.nfe, 0 if guidance > 1 else args.nfe
+    return plan, guidance, args.nfe, 0 if guided else args.nfe
 
 
 @dataclass(frozen=True)

@@ -159,11 +159,8 @@ def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, b:
         )
     elif device is None:
         raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
-    peak = (
-        resolve_peak(device, b.precision, b.peak_tflops)
-        if b.peak_tflops is not None
-        else table_peak(device, b.precision)
-    )
+    override = b.peak_tflops is not None  # a plan takes the table's peak or this one, and never measures
+    peak = resolve_peak(device, b.precision, b.peak_tflops) if override else table_peak(device, b.precision)
     seconds = total_flops / (b.num_devices * peak.flops * mfu)
     device_hours = seconds * b.num_devices / 3600
     price = b.price_per_device_hour
