@@ -21,6 +21,18 @@ _CHECKPOINT_SAVED = 4  # a checkpointed block keeps its fp32 input, and (torch 2
 _BACKWARD_WORKING = 16  # activation gradients in flight in backward: ~4 fp32 tensors
 
 
+def _block_saved(cfg: DiTConfig, precision: str) -> float:
+    """Bytes a block keeps per (image x token x hidden) element: the official block's 12 + 2r tensors (80 in fp32,
+    48 under autocast: docs/cost_model.md) plus its options' terms; new q and k count once."""
+    half = precision in _AUTOCAST
+    options = chosen(cfg)
+    tensors = 12 + sum(o.saved(cfg) for o in options)
+    saved = 4 * tensors if not half else 4 * 4 + 2 * (tensors - 4)
+    if any(o.new_qk for o in options):
+        saved += 2 * (2 if half else 4)
+    return saved + sum(o.saved_fp32(cfg) for o in options)
+
+
 def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: int | None = None) -> int:
     """Bytes per image of one block's softmax probabilities over ``tokens``: explicit attention's only."""
     if attention not in ATTENTION_KINDS:
@@ -72,8 +84,7 @@ def estimate_training_memory(
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
     sprint = cfg.token_drop and cfg.token_drop_layout == "sprint"  # its fusion: a 2D -> D linear, keeping 2 x fp32
     d, p = cfg.hidden_size, cfg.patch_size  # matmul weights: what autocast keeps 16-bit copies of
-    options = chosen(cfg)
-    block_matmul = 4 * d * d + sum(o.macs(cfg) for o in options) + 6 * d * d
+    block_matmul = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
     rest = (
         p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + 3 * d * d + (2 * d * d if sprint else 0)
     )
@@ -85,13 +96,7 @@ def estimate_training_memory(
     plain, kept = sum(tokens[checkpointed_blocks:]) / cfg.tokens, sum(tokens[:checkpointed_blocks]) / cfg.tokens
     autocast = precision in _AUTOCAST
     attn_matrix = batch_per_device * _attention_matrix(cfg, precision, attention)
-    # bytes a block keeps per element: the official block's 12 + 2r tensors (80 in fp32, 48 under autocast:
-    # docs/cost_model.md) plus its options' terms; new q and k count once
-    tensors = 12 + sum(o.saved(cfg) for o in options)
-    block_saved = 4 * tensors if not autocast else 4 * 4 + 2 * (tensors - 4)
-    if any(o.new_qk for o in options):
-        block_saved += 2 * (2 if autocast else 4)
-    block_saved += sum(o.saved_fp32(cfg) for o in options)
+    block_saved = _block_saved(cfg, precision)
 
     static = {"params": 4 * total_params, "optimizer": 8 * trainable, "ema": 4 * total_params if ema else 0}
     if ema_profiles:

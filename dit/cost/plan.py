@@ -24,7 +24,7 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import resolve_peak, table_peak
-from dit.cost.report import Fit, GuideCost, MemoryPlan, SampleBudget, Timing, TrainingPlan, TrainMemory
+from dit.cost.report import GuideCost, MemoryPlan, SampleBudget, Timing, TrainingPlan, TrainMemory
 from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS, SD_VAE_CONFIG, known_vae_config, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
@@ -273,7 +273,7 @@ def plan_memory(
         checkpointed_blocks = fewest_checkpointed_blocks(cfg, batch_per_device, usable, **options)
     options["checkpointed_blocks"] = checkpointed_blocks
     estimate = estimate_training_memory(cfg, batch_per_device, **options)
-    traced, fit = (None, None), None
+    traced, fit = (None, None), (None, None, None)
     if trace:
         if world_size > 1:
             raise UserError("--trace runs one device; drop --num-gpus (sharding is analytic only).")
@@ -281,8 +281,8 @@ def plan_memory(
         traced = peak.peak_bytes, peak.at_peak
     if capacity_bytes is not None:
         largest = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
-        fit = Fit(capacity_bytes, capacity_bytes - usable, largest)
+        fit = capacity_bytes, capacity_bytes - usable, largest
     return MemoryPlan(
         describe(cfg), batch_per_device, precision, ema, sharding, world_size, ema_profiles or None,
-        checkpointed_blocks, estimate.total, estimate.parts, estimate.phase, *traced, fit,
+        checkpointed_blocks, estimate.total, estimate.parts, estimate.phase, *traced, *fit,
     )  # fmt: skip

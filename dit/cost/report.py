@@ -148,15 +148,6 @@ class SampleBudget:
 
 
 @dataclass(frozen=True)
-class Fit:
-    """A device's memory, what is kept free, and the largest batch per device that fits the rest."""
-
-    device_memory_bytes: int
-    reserve_bytes: int
-    max_batch_per_device: int
-
-
-@dataclass(frozen=True)
 class MemoryPlan:
     """Step memory per device (analytic, optionally traced) and, with a device's memory, the largest batch."""
 
@@ -173,7 +164,10 @@ class MemoryPlan:
     peak_phase: str
     traced_bytes: int | None = field(metadata={"optional": True})  # with --trace: MemTracker's peak, by category
     traced_parts: dict[str, int] | None = field(metadata={"optional": True})
-    fit: Fit | None = _part()
+    # with a device's memory: it, what is kept free, and the largest batch per device that fits the rest
+    device_memory_bytes: int | None = field(metadata={"optional": True})
+    reserve_bytes: int | None = field(metadata={"optional": True})
+    max_batch_per_device: int | None = field(metadata={"optional": True})
 
 
 def print_table(rows: list[list], headers: list[str]) -> None:
@@ -291,10 +285,10 @@ def _print_memory(r: MemoryPlan) -> None:
         pairs.append(
             ("traced peak (FakeTensor)", f"{num(t / 2**30, 3)} GiB (analytic/traced {r.estimate_bytes / t:.3f})")
         )
-    if r.fit is not None:
-        pairs.append(("device memory", f"{num(r.fit.device_memory_bytes / 2**30, 1)} GiB, "
-                                       f"{num(r.fit.reserve_bytes / 2**30, 1)} GiB kept for context and allocator"))  # fmt: skip
-        pairs.append(("largest batch per device that fits", r.fit.max_batch_per_device))
+    if r.device_memory_bytes is not None:
+        pairs.append(("device memory", f"{num(r.device_memory_bytes / 2**30, 1)} GiB, "
+                                       f"{num(r.reserve_bytes / 2**30, 1)} GiB kept for context and allocator"))  # fmt: skip
+        pairs.append(("largest batch per device that fits", r.max_batch_per_device))
     print()
     print_pairs(pairs)
 
