@@ -18,9 +18,7 @@ from dit.cost.args import (
     SampleArgs,
     SampleHardwareSection,
     TrainArgs,
-    evaluations,
-    plan_of,
-    planned_guidance,
+    sample_evaluations,
 )
 from dit.cost.devices import DEVICES, PRECISIONS, device_memory_bytes
 from dit.cost.report import EmaSnapshots, Evaluations, RepaUse, num, print_pairs, print_table, show
@@ -96,16 +94,6 @@ def cmd_flops(model: CostModelSection, args: FlopsArgs) -> None:
         print_pairs(pairs)
 
 
-def _repa_flops(encoder: RepaEncoderSection, repa: RepaSection, cfg):
-    """REPA's auxiliary FLOPs for --repa-encoder (torch and timm imported only then), or None."""
-    if not encoder.encoder:
-        return None
-    from dit.data.encoder import encoder_shape, resolve_input_size
-
-    size = resolve_input_size(encoder.encoder, encoder.input_size, round(cfg.tokens**0.5))
-    return analytic.repa_flops(encoder_shape(encoder.encoder, size), cfg, repa.projector_dim), size
-
-
 def cmd_train(
     model: CostModelSection,
     hardware: HardwareSection,
@@ -115,14 +103,19 @@ def cmd_train(
 ) -> None:
     m, h, o = model, hardware, args
     cfg = m.config()
-    repa, repa_size = _repa_flops(repa_encoder, repa_section, cfg) or (None, None)
+    repa = None
+    if repa_encoder.encoder:  # torch and timm imported only then
+        from dit.data.encoder import encoder_shape, resolve_input_size
+
+        size = resolve_input_size(repa_encoder.encoder, repa_encoder.input_size, round(cfg.tokens**0.5))
+        repa = analytic.repa_flops(encoder_shape(repa_encoder.encoder, size), cfg, repa_section.projector_dim)
     result = plan.plan_training(
         cfg, m.image_size, o.global_batch_size, o.max_steps, h.budget(),
         checkpointed_blocks=m.checkpointed(cfg, o.activation_checkpointing), vae_config=plan.vae_config_for(m.vae),
         repa=repa, repa_cached=o.repa_cached_features,
     )  # fmt: skip
     if repa is not None:
-        result = replace(result, repa=RepaUse(repa_encoder.encoder, repa_size))
+        result = replace(result, repa=RepaUse(repa_encoder.encoder, size))
     if o.ema_profiles:
         count, each = memory.snapshot_disk(cfg, len(o.ema_profiles), o.max_steps, o.ema_snapshot_every)
         result = replace(result, ema=EmaSnapshots(count, each / 2**30, count * each / 2**30))
@@ -135,12 +128,10 @@ def cmd_sample(
     m, h, o = model, hardware, args
     cfg = m.config()
     guide = m.config(o.guide_model) if o.guide_model is not None else None
-    schedule = plan_of(m, sampling, o.guide_model)
-    nfe, unguided = evaluations(m, sampling, o, schedule)
+    schedule, guidance, nfe, unguided = sample_evaluations(cfg, sampling, o)
     result = plan.plan_sampling(
-        cfg, m.image_size, o.num_images, nfe, planned_guidance(m, sampling, o.guide_model), h.budget(),
-        vae_config=plan.vae_config_for(m.vae), unguided_nfe=unguided, path_drop=sampling.guidance_path_drop,
-        guide=guide,
+        cfg, m.image_size, o.num_images, nfe, guidance, h.budget(), vae_config=plan.vae_config_for(m.vae),
+        unguided_nfe=unguided, path_drop=sampling.guidance_path_drop, guide=guide,
     )  # fmt: skip
     interval = list(sampling.guidance_interval) if sampling.guidance_interval else None
     evals = Evaluations(schedule.sampler, interval, nfe, nfe - unguided, unguided)
@@ -163,19 +154,19 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
     cfg = m.config()
     r = plan.plan_memory(
         cfg, o.batch_per_device, o.precision, m.checkpointed(cfg, o.activation_checkpointing, allow_auto=True),
-        o.ema, o.sharding, o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib, o.trace,
-        len(o.ema_profiles or ()),
+        o.ema, "fsdp" if o.fsdp else "ddp", o.num_gpus, _device_memory(o.gpu, o.memory_gib), o.memory_reserve_gib,
+        o.trace, len(o.ema_profiles or ()),
     )  # fmt: skip
     show(r, o.json)
 
 
 def cmd_peaks(args: PeaksArgs) -> None:
-    o = args
-    if o.device is not None:
+    o, device = args, args.gpu if args.gpu is not None else args.device_name
+    if device is not None:
         from dit.runtime.precision import Precision  # an unknown device is measured: in the runtime's mode
 
         with Precision(o.precision, "cuda").flags():
-            peak = peaks.resolve_peak(o.device, o.precision, o.peak_tflops)
+            peak = peaks.resolve_peak(device, o.precision, o.peak_tflops)
         result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
         result.update({k: v for k in ("detail", "measured_on") if (v := getattr(peak, k))})
         print(json.dumps(result, indent=2) if o.json else f"peak: {peak.describe()}")
@@ -276,10 +267,9 @@ FACE = Face(
 )  # fmt: skip
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None) -> None:
     parsed = FACE.parse(argv)
     COMMANDS[parsed.command][0](**parsed.sections)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

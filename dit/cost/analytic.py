@@ -118,11 +118,6 @@ def forward_macs(cfg: DiTConfig, ratio: float | None = None, path_drop: bool = F
     )
 
 
-def block_forward_macs(cfg: DiTConfig, blocks: int = 1, ratio: float | None = None) -> int:
-    """MACs of the first ``blocks`` DiT blocks' forward: what activation checkpointing recomputes."""
-    return sum(sum(_block_macs(cfg, n).values()) for n in block_tokens(cfg, ratio)[:blocks])
-
-
 def training_flops_per_image(
     cfg: DiTConfig, checkpointed_blocks: int = 0, fused_attention: bool = True, ratio: float | None = None
 ) -> TrainFlops:
@@ -132,7 +127,7 @@ def training_flops_per_image(
         raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
     fwd = forward_macs(cfg, ratio)
     forward = fwd.flops
-    recompute = 2 * block_forward_macs(cfg, checkpointed_blocks, ratio)
+    recompute = 2 * sum(sum(_block_macs(cfg, n).values()) for n in block_tokens(cfg, ratio)[:checkpointed_blocks])
     flash_recompute = 2 * fwd.components["attention_scores"] if fused_attention else 0
     return TrainFlops(forward=forward, model=3 * forward, hardware=3 * forward + recompute + flash_recompute)
 
@@ -158,10 +153,7 @@ def sampling_flops_per_image(
     guided = num_steps - unguided_nfe if guidance_scale > 1.0 else 0
     passes = 2 * guided + (num_steps - guided)
     full = forward_macs(cfg, ratio=0).flops
-    if guide is not None:
-        weak = forward_macs(guide, ratio=0).flops
-    else:
-        weak = forward_macs(cfg, ratio=0, path_drop=True).flops if path_drop else full
+    weak = forward_macs(guide if guide is not None else cfg, ratio=0, path_drop=path_drop and guide is None).flops
     model = (num_steps * full) + guided * weak
     return SampleFlops(model=float(model), vae_decode=float(vae_decode_flops), forward_passes=passes)
 

@@ -9,7 +9,7 @@ from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.model.config import ModelSection, model_config, parse_activation_checkpointing
 from dit.objectives import objective_for_sampler
-from dit.objectives.samplers import SamplingPlan, sampling_plan
+from dit.objectives.samplers import sampling_plan
 from dit.objectives.sampling_section import FidSamplingSection
 from dit.objectives.times import latent_dim, shift_factor
 
@@ -135,47 +135,36 @@ class SampleArgs(Section):
                 raise FieldError("{guide_model}: " + str(e)) from None
 
 
-def planned_guidance(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> float:
-    """The guidance scale this model gets: the asked one, else 1.5 with a null class or a ``guide``, else 1."""
+def sample_evaluations(cfg, sampling: FidSamplingSection, args: SampleArgs):
+    """(the sampler's plan, its guidance scale, network evaluations and unguided ones per image): the plan's, or
+    --nfe for the adaptive dopri5. Guidance: the asked one, else 1.5 with a null class or --guide-model, else 1."""
+    guided_by_default = cfg.num_classes > 0 and cfg.class_dropout_prob > 0 or args.guide_model is not None
     try:
-        return sampling.guidance(model.num_classes > 0 and model.class_dropout_prob > 0 or guide is not None)
+        guidance = sampling.guidance(guided_by_default)
     except FieldError as e:
         raise UserError(e.spelled(lambda name: "--" + name.replace("_", "-"))) from None
-
-
-def plan_of(model: CostModelSection, sampling: FidSamplingSection, guide: str | None = None) -> SamplingPlan:
-    """Which evaluations the sampler makes and which are guided; ``guide``: autoguidance's guide model."""
+    shift = sampling.time_shift  # "auto": RAE's for the model's latent
+    shift = 1.0 if shift is None else shift_factor(shift, latent_dim(cfg) if shift == "auto" else 0)
     kind = objective_for_sampler(sampling.sampler).sampler(sampling.sampler, fast=sampling.FAST)
-    return sampling_plan(
+    plan = sampling_plan(
         kind, sampling.num_sampling_steps, method=sampling.sampling_method, last_step=sampling.last_step,
-        guidance_scale=planned_guidance(model, sampling, guide), interval=sampling.guidance_interval,
-        time_shift=planned_shift(model, sampling),
+        guidance_scale=guidance, interval=sampling.guidance_interval, time_shift=shift,
     )  # fmt: skip
-
-
-def planned_shift(model: CostModelSection, sampling: FidSamplingSection) -> float:
-    """The sampler's timestep shift: the asked one ("auto": RAE's for the model's latent), else none."""
-    shift = sampling.time_shift
-    return 1.0 if shift is None else shift_factor(shift, latent_dim(model.config()) if shift == "auto" else 0)
-
-
-def evaluations(model: CostModelSection, sampling: FidSamplingSection, args: SampleArgs, plan: SamplingPlan):
-    """(network evaluations, unguided ones) per image: the plan's, or --nfe for the adaptive dopri5."""
     if plan.nfe is not None:
         if args.nfe is not None and args.nfe != plan.nfe:
             raise UserError(f"--nfe is for dopri5: {plan.sampler} makes {plan.nfe} evaluations; drop --nfe.")
-        return plan.nfe, plan.unguided_nfe
+        return plan, guidance, plan.nfe, plan.unguided_nfe
+    guided = guidance > 1
     if args.nfe is None:
         raise UserError(
             f"{sampling.sampling_method} picks its own steps: pass --nfe, the evaluations per image a run printed."
         )
-    guided = planned_guidance(model, sampling, args.guide_model) > 1
     if sampling.guidance_interval is not None and guided:
         raise UserError(
             "dopri5 picks its times as it runs, so which evaluations fall in --guidance-interval is known only "
             "after a run: read its cost line, or plan without the interval (every evaluation guided)."
         )
-    return args.nfe, 0 if guided else args.nfe
+    return plan, guidance, args.nfe, 0 if guided else args.nfe
 
 
 @dataclass(frozen=True)
@@ -210,10 +199,6 @@ class MemoryArgs(Section):
     def batch_per_device(self) -> int:
         return self.batch_size if self.batch_size is not None else self.global_batch_size // self.num_gpus
 
-    @property
-    def sharding(self) -> str:
-        return "fsdp" if self.fsdp else "ddp"
-
 
 @dataclass(frozen=True)
 class PeaksArgs(Section):
@@ -229,10 +214,6 @@ class PeaksArgs(Section):
     def check(self) -> None:
         if self.gpu is not None and self.device_name is not None and self.gpu != self.device_name:
             raise FieldError(f"name one device: {{gpu}} {self.gpu!r} or {self.device_name!r}, not both.")
-
-    @property
-    def device(self) -> str | None:
-        return self.gpu if self.gpu is not None else self.device_name
 
 
 @dataclass(frozen=True, kw_only=True)

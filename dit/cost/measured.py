@@ -3,6 +3,7 @@ check on ``dit.cost.analytic`` (on CPU, torch counts the flash kernel as 0: docs
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -13,19 +14,12 @@ from dit.io.errors import require
 from dit.model.config import DiTConfig
 from dit.model.dit import DiT
 
-
-def _fused_sdpa(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _fused_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 # The CPU kernels counted as torch counts the CUDA fused ones (forward 2 bmm, backward 5: QK^T recomputed)
 CPU_SDPA_FORMULAS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_sdpa,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_sdpa_backward,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *_, **__: sdpa_flop_count(q, k, v),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: (
+        lambda g, q, k, v, *_, **__: sdpa_backward_flop_count(g, q, k, v)
+    ),
 }
 
 # Module (block index starred) -> component; attention's own share is its total less its two linears
@@ -50,25 +44,6 @@ def _inputs(cfg: DiTConfig, batch_size: int, device: str):
     return x, t, y
 
 
-def _components(counter: FlopCounterMode) -> dict[str, int]:
-    """FLOPs per analytic component (QK^T and A.V together as "attention"), from per-module totals."""
-    out = dict.fromkeys(_MODULE_COMPONENTS.values(), 0)
-    for name, ops in counter.get_flop_counts().items():
-        key = re.sub(r"^blocks\.\d+\.", "blocks.*.", name.removeprefix("DiT."))
-        if key in _MODULE_COMPONENTS:
-            out[_MODULE_COMPONENTS[key]] += sum(ops.values())
-    out["attention"] -= out["qkv"] + out["attention_out_proj"]
-    return out
-
-
-def _kept(cfg: DiTConfig, batch_size: int, ratio: float | None, device: str) -> dict:
-    """The forward's ``kept`` at drop ratio ``ratio``: each sample's first K tokens (counts depend on K)."""
-    ratio = cfg.token_drop if ratio is None else ratio
-    if not ratio:
-        return {}
-    return {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)}
-
-
 def measure_flops(
     cfg: DiTConfig,
     batch_size: int = 1,
@@ -85,23 +60,32 @@ def measure_flops(
         model = DiT.from_config(cfg)
     model.set_checkpointing(checkpointed_blocks).train()
     mapping = CPU_SDPA_FORMULAS if device == "cpu" else {}
-    inputs, kept = _inputs(cfg, batch_size, device), _kept(cfg, batch_size, ratio, device)
+    inputs, ratio = _inputs(cfg, batch_size, device), cfg.token_drop if ratio is None else ratio
+    # a token drop's ``kept``: each sample's first K tokens (counts depend on K only)
+    kept = {"kept": torch.arange(cfg.kept_tokens(ratio), device=device).expand(batch_size, -1)} if ratio else {}
 
     with FlopCounterMode(display=False, custom_mapping=mapping) as fwd_counter, torch.no_grad():
         model(*inputs, **kept)
+    components = dict.fromkeys(_MODULE_COMPONENTS.values(), 0)  # QK^T and A.V together as "attention"
+    for name, ops in fwd_counter.get_flop_counts().items():
+        key = re.sub(r"^blocks\.\d+\.", "blocks.*.", name.removeprefix("DiT."))
+        if key in _MODULE_COMPONENTS:
+            components[_MODULE_COMPONENTS[key]] += sum(ops.values())
+    components["attention"] -= components["qkv"] + components["attention_out_proj"]
     result = {
         "batch_size": batch_size,
         "device": device,
         "forward_flops": fwd_counter.get_total_flops(),
         "forward_flops_per_image": fwd_counter.get_total_flops() / batch_size,
-        "forward_components": {k: v / batch_size for k, v in _components(fwd_counter).items()},
+        "forward_components": {k: v / batch_size for k, v in components.items()},
     }
     if train:
         with FlopCounterMode(display=False, custom_mapping=mapping) as train_counter:
             model(*inputs, **kept).float().square().mean().backward()
-        result["checkpointed_blocks"] = checkpointed_blocks
-        result["train_flops"] = train_counter.get_total_flops()
-        result["train_flops_per_image"] = train_counter.get_total_flops() / batch_size
+        total = train_counter.get_total_flops()
+        result.update(
+            checkpointed_blocks=checkpointed_blocks, train_flops=total, train_flops_per_image=total / batch_size
+        )
     return result
 
 
@@ -110,10 +94,7 @@ def _sdpa_macs(inputs, outputs) -> int:
     from fvcore.nn.jit_handles import get_shape
 
     q, k, v = (get_shape(inputs[i]) for i in range(3))
-    batch_heads = 1
-    for size in q[:-2]:
-        batch_heads *= size
-    return batch_heads * q[-2] * k[-2] * (q[-1] + v[-1])
+    return math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
 def fvcore_forward_macs(cfg: DiTConfig, batch_size: int = 1, sdpa_handle: bool = True) -> dict:

@@ -43,13 +43,6 @@ def _attention_matrix(cfg: DiTConfig, precision: str, attention: str, tokens: in
     return cfg.num_heads * tokens**2 * (2 if precision in _AUTOCAST else 4)
 
 
-def _fusion(cfg: DiTConfig) -> tuple[int, int]:
-    """(matmul weights, bytes kept per element) of SPRINT's fusion, a 2D -> D linear."""
-    if not (cfg.token_drop and cfg.token_drop_layout == "sprint"):
-        return 0, 0
-    return 2 * cfg.hidden_size**2, 2 * 4
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per device at the peak of a training step, by part, and the phase that sets the peak."""
@@ -60,28 +53,6 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
-
-
-def _matmul_params(cfg: DiTConfig) -> tuple[int, int]:
-    """(weights of all matmuls, weights of one block's matmuls): what autocast keeps 16-bit copies of."""
-    d, p = cfg.hidden_size, cfg.patch_size
-    block = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
-    rest = p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + d * d + 2 * d * d + _fusion(cfg)[0]
-    return cfg.depth * block + rest + d * p * p * cfg.out_channels, block
-
-
-def _check_step(cfg: DiTConfig, batch: int, precision: str, checkpointed: int, sharding: str, world: int) -> None:
-    """``estimate_training_memory``'s arguments, each a ``UserError`` naming the value."""
-    if batch < 1:
-        raise UserError(f"batch_per_device must be >= 1, got {batch}.")
-    if precision not in MEMORY_PRECISIONS:
-        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
-    if not 0 <= checkpointed <= cfg.depth:
-        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed}.")
-    if sharding not in ("ddp", "fsdp"):
-        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
-    if world < 1:
-        raise UserError(f"world_size must be >= 1, got {world}.")
 
 
 def estimate_training_memory(
@@ -98,12 +69,27 @@ def estimate_training_memory(
     ratio: float | None = None,
 ) -> MemoryEstimate:
     """Analytic peak memory of a step: the largest of backward's start, the last recomputed block, AdamW's step."""
-    _check_step(cfg, batch_per_device, precision, checkpointed_blocks, sharding, world_size)
+    if batch_per_device < 1:
+        raise UserError(f"batch_per_device must be >= 1, got {batch_per_device}.")
+    if precision not in MEMORY_PRECISIONS:
+        raise UserError(f"memory precision must be one of {', '.join(MEMORY_PRECISIONS)}, got {precision!r}.")
+    if not 0 <= checkpointed_blocks <= cfg.depth:
+        raise UserError(f"checkpointed_blocks must be in 0..{cfg.depth} (the depth), got {checkpointed_blocks}.")
+    if sharding not in ("ddp", "fsdp"):
+        raise UserError(f"sharding must be 'ddp' or 'fsdp', got {sharding!r}.")
+    if world_size < 1:
+        raise UserError(f"world_size must be >= 1, got {world_size}.")
     counts = param_counts(cfg)
     shard = world_size if sharding == "fsdp" else 1
     total_params, trainable = -(-counts.total // shard), -(-counts.trainable // shard)
-    all_matmul, block_matmul = _matmul_params(cfg)
-    d = cfg.hidden_size  # a block's parameters: attention and adaLN with their biases, and its options'
+    sprint = cfg.token_drop and cfg.token_drop_layout == "sprint"  # its fusion: a 2D -> D linear, keeping 2 x fp32
+    d, p = cfg.hidden_size, cfg.patch_size  # matmul weights: what autocast keeps 16-bit copies of
+    block_matmul = 4 * d * d + sum(o.macs(cfg) for o in chosen(cfg)) + 6 * d * d
+    rest = (
+        p * p * cfg.in_channels * d + cfg.frequency_embedding_size * d + 3 * d * d + (2 * d * d if sprint else 0)
+    )
+    all_matmul = cfg.depth * block_matmul + rest + d * p * p * cfg.out_channels
+    # a block's parameters: attention and adaLN with their biases, and its options'
     block_params = (4 * d * d + 4 * d) + option_params(cfg) + (6 * d * d + 6 * d)
     elems = batch_per_device * cfg.tokens * cfg.hidden_size
     tokens = cfg.block_tokens(ratio)  # each block's elements: elems x its tokens / all tokens
@@ -123,7 +109,7 @@ def estimate_training_memory(
 
     copies = 2 * (all_matmul - checkpointed_blocks * block_matmul) if autocast else 0
     backward_start = {
-        "activations": int(elems * (plain * block_saved + kept * _CHECKPOINT_SAVED + _fusion(cfg)[1])),
+        "activations": int(elems * (plain * block_saved + kept * _CHECKPOINT_SAVED + (2 * 4 if sprint else 0))),
         "autocast_weight_copies": copies,
         "final_layer": elems * _FINAL_SAVED[precision],
         "backward_working": elems * _BACKWARD_WORKING,
@@ -210,21 +196,6 @@ class MemoryTrace:
     at_peak: dict[str, int]  # MemTracker's categories (Parameter, Gradient, Activation, ...) at the peak
 
 
-def _peak_only_tracker():
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class PeakOnlyMemTracker(MemTracker):
-        """MemTracker without its per-module peaks, which cost O(modules) per op."""
-
-        def _update_peak_stats(self, peak_state) -> None:
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
-
-    return PeakOnlyMemTracker()
-
-
 def trace_training_memory(
     cfg: DiTConfig,
     batch_per_device: int,
@@ -236,9 +207,19 @@ def trace_training_memory(
     """Peak memory of one steady-state step, traced on fake tensors (CPU autocast, AdamW ``foreach``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     from dit.model.dit import DiT
     from dit.objectives.gaussian import create_diffusion
+
+    class PeakOnlyMemTracker(MemTracker):
+        """MemTracker without its per-module peaks, which cost O(modules) per op."""
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = DiT.from_config(cfg).set_checkpointing(checkpointed_blocks).train()
@@ -255,7 +236,7 @@ def trace_training_memory(
         ema_model = DiT.from_config(cfg).requires_grad_(False) if ema else None
         diffusion = create_diffusion("")
 
-        tracker = _peak_only_tracker()
+        tracker = PeakOnlyMemTracker()
         tracker.track_external(model, optimizer, ema_model)
         with tracker:
             n, side = batch_per_device, cfg.input_size

@@ -39,11 +39,8 @@ class CostMeter:
     def reset_clock(self, now: float | None = None) -> None:
         """Start a fresh window now, dropping what was counted (after warm-up, compile, a resume)."""
         self._start = time.perf_counter() if now is None else now
-        self._paused_s = 0.0
-        self._images = 0
-        self._model_flops = self._hardware_flops = 0.0
-        self._steps = 0
-        self._data_wait_s = 0.0
+        self._paused_s = self._model_flops = self._hardware_flops = self._data_wait_s = 0.0
+        self._images = self._steps = 0
         if self._paused_at is not None:
             self._paused_at = self._start
 

@@ -71,50 +71,38 @@ def table_peak(device_name: str, precision: str) -> Peak:
     return Peak(tflops * 1e12, "table", spec.name, precision)
 
 
-def _override(override_tflops: float | None, device: str, precision: str) -> Peak | None:
+def resolve_peak(
+    name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
+) -> Peak:
+    """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
+    on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
     if override_tflops is not None:  # --peak-tflops, checked at its field
-        return Peak(override_tflops * 1e12, "override", device, precision)
-    env = os.environ.get(PEAK_ENV)
-    if env:
+        return Peak(override_tflops * 1e12, "override", name or "cpu", precision)
+    if env := os.environ.get(PEAK_ENV):
         try:
             value = float(env)
         except ValueError:
             value = -1.0
         if not value > 0:
             raise UserError(f"{PEAK_ENV} must be a positive number of TFLOP/s, got {env!r}: fix or unset it.")
-        return Peak(value * 1e12, f"env {PEAK_ENV}", device, precision)
-    return None
-
-
-def resolve_peak(
-    device_name: str | None, precision: str, override_tflops: float | None = None, measure_seconds: float = 1.0
-) -> Peak:
-    """The peak to divide by: override, then env, then the table, then a matmul peak measured (with a warning)
-    on this machine's device; a device this machine lacks is refused, not measured. None or "cpu": the CPU."""
-    label = device_name or "cpu"
-    forced = _override(override_tflops, label, precision)
-    if forced is not None:
-        return forced
-    if device_name is None or device_name.lower() == "cpu":
+        return Peak(value * 1e12, f"env {PEAK_ENV}", name or "cpu", precision)
+    if name is None or name.lower() == "cpu":
         return cpu_peak(precision, measure_seconds)
-    spec = find_device(device_name)
+    spec = find_device(name)
     if spec is not None and _table_tflops(spec, precision) is not None:
-        return table_peak(device_name, precision)
-    here = _this_device()
-    present = (
-        find_device(here) is spec
-        if spec
-        else re.search(rf"\b{re.escape(normalised_name(device_name))}\b", normalised_name(here))
-    )
+        return table_peak(name, precision)
+    here = device_name()
+    pattern = rf"\b{re.escape(normalised_name(name))}\b"
+    present = find_device(here) is spec if spec else re.search(pattern, normalised_name(here))
     if not present:
-        unknown = f"no peak is known for {device_name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
+        unknown = f"no peak is known for {name!r} (known devices: {', '.join(KNOWN_DEVICES)})"
         raise UserError(
             f"{f'{spec.name} has no published dense {precision} rate' if spec else unknown}, and a measured peak "
             f"needs that device, which this machine lacks (it has {here}): measure it on a machine with one, or "
             f"{_HOW_TO_PLAN}."
         )
     warnings.warn(
-        f"no datasheet {precision} peak for {device_name!r}; MFU is against a measured matmul peak. To use "
+        f"no datasheet {precision} peak for {name!r}; MFU is against a measured matmul peak. To use "
         f"the datasheet figure, {_HOW_TO_OVERRIDE}.",
         stacklevel=2,
     )
@@ -122,7 +110,7 @@ def resolve_peak(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flops = measure_matmul_peak(precision, measure_seconds, device)
-    return Peak(flops, "measured", f"{device_name} (measured)", precision)
+    return Peak(flops, "measured", f"{name} (measured)", precision)
 
 
 def matmul_precision(precision: str) -> str:
@@ -155,11 +143,6 @@ def device_name(device=None) -> str:
     return name
 
 
-def _this_device() -> str:
-    """The name of the device a measurement here would run on (resolve_peak's argument hides device_name)."""
-    return device_name()
-
-
 def peak_for_device(device, precision: str, override_tflops: float | None = None) -> Peak:
     """The peak of the torch device a run uses: a ``--device cpu`` run on a GPU machine divides by the CPU."""
     name = device_name(device)
@@ -186,8 +169,7 @@ def measure_matmul_peak(
             f"a {precision} peak measured in CUDA's {_cuda_matmul_mode()} matmul mode: measure inside "
             f"dit.runtime.Precision({precision!r}, 'cuda').flags()"
         )
-    a = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
-    b = torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision]))
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, _DTYPES[precision])) for _ in range(2))
     a @ b  # warm-up: kernel selection, thread pools
     sync()
     bests = []
@@ -209,8 +191,14 @@ CPU_PEAK_PROBES = 5
 CPU_PEAK_MAX_AGE_DAYS = 30
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dit-ledger")
+def _kept_peaks() -> tuple[Path, dict]:
+    """The file of this machine's kept CPU peaks, and what it holds ({} when it is absent or unreadable)."""
+    path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dit-ledger") / "cpu_peaks.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    return path, cache if isinstance(cache, dict) else {}
 
 
 def cpu_arithmetic(precision: str) -> str:
@@ -222,14 +210,11 @@ def _cpu_key(arithmetic: str) -> str:
     """What a CPU peak depends on: the processor model, the threads torch uses, torch's version, the dtype."""
     import torch
 
-    model = "unknown cpu"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        lines = []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown cpu")
     return f"{model} | {torch.get_num_threads()} threads | torch {torch.__version__} | {arithmetic}"
 
 
@@ -242,14 +227,14 @@ def cpu_peak(precision: str, seconds: float = 1.0) -> Peak:
     machine for 30 days (docs/cost_model.md, section 5). Two rounds of probes: kept only if they agree within
     ``CPU_PEAK_AGREEMENT`` and are not that far below an expired kept peak; else the better figure, unkept."""
     arithmetic = cpu_arithmetic(precision)
-    path = cache_dir() / "cpu_peaks.json"
+    path, cache = _kept_peaks()
     key = _cpu_key(arithmetic)
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    cache = cache if isinstance(cache, dict) else {}
-    entry = _valid_entry(cache.get(key))
+    entry = cache.get(key)
+    try:  # a valid entry, else None
+        datetime.date.fromisoformat(entry["date"])
+        entry = entry if float(entry["tflops"]) > 0 and all(float(p) > 0 for p in entry["probes"]) else None
+    except (KeyError, TypeError, ValueError):
+        entry = None
     today = datetime.date.today()
     if entry is not None and (today - datetime.date.fromisoformat(entry["date"])).days <= CPU_PEAK_MAX_AGE_DAYS:
         return _cpu_peak_of(entry, arithmetic, f"kept in {path}")
@@ -310,26 +295,16 @@ def _keep(path: Path, data: bytes) -> str | None:
 
 def forget_cpu_peak(precision: str) -> Path | None:
     """Drop this machine's kept peak for ``precision`` (a run beat it: it was measured on a busy machine)."""
-    path = cache_dir() / "cpu_peaks.json"
-    try:
-        cache = json.loads(path.read_text())
-        cache.pop(_cpu_key(cpu_arithmetic(precision)))
-        from dit.io.atomic import atomic_write_bytes
+    from dit.io.atomic import atomic_write_bytes
 
+    path, cache = _kept_peaks()
+    if cache.pop(_cpu_key(cpu_arithmetic(precision)), None) is None:
+        return None
+    try:
         atomic_write_bytes(path, json.dumps(cache, indent=1).encode())
         return path
-    except (OSError, ValueError, KeyError, AttributeError):
+    except OSError:
         return None
-
-
-def _valid_entry(entry) -> dict | None:
-    try:
-        datetime.date.fromisoformat(entry["date"])
-        if float(entry["tflops"]) > 0 and all(float(p) > 0 for p in entry["probes"]):
-            return entry
-    except (KeyError, TypeError, ValueError):
-        pass
-    return None
 
 
 def _cpu_peak_of(entry: dict, arithmetic: str, kept: str) -> Peak:

@@ -24,8 +24,8 @@ from dit.cost.memory import (
     usable_memory,
 )
 from dit.cost.peaks import resolve_peak, table_peak
-from dit.cost.report import Fit, GuideCost, MemoryPlan, SampleBudget, Timing, Traced, TrainingPlan, TrainMemory
-from dit.cost.vae_facts import SD_VAE_CONFIG, known_vae_config, latent_channels_of, latent_downsample_of
+from dit.cost.report import GuideCost, MemoryPlan, SampleBudget, Timing, TrainingPlan, TrainMemory
+from dit.cost.vae_facts import AUTOENCODER_KL_DEFAULTS, SD_VAE_CONFIG, known_vae_config, latent_downsample_of
 from dit.io.atomic import atomic_write_bytes
 from dit.io.errors import UserError
 from dit.io.userfiles import read_json
@@ -62,10 +62,10 @@ def model_for_image(
 ) -> DiTConfig:
     """The DiT config for ``image_size`` pixels: the VAE's latents (``vae`` True: the SD VAE's) or the pixels."""
     vae_config = SD_VAE_CONFIG if vae is True else (vae or None)
+    down, channels = 1, 3
     if vae_config is not None:
-        down, channels = latent_downsample_of(vae_config), latent_channels_of(vae_config)
-    else:
-        down, channels = 1, 3
+        down = latent_downsample_of(vae_config)
+        channels = int(vae_config.get("latent_channels", AUTOENCODER_KL_DEFAULTS["latent_channels"]))
     if latent_size is None:
         if image_size % down:
             raise UserError(
@@ -104,13 +104,8 @@ def load_calibration(path: str) -> Calibration:
         raise UserError(
             f"calibration file {path} lacks {', '.join(missing)}; see docs/cost_model.md for the schema."
         )
-    cal = Calibration(
-        str(data["model"]),
-        int(data["image_size"]),
-        str(data["precision"]),
-        str(data["device"]),
-        float(data["mfu"]),
-    )
+    casts = (str, int, str, str, float)  # the fields' types, in order
+    cal = Calibration(*(cast(data[k]) for cast, k in zip(casts, Calibration.__dataclass_fields__)))
     if not 0 < cal.mfu <= 1:
         raise UserError(f"calibration file {path} has mfu {cal.mfu}; it must be in (0, 1].")
     return cal
@@ -118,37 +113,6 @@ def load_calibration(path: str) -> Calibration:
 
 def save_calibration(cal: Calibration, path: str, **extra) -> None:
     atomic_write_bytes(path, json.dumps({**asdict(cal), **extra}, indent=2).encode())
-
-
-def _mfu_and_device(
-    cfg: DiTConfig, image_size: int, precision: str, device: str | None, mfu: float | None, calibration: str | None
-) -> tuple[float, str, str]:
-    """(mfu, where it came from, device name) from --mfu or a calibration that matches this plan."""
-    if mfu is not None and calibration is not None:
-        raise UserError("pass --mfu or --calibration, not both.")
-    if calibration is not None:
-        cal = load_calibration(calibration)
-        name = registry_name(cfg) or "custom"
-        if (cal.model, cal.image_size, cal.precision) != (name, image_size, precision):
-            raise UserError(
-                f"calibration {calibration} is for {cal.model} at {cal.image_size} px in {cal.precision}, not "
-                f"{name} at {image_size} px in {precision}: MFU does not carry over; benchmark this "
-                "configuration or pass --mfu."
-            )
-        if device is not None and find_device(device) != find_device(cal.device):
-            raise UserError(
-                f"calibration {calibration} was measured on {cal.device!r}, not {device!r}: "
-                "drop --gpu, or benchmark that device."
-            )
-        return cal.mfu, f"calibration {calibration}", device or cal.device
-    if mfu is None:
-        raise UserError(
-            "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
-            "--calibration FILE from a benchmark; drop --gpu for the compute alone."
-        )
-    if device is None:
-        raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
-    return mfu, "given", device
 
 
 @dataclass(frozen=True)
@@ -164,24 +128,45 @@ class Budget:
     peak_tflops: float | None = None
 
 
-def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, budget: Budget) -> Timing:
-    """Time and money for ``total_flops`` on the budget's devices at an MFU of the peak; nulls without a device."""
-    b = budget
+def _timing(cfg: DiTConfig, image_size: int, total_flops: float, images: int, b: Budget) -> Timing:
+    """Time and money for ``total_flops`` on budget ``b``'s devices at an MFU of the peak; nulls without a device."""
     if b.device is None and b.mfu is None and b.calibration is None:
         if b.price_per_device_hour is not None:
             raise UserError("--price-per-hour needs a device and an MFU: pass --gpu and --mfu, or --calibration.")
         return Timing()
-    mfu, mfu_source, device = _mfu_and_device(cfg, image_size, b.precision, b.device, b.mfu, b.calibration)
-    peak = (
-        resolve_peak(device, b.precision, b.peak_tflops)
-        if b.peak_tflops is not None
-        else table_peak(device, b.precision)
-    )
+    if b.mfu is not None and b.calibration is not None:
+        raise UserError("pass --mfu or --calibration, not both.")
+    mfu, mfu_source, device = b.mfu, "given", b.device  # or a calibration's, which must match this plan
+    if b.calibration is not None:
+        cal = load_calibration(b.calibration)
+        name = registry_name(cfg) or "custom"
+        if (cal.model, cal.image_size, cal.precision) != (name, image_size, b.precision):
+            raise UserError(
+                f"calibration {b.calibration} is for {cal.model} at {cal.image_size} px in {cal.precision}, not "
+                f"{name} at {image_size} px in {b.precision}: MFU does not carry over; benchmark this "
+                "configuration or pass --mfu."
+            )
+        if device is not None and find_device(device) != find_device(cal.device):
+            raise UserError(
+                f"calibration {b.calibration} was measured on {cal.device!r}, not {device!r}: "
+                "drop --gpu, or benchmark that device."
+            )
+        mfu, mfu_source, device = cal.mfu, f"calibration {b.calibration}", device or cal.device
+    elif mfu is None:
+        raise UserError(
+            "--gpu gives time and cost only with an MFU: pass --mfu (model FLOPs utilisation, e.g. 0.4) or "
+            "--calibration FILE from a benchmark; drop --gpu for the compute alone."
+        )
+    elif device is None:
+        raise UserError("pass --gpu (a device name, e.g. H100-SXM; `dit-cost peaks` lists them).")
+    override = b.peak_tflops is not None  # a plan takes the table's peak or this one, and never measures
+    peak = resolve_peak(device, b.precision, b.peak_tflops) if override else table_peak(device, b.precision)
     seconds = total_flops / (b.num_devices * peak.flops * mfu)
     device_hours = seconds * b.num_devices / 3600
+    price = b.price_per_device_hour
     return Timing(
         peak.device, peak.flops / 1e12, peak.source, mfu, mfu_source, images / seconds, seconds, device_hours,
-        seconds / 86400, device_hours * b.price_per_device_hour if b.price_per_device_hour is not None else None,
+        seconds / 86400, device_hours * price if price is not None else None, price,
     )  # fmt: skip
 
 
@@ -223,13 +208,9 @@ def plan_training(
         num_devices, precision, steps, images, train.forward / 1e9, train.model / 1e9, train.model / 2e9,
         train.hardware / 1e9, "fused" if fused_attention else "explicit", checkpointed_blocks,
         float(train.model) * global_batch_size, total_flops, total_flops / 2,
-        encode / 1e9 if encode is not None else None,
-        encode * global_batch_size if encode is not None else None,
-        encode * images if encode is not None else None,
-        repa.encoder_forward / 1e9 if repa is not None else None,
-        repa.projector_train / 1e9 if repa is not None else None,
-        repa_cached if repa is not None else None,
-        aux / 1e9, aux / train.model, aux * images, timing, budget.price_per_device_hour, memory,
+        *((encode / 1e9, encode * global_batch_size, encode * images) if encode is not None else (None,) * 3),
+        *((repa.encoder_forward / 1e9, repa.projector_train / 1e9, repa_cached) if repa is not None else (None,) * 3),
+        aux / 1e9, aux / train.model, aux * images, timing, memory,
     )  # fmt: skip
 
 
@@ -246,11 +227,6 @@ def plan_sampling(
     guide: DiTConfig | None = None,
 ) -> SampleBudget:
     """FLOPs to sample ``num_images`` (steps x forward, x2 guided, + VAE decode), and time and cost at one MFU."""
-    if cfg.num_classes == 0 and guidance_scale > 1 and guide is None:
-        raise UserError(
-            "an unconditional model (--num-classes 0) has no unconditional pass to guide against: pass "
-            "--guidance-scale 1, or a --guide-model."
-        )
     decode = vae_flops(vae_config, image_size).decode if vae_config is not None else 0
     per_image = sampling_flops_per_image(
         cfg, num_sampling_steps, guidance_scale, vae_decode_flops=decode, unguided_nfe=unguided_nfe,
@@ -268,7 +244,6 @@ def plan_sampling(
         forward_macs(cfg, ratio=0).flops / 1e9, guide_cost, per_image.model / 1e9, per_image.model / 2e9,
         per_image.vae_decode / 1e9, per_image.total / 1e9, per_image.model * num_images,
         per_image.vae_decode * num_images, total, total / 2, _timing(cfg, image_size, total, num_images, budget),
-        budget.price_per_device_hour,
     )  # fmt: skip
 
 
@@ -287,9 +262,9 @@ def plan_memory(
 ) -> MemoryPlan:
     """Step memory per device (analytic, optionally traced) and, with a capacity, the largest batch that fits."""
     usable = usable_memory(capacity_bytes, reserve_gib) if capacity_bytes is not None else None
-    options = dict(precision=precision, ema=ema, sharding=sharding, world_size=world_size)
-    if ema_profiles:  # absent otherwise: the plan reads as it did without post-hoc EMA
-        options["ema_profiles"] = ema_profiles
+    options = dict(
+        precision=precision, ema=ema, sharding=sharding, world_size=world_size, ema_profiles=ema_profiles
+    )
     if checkpointed_blocks == "auto":
         if usable is None:
             raise UserError(
@@ -298,16 +273,16 @@ def plan_memory(
         checkpointed_blocks = fewest_checkpointed_blocks(cfg, batch_per_device, usable, **options)
     options["checkpointed_blocks"] = checkpointed_blocks
     estimate = estimate_training_memory(cfg, batch_per_device, **options)
-    traced = fit = None
+    traced, fit = (None, None), (None, None, None)
     if trace:
         if world_size > 1:
             raise UserError("--trace runs one device; drop --num-gpus (sharding is analytic only).")
         peak = trace_training_memory(cfg, batch_per_device, precision, checkpointed_blocks, ema=ema)
-        traced = Traced(peak.peak_bytes, peak.at_peak)
+        traced = peak.peak_bytes, peak.at_peak
     if capacity_bytes is not None:
         largest = max_batch_that_fits(cfg, usable, **options) if usable > 0 else 0
-        fit = Fit(capacity_bytes, capacity_bytes - usable, largest)
+        fit = capacity_bytes, capacity_bytes - usable, largest
     return MemoryPlan(
         describe(cfg), batch_per_device, precision, ema, sharding, world_size, ema_profiles or None,
-        checkpointed_blocks, estimate.total, estimate.parts, estimate.phase, traced, fit,
+        checkpointed_blocks, estimate.total, estimate.parts, estimate.phase, *traced, *fit,
     )  # fmt: skip

@@ -38,9 +38,6 @@ def read_run(run_dir: str, up_to_step: int | None = None) -> tuple[list[dict], l
     return [r for r in ordered if r.get("kind") != "eval"], evals
 
 
-COUNTS = ("model", "total")
-
-
 def pflops_of(evaluation: dict, count: str = "model") -> float:
     """An evaluation's training compute so far: the DiT's (``model``), or with auxiliary and upstream FLOPs."""
     pflops = evaluation["total_model_pflops"]
@@ -48,25 +45,6 @@ def pflops_of(evaluation: dict, count: str = "model") -> float:
         pflops += sum(evaluation.get(k) or 0.0 for k in ("total_aux_pflops", "upstream_pflops",
                                                           "feature_extraction_pflops"))  # fmt: skip
     return pflops
-
-
-def training_seconds_at(train: list[dict], step: float) -> float:
-    """Training time up to ``step``: the MFU windows (pauses and warm-up left out), the last one pro rata."""
-    seconds, last = 0.0, 0
-    for r in train:
-        window = r.get("window_s") or 0.0
-        if r["step"] <= step:
-            seconds += window
-        else:
-            seconds += window * (step - last) / max(r["step"] - last, 1)
-            break
-        last = r["step"]
-    return seconds
-
-
-def _world(train: list[dict]) -> int:
-    r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
-    return max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
 
 
 def compute_to_target(
@@ -101,8 +79,16 @@ def compute_to_target(
         w = (f0 - target_fid) / (f0 - f1)  # f0 > target >= f1
         pflops = math.exp(math.log(p0) + w * (math.log(p1) - math.log(p0))) if p0 > 0 else p0 + w * (p1 - p0)
         step = s0 + (pflops - p0) / (p1 - p0) * (s1 - s0) if p1 != p0 else s1  # FLOPs grow with steps
-    world = _world(train)
-    seconds = training_seconds_at(train, step)
+    r = next((r for r in reversed(train) if r.get("images_per_sec_per_device")), None)
+    world = max(1, round(r["images_per_sec"] / r["images_per_sec_per_device"])) if r else 1
+    seconds, last = 0.0, 0  # the MFU windows up to ``step`` (pauses and warm-up left out), the last pro rata
+    for t in train:
+        window = t.get("window_s") or 0.0
+        if t["step"] > step:
+            seconds += window * (step - last) / max(t["step"] - last, 1)
+            break
+        seconds += window
+        last = t["step"]
     hours = seconds * world / 3600
     result.update(
         reached=True,

@@ -38,6 +38,7 @@ class Timing:
     device_hours: float | None = None
     days: float | None = None
     cost: float | None = None
+    price_per_device_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,6 @@ class TrainingPlan:
     aux_share_of_dit: float
     aux_total_flops: float
     timing: Timing = _part()
-    price_per_device_hour: float | None
     memory: TrainMemory | None = _part()
     repa: RepaUse | None = _part(default=None)
     ema: EmaSnapshots | None = _part(default=None)
@@ -144,23 +144,7 @@ class SampleBudget:
     total_flops: float
     total_macs: float
     timing: Timing = _part()
-    price_per_device_hour: float | None
     evaluations: Evaluations | None = _part(default=None)
-
-
-@dataclass(frozen=True)
-class Traced:
-    traced_bytes: int
-    traced_parts: dict[str, int]
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A device's memory, what is kept free, and the largest batch per device that fits the rest."""
-
-    device_memory_bytes: int
-    reserve_bytes: int
-    max_batch_per_device: int
 
 
 @dataclass(frozen=True)
@@ -178,8 +162,12 @@ class MemoryPlan:
     estimate_bytes: int
     estimate_parts: dict[str, int]
     peak_phase: str
-    traced: Traced | None = _part()
-    fit: Fit | None = _part()
+    traced_bytes: int | None = field(metadata={"optional": True})  # with --trace: MemTracker's peak, by category
+    traced_parts: dict[str, int] | None = field(metadata={"optional": True})
+    # with a device's memory: it, what is kept free, and the largest batch per device that fits the rest
+    device_memory_bytes: int | None = field(metadata={"optional": True})
+    reserve_bytes: int | None = field(metadata={"optional": True})
+    max_batch_per_device: int | None = field(metadata={"optional": True})
 
 
 def print_table(rows: list[list], headers: list[str]) -> None:
@@ -201,7 +189,7 @@ def num(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
-def _timing_pairs(t: Timing, num_devices: int, precision: str, price: float | None) -> list[tuple[str, object]]:
+def _timing_pairs(t: Timing, num_devices: int, precision: str) -> list[tuple[str, object]]:
     if t.seconds is None:
         return [("time and cost", "pass --gpu and --mfu (or --calibration) for throughput, hours and price")]
     pairs = [
@@ -213,7 +201,7 @@ def _timing_pairs(t: Timing, num_devices: int, precision: str, price: float | No
         ("wall-clock", f"{num(t.days, 3)} days ({num(t.seconds / 3600, 2)} h)"),
     ]  # fmt: skip
     if t.cost is not None:
-        pairs.append(("cost", f"{num(t.cost, 2)} at {price} per device-hour"))
+        pairs.append(("cost", f"{num(t.cost, 2)} at {t.price_per_device_hour} per device-hour"))
     return pairs
 
 
@@ -242,7 +230,7 @@ def _training_pairs(r: TrainingPlan) -> list[tuple[str, object]]:
              f"{num(r.aux_gflops_per_image, 2)} GFLOP per training image, {r.aux_share_of_dit:.1%} of the "
              f"DiT's; {r.aux_total_flops:.4e} FLOP in total (time below counts it; mfu is the DiT's)")
         )  # fmt: skip
-    out += _timing_pairs(r.timing, r.num_devices, r.precision, r.price_per_device_hour)
+    out += _timing_pairs(r.timing, r.num_devices, r.precision)
     if r.ema is not None:
         e = r.ema
         out.append(("post-hoc EMA snapshots", f"{e.ema_snapshots:,} x {num(e.ema_snapshot_gib, 3)} GiB = "
@@ -278,7 +266,7 @@ def _sampling_pairs(r: SampleBudget) -> list[tuple[str, object]]:
     out += [
         ("total", f"{r.total_flops:.4e} FLOP for {r.num_images:,} images (DiT {r.total_model_flops:.4e}, "
                   f"VAE {r.total_vae_flops:.4e}) = {r.total_macs:.4e} MAC"),
-        *_timing_pairs(r.timing, r.num_devices, r.precision, r.price_per_device_hour),
+        *_timing_pairs(r.timing, r.num_devices, r.precision),
     ]  # fmt: skip
     if r.timing.seconds is not None and r.vae_decode_gflops_per_image:
         out.append(("note", "the VAE decode is assumed to run at the DiT's MFU"))
@@ -292,15 +280,15 @@ def _print_memory(r: MemoryPlan) -> None:
     )
     print_table([[k, num(v / 2**30, 3)] for k, v in r.estimate_parts.items()], ["part", "GiB"])
     pairs = [("analytic peak", f"{num(r.estimate_bytes / 2**30, 3)} GiB (at the {r.peak_phase})")]
-    if r.traced is not None:
-        t = r.traced.traced_bytes
+    if r.traced_bytes is not None:
+        t = r.traced_bytes
         pairs.append(
             ("traced peak (FakeTensor)", f"{num(t / 2**30, 3)} GiB (analytic/traced {r.estimate_bytes / t:.3f})")
         )
-    if r.fit is not None:
-        pairs.append(("device memory", f"{num(r.fit.device_memory_bytes / 2**30, 1)} GiB, "
-                                       f"{num(r.fit.reserve_bytes / 2**30, 1)} GiB kept for context and allocator"))  # fmt: skip
-        pairs.append(("largest batch per device that fits", r.fit.max_batch_per_device))
+    if r.device_memory_bytes is not None:
+        pairs.append(("device memory", f"{num(r.device_memory_bytes / 2**30, 1)} GiB, "
+                                       f"{num(r.reserve_bytes / 2**30, 1)} GiB kept for context and allocator"))  # fmt: skip
+        pairs.append(("largest batch per device that fits", r.max_batch_per_device))
     print()
     print_pairs(pairs)
 

@@ -65,7 +65,3 @@ def latent_downsample_of(config) -> int:
     """Image pixels per latent pixel along a side: each encoder block but the last halves the resolution."""
     blocks = config.get("block_out_channels", AUTOENCODER_KL_DEFAULTS["block_out_channels"])
     return 2 ** (len(blocks) - 1)
-
-
-def latent_channels_of(config) -> int:
-    return int(config.get("latent_channels", AUTOENCODER_KL_DEFAULTS["latent_channels"]))
