@@ -190,6 +190,11 @@ def test_peaks_command(capsys):
     assert code == 0 and "L40S" in out and "MI250X" in out
     code, out, _ = run(capsys, "peaks", "--device", "NVIDIA L40S", "--json")
     assert json.loads(out) == {"device": "L40S", "precision": "bf16", "tflops": 362.0, "source": "table"}
+    from dit.cost.devices import find_device
+
+    # fp8: a column of the table though no run precision (it raised a KeyError from the runtime's policy)
+    code, out, _ = run(capsys, "peaks", "H100-SXM", "--precision", "fp8", "--json")
+    assert code == 0 and json.loads(out)["tflops"] == find_device("H100-SXM").fp8
 
 
 def test_peaks_of_one_device_named_as_an_argument_or_a_flag(capsys, monkeypatch):

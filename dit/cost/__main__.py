@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import replace
@@ -163,9 +164,15 @@ def cmd_memory(model: CostModelSection, args: MemoryArgs) -> None:
 def cmd_peaks(args: PeaksArgs) -> None:
     o, device = args, args.gpu if args.gpu is not None else args.device_name
     if device is not None:
-        from dit.runtime.precision import Precision  # an unknown device is measured: in the runtime's mode
+        from dit.runtime.precision import (
+            PRECISIONS as RUN_PRECISIONS,
+        )  # a device is measured in the runtime's mode
+        from dit.runtime.precision import Precision
 
-        with Precision(o.precision, "cuda").flags():
+        mode = (
+            Precision(o.precision, "cuda").flags() if o.precision in RUN_PRECISIONS else contextlib.nullcontext()
+        )
+        with mode:
             peak = peaks.resolve_peak(device, o.precision, o.peak_tflops)
         result = dict(device=peak.device, precision=peak.precision, tflops=peak.flops / 1e12, source=peak.source)
         result.update({k: v for k in ("detail", "measured_on") if (v := getattr(peak, k))})
