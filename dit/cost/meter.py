@@ -91,8 +91,14 @@ class CostMeter:
             # host time in next(loader): the device may still be busy with the step before (not device idle)
             "host_data_wait_frac": self._data_wait_s / elapsed,
             "window_s": elapsed,
-            "total_model_pflops": self.total_model_flops * self.world_size / 1e15,
-            "total_aux_pflops": self.total_images * self.world_size * self.aux_flops_per_image / 1e15,
+            **self.totals(),
         }
         self.reset_clock(now)
         return stats
+
+    def totals(self) -> dict:
+        """The run's model and auxiliary PFLOPs so far, over every device."""
+        return {
+            "total_model_pflops": self.total_model_flops * self.world_size / 1e15,
+            "total_aux_pflops": self.total_images * self.world_size * self.aux_flops_per_image / 1e15,
+        }

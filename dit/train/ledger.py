@@ -279,14 +279,7 @@ class Ledger:
 
     def log_eval(self, step: int, scores: dict) -> dict:
         """An evaluation's record: the scores against the training compute so far, and its own cost."""
-        meter = self.meter
-        record = {
-            "kind": "eval",
-            "step": step,
-            "total_model_pflops": meter.total_model_flops * meter.world_size / 1e15,
-            "total_aux_pflops": meter.total_images * meter.world_size * meter.aux_flops_per_image / 1e15,
-            **scores,
-        }
+        record = {"kind": "eval", "step": step, **self.meter.totals(), **scores}
         if self.repa is not None:  # REPA: what its encoder cost before this run (training it, extracting features)
             record.update(self.repa.upstream_record())
         keys = ("step", "fid", "sfid", "inception_score", "precision", "recall", "class_accuracy",
