@@ -204,13 +204,22 @@ class Face:
         return Values(values, frozenset(given), preset, config)
 
     def given(self, argv: list[str]) -> set[str]:
-        """The flat names ``argv``'s options set, as argparse reads them (a flag, an alias, ``--no-x``, a unique
-        abbreviation, ``--flag=value``; nothing after ``--``): parsed again with no defaults. No positionals."""
-        parser = self.parser()
-        for action in parser._actions:
-            action.default, action.required = argparse.SUPPRESS, False
-        read = vars(parser.parse_known_args(argv)[0])
-        return {k for k in read if k in self.fields and not self.fields[k][1].metadata["positional"]}
+        """The flat names ``argv``'s options set, as argparse reads them: a flag, an alias, ``--no-x``, a unique
+        abbreviation (``--max-st``), ``--flag=value``; nothing after ``--``. Positionals are not counted."""
+        names: dict[str, str | None] = {"--config": None, "--help": None}  # argparse's own, for abbreviations
+        for flat, (attr, f) in self.fields.items():
+            if f.metadata["positional"]:
+                continue
+            switch = _unwrap(_hints(self.sections[attr][0])[f.name])[0] is bool  # BooleanOptionalAction's --no-x
+            names.update({s: flat for s in self.options(flat)})
+            names.update({"--no-" + s[2:]: flat for s in self.options(flat) if switch})
+        out = set()
+        for token in argv[: argv.index("--")] if "--" in argv else argv:
+            word = token.split("=", 1)[0]
+            hits = {names[word]} if word in names else {flat for s, flat in names.items() if s.startswith(word)}
+            if token.startswith("--") and len(hits) == 1:
+                out |= hits
+        return out - {None}
 
     def speller(self, v: Values) -> Callable[[str], str]:
         """How errors name a field: by the preset's key where the preset set it, else by its flag."""
