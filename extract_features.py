@@ -8,12 +8,10 @@ python extract_features.py --feature-path STORE --stats
 
 from __future__ import annotations
 
-import sys
-
 from dit.data.store import verify_store
 from dit.extract import EXTRACT_FACE, extract_features
 from dit.extract.stats import write_latent_stats
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 
 FACE = EXTRACT_FACE
 
@@ -37,4 +35,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -6,7 +6,7 @@ python sample.py --model DiT-XL/2 --image-size 256 --ckpt DiT-XL-2-256x256.pt   
 
 from __future__ import annotations
 
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 from dit.runtime import Runtime
 from dit.sample.config import SAMPLE_FACE, parse_sample_config
 from dit.sample.grid import run_sample
@@ -24,4 +24,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_process(run_cli(main))

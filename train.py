@@ -4,9 +4,7 @@ Exit status: 0 finished, 128 + the signal's number when stopped by one (143 SIGT
 138 SIGUSR1; saved: rerun with --resume auto), 2 a user error (one line on stderr), 1 a bug.
 """
 
-import sys
-
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 from dit.runtime.stop import EXIT_CODES
 from dit.train import TRAIN_FACE, resolve, train
 
@@ -19,4 +17,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

@@ -22,7 +22,7 @@ import sys
 
 from dit import bench
 from dit.io.atomic import atomic_write_bytes
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 from dit.io.face import Face
 from dit.runtime import Runtime
 
@@ -84,4 +84,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_process(run_cli(main))

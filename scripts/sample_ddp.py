@@ -6,7 +6,7 @@ The same set on any number of devices; rerunning after a kill finishes it withou
 
 from __future__ import annotations
 
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 from dit.runtime import Runtime
 from dit.sample.config import FID_FACE, parse_fid_config
 from dit.sample.fid_set import write_fid_samples
@@ -28,4 +28,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_process(run_cli(main))

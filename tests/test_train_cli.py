@@ -62,7 +62,29 @@ def wait_for_log_steps(metrics: Path, running, idle=lambda: time.sleep(0.2)) -> 
 
 
 def run(args, **kw):
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, **kw)
+    """A face's process; a rank's fatal signal prints every thread's Python stack (PYTHONFAULTHANDLER)."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env, **kw
+    )
+
+
+@pytest.mark.parametrize("world", ["2", "1"])
+def test_a_rank_ends_after_its_exit_handlers_without_the_interpreters_teardown(world):
+    """A rank (WORLD_SIZE > 1) runs the exit handlers and flushes, then skips the teardown, where torch's group
+    threads can abort it; one process ends as Python ends."""
+    code = (
+        "import atexit\nfrom dit.io.cli import exit_process\n"
+        "class Teardown:\n    def __del__(self):\n        print('teardown', flush=True)\n"
+        "kept = Teardown()\natexit.register(print, 'exit handler', flush=True)\n"
+        "print('buffered', end='')\nexit_process(3)\n"
+    )
+    env = {**os.environ, "WORLD_SIZE": world}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith("bufferedexit handler") and ("teardown" in done.stdout) == (world == "1")
 
 
 # token drop: each rank takes its samples' rows of the global batch's kept sets

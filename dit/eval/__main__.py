@@ -23,7 +23,7 @@ from dit.eval.inception import INCEPTION_NAME
 from dit.eval.metrics import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, PR_DISTANCES, min_images_for_covariance
 from dit.eval.reference import ReferenceStats, load_reference, save_stats, stats_from_features
 from dit.eval.sources import LatentStoreImages, NpzImages, open_images
-from dit.io.cli import run_cli
+from dit.io.cli import exit_process, run_cli
 from dit.io.config import FieldError, Section, option
 from dit.io.errors import UserError
 from dit.io.face import Face
@@ -210,4 +210,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    exit_process(run_cli(main))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from dit.io.errors import REFUSED, ReportedByRankZero, UserError
 
@@ -32,6 +35,21 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         _end_bars()
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a face's process with ``code``. One rank of several (``WORLD_SIZE`` > 1) runs the exit handlers, flushes
+    and leaves with ``os._exit``, as torch.multiprocessing's workers do: torch keeps the process group's threads
+    (gloo's workers) alive until the interpreter's teardown, and a teardown that meets them can abort a rank that
+    finished (SIGABRT, which torchrun reports as the job's failure)."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        sys.exit(code)
+    atexit._run_exitfuncs()  # logging, multiprocessing's children, weakref finalizers: as a normal exit runs them
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream has nothing left to flush
+            stream.flush()
+    os._exit(code)
 
 
 def _end_bars() -> None:
