@@ -1,4 +1,4 @@
-"""What every face shares: user errors become one clear line and a non-zero exit, not a traceback."""
+"""What every face shares: user errors become one clear line and a non-zero exit, not a traceback; a rank's exit."""
 
 from __future__ import annotations
 
